@@ -1,0 +1,34 @@
+"""KV Primer's engine: a Qt-free, high-level API over llama.cpp's KV cache.
+
+    from app.engine import Engine, EngineConfig, Template, run_prompt
+    engine = Engine(EngineConfig())                       # the default model
+    tpl = Template.parse(open("rag.tmpl").read())
+    state = engine.prime(tpl)                             # evaluate the static prefix once
+    state.save("rag.kvstate")
+    report = run_prompt(engine, tpl, {"question": "..."}, state=state)
+    print(report.speedup, report.equivalence)
+
+This package imports no Qt: the CLI and the window both call it.
+"""
+from .bench_rows import BenchResult, BenchRow, bench_rows
+from .errors import (Cancelled, ContextError, ContextOverflowError, KvPrimerError,
+                     MissingValuesError, ModelError, RowsError, StateFileError, StoreError,
+                     TemplateError, TemplateSyntaxError)
+from .kv_engine import Engine, EngineConfig, ModelInfo
+from .model_files import default_model_path
+from .prefix_state import PrefixState
+from .prefix_store import PrefixStore
+from .prompt_runs import (Equivalence, GenerationConfig, PathResult, RunReport, TextDelta,
+                          run_prompt)
+from .rows import Row, read_rows
+from .task_state import Progress, TaskState
+from .template import FilledPrompt, Template
+
+__all__ = [
+    "BenchResult", "BenchRow", "bench_rows", "Cancelled", "ContextError", "ContextOverflowError",
+    "KvPrimerError", "MissingValuesError", "ModelError", "RowsError", "StateFileError",
+    "StoreError", "TemplateError", "TemplateSyntaxError", "Engine", "EngineConfig", "ModelInfo",
+    "default_model_path", "PrefixState", "PrefixStore", "Equivalence", "GenerationConfig",
+    "PathResult", "RunReport", "TextDelta", "run_prompt", "Row", "read_rows", "Progress",
+    "TaskState", "FilledPrompt", "Template",
+]

@@ -1,0 +1,70 @@
+"""Engine exceptions. Every message is written for the user: what is wrong and what to do.
+
+The CLI prints ``str(error)`` on one line and exits 2; the window shows it as it is.
+"""
+from __future__ import annotations
+
+
+class KvPrimerError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class TemplateError(KvPrimerError):
+    """A template has a syntax error, or its values are missing or unknown."""
+
+
+class TemplateSyntaxError(TemplateError):
+    def __init__(self, message: str, line: int, column: int):
+        self.line = line
+        self.column = column
+        super().__init__(f"template line {line}, column {column}: {message}")
+
+
+class MissingValuesError(TemplateError):
+    def __init__(self, missing: list[str], unknown: list[str]):
+        self.missing = missing
+        self.unknown = unknown
+        parts = []
+        if missing:
+            parts.append("missing values for " + ", ".join(f"<{n}>" for n in missing))
+        if unknown:
+            parts.append("unknown names " + ", ".join(unknown) + " (not placeholders of this template)")
+        super().__init__("; ".join(parts) + "; give each placeholder a value with --set name=value")
+
+
+class ModelError(KvPrimerError):
+    """A model file is missing, not GGUF, truncated, or llama.cpp refused it."""
+
+
+class ContextError(KvPrimerError):
+    """llama.cpp could not create a context, or a decode failed."""
+
+
+class ContextOverflowError(ContextError):
+    def __init__(self, n_tokens: int, n_ctx: int):
+        self.n_tokens = n_tokens
+        self.n_ctx = n_ctx
+        super().__init__(
+            f"the prompt has {n_tokens} tokens but the context holds {n_ctx}; "
+            f"raise --ctx-size to at least {n_tokens + 1} or shorten the prompt"
+        )
+
+
+class StateFileError(KvPrimerError):
+    """A .kvstate file is corrupt, truncated, or was made for another model or KV type."""
+
+
+class StoreError(KvPrimerError):
+    """The in-memory prefix store cannot hold an entry."""
+
+
+class RowsError(KvPrimerError):
+    """A CSV or JSONL file of rows is unreadable or does not fit the template."""
+
+
+class Cancelled(KvPrimerError):
+    """A job was cancelled between batches; the sequence is left at a known length."""
+
+    def __init__(self, message: str = "cancelled", kept_tokens: int = 0):
+        self.kept_tokens = kept_tokens
+        super().__init__(message)

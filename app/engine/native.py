@@ -1,0 +1,356 @@
+"""The only module that calls llama.cpp (through llama-cpp-python's ctypes bindings).
+
+We use the low-level API rather than ``llama_cpp.Llama`` because we need several sequences in
+one context, per-sequence state copies and the memory (KV) calls, none of which ``Llama``
+exposes. Every pointer llama.cpp returns is checked; a NULL becomes an engine error.
+
+Not thread-safe: one worker thread owns a model and its context.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+import llama_cpp as L
+
+from .errors import ContextError, ModelError
+
+log = logging.getLogger("kvprimer.llama")
+
+# ggml type name -> (ggml type id, bytes per block, elements per block)
+KV_TYPES: dict[str, tuple[int, int, int]] = {
+    "f32": (L.GGML_TYPE_F32, 4, 1),
+    "f16": (L.GGML_TYPE_F16, 2, 1),
+    "bf16": (30, 2, 1),
+    "q8_0": (L.GGML_TYPE_Q8_0, 34, 32),
+    "q4_0": (L.GGML_TYPE_Q4_0, 18, 32),
+    "q4_1": (L.GGML_TYPE_Q4_1, 20, 32),
+    "q5_0": (L.GGML_TYPE_Q5_0, 22, 32),
+    "q5_1": (L.GGML_TYPE_Q5_1, 24, 32),
+    "iq4_nl": (L.GGML_TYPE_IQ4_NL, 18, 32),
+}
+
+SEQ_STATE_VERSION = int(L.LLAMA_STATE_SEQ_VERSION)
+
+# ---- the process-wide log callback -------------------------------------------------------
+# llama_log_set is global to the process. We install one callback that forwards to Python
+# logging and to any listeners (the KV debug view parses the find_slot lines).
+_log_listeners: list[Callable[[int, str], None]] = []
+_backend_ready = False
+_last_problem = [""]  # llama.cpp's last warning or error line, to explain a NULL it returns
+
+
+@L.llama_log_callback
+def _on_llama_log(level: int, text: bytes, user_data) -> None:  # pragma: no cover - native path
+    try:
+        s = text.decode("utf-8", errors="replace")
+        for fn in list(_log_listeners):
+            fn(level, s)
+        # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
+        if level in (3, 4):
+            _last_problem[0] = s.strip()
+            log.warning(s.rstrip())
+    except Exception:  # never let an exception cross into C
+        pass
+
+
+def last_problem() -> str:
+    """llama.cpp's last warning, as ' (llama.cpp: ...)' to append to a message, or ''."""
+    msg, _last_problem[0] = _last_problem[0], ""
+    return f" (llama.cpp: {msg})" if msg else ""
+
+
+def add_log_listener(fn: Callable[[int, str], None]) -> None:
+    _log_listeners.append(fn)
+
+
+def remove_log_listener(fn: Callable[[int, str], None]) -> None:
+    if fn in _log_listeners:
+        _log_listeners.remove(fn)
+
+
+def ensure_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        L.llama_backend_init()
+        _backend_ready = True
+    L.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
+
+
+def versions() -> dict[str, str]:
+    info = L.llama_print_system_info().decode("utf-8", "replace").strip()
+    build = getattr(L, "LLAMA_BUILD_COMMIT", None) or getattr(L, "__llama_cpp_commit__", None)
+    return {"llama_cpp_python": L.__version__, "llama_cpp_build": str(build or "vendored"),
+            "system": info}
+
+
+# ---- model ----------------------------------------------------------------------------------
+
+
+class NativeModel:
+    def __init__(self, path: Path):
+        ensure_backend()
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_mmap = True
+        last_problem()
+        ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not ptr:
+            raise ModelError(f"llama.cpp could not load {Path(path).name}: the file is truncated, "
+                             f"corrupt or of an unsupported architecture{last_problem()}")
+        self.ptr = ptr
+        self.vocab = L.llama_model_get_vocab(ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self._special: list[tuple[str, int]] | None = None
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def facts(self) -> dict:
+        desc = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.ptr, desc, len(desc))
+        arch = self.meta("general.architecture") or "unknown"
+        n_head = L.llama_model_n_head(self.ptr)
+        n_embd = L.llama_model_n_embd(self.ptr)
+        head_k = _int(self.meta(f"{arch}.attention.key_length")) or (n_embd // max(n_head, 1))
+        head_v = _int(self.meta(f"{arch}.attention.value_length")) or head_k
+        return {
+            "name": self.meta("general.name") or "",
+            "architecture": arch,
+            "description": desc.value.decode("utf-8", "replace"),
+            "n_layer": L.llama_model_n_layer(self.ptr),
+            "n_head": n_head,
+            "n_head_kv": L.llama_model_n_head_kv(self.ptr),
+            "n_embd": n_embd,
+            "head_dim_k": head_k,
+            "head_dim_v": head_v,
+            "n_ctx_train": L.llama_model_n_ctx_train(self.ptr),
+            "n_vocab": self.n_vocab,
+            "n_params": L.llama_model_n_params(self.ptr),
+            "file_bytes": L.llama_model_size(self.ptr),
+        }
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:  # pragma: no cover - llama.cpp overflowed its own int32 count
+            raise ContextError("the text is too long to tokenize")
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:max(n, 0)]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    def bos(self) -> int | None:
+        return int(L.llama_vocab_bos(self.vocab)) if L.llama_vocab_get_add_bos(self.vocab) else None
+
+    def control_tokens(self) -> list[tuple[str, int]]:
+        """Texts of the control tokens, longest first: what parse_special would match."""
+        if self._special is None:
+            found = []
+            for t in range(self.n_vocab):
+                attr = L.llama_vocab_get_attr(self.vocab, t)
+                if attr & L.LLAMA_TOKEN_ATTR_CONTROL:
+                    text = self.piece(t, special=True).decode("utf-8", "replace")
+                    if text:
+                        found.append((text, t))
+            found.sort(key=lambda x: -len(x[0]))
+            self._special = found
+        return self._special
+
+
+def _int(s: str | None) -> int | None:
+    try:
+        return int(s) if s else None
+    except ValueError:
+        return None
+
+
+# ---- context --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 256
+    n_threads: int = 0  # 0: all cores
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_seq_max: int = 8
+
+
+class NativeContext:
+    def __init__(self, model: NativeModel, params: ContextParams):
+        for name in (params.type_k, params.type_v):
+            if name not in KV_TYPES:
+                raise ContextError(f"unknown KV type '{name}'; use one of {', '.join(KV_TYPES)}")
+        if params.n_ctx < 16 or params.n_batch < 1 or not 1 <= params.n_seq_max <= 64:
+            raise ContextError("context size must be at least 16, batch size at least 1, "
+                               "and sequences between 1 and 64")
+        import os
+
+        threads = params.n_threads or os.cpu_count() or 1
+        p = L.llama_context_default_params()
+        p.n_ctx = params.n_ctx
+        p.n_batch = params.n_batch
+        p.n_ubatch = params.n_batch
+        p.n_seq_max = params.n_seq_max
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.type_k = KV_TYPES[params.type_k][0]
+        p.type_v = KV_TYPES[params.type_v][0]
+        # A quantized V cache needs flash attention; AUTO turns it on where it is supported.
+        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_AUTO
+        p.kv_unified = True  # one cell pool shared by all sequences, so seq_cp shares cells
+        p.no_perf = True
+        last_problem()
+        ptr = L.llama_init_from_model(model.ptr, p)
+        if not ptr:
+            raise ContextError(
+                f"llama.cpp could not create a context (n_ctx={params.n_ctx}, KV "
+                f"{params.type_k}/{params.type_v}){last_problem()}; try a smaller --ctx-size or "
+                "f16 KV types"
+            )
+        self.ptr = ptr
+        self.model = model
+        self.params = params
+        self.n_ctx = L.llama_n_ctx(ptr)
+        self.mem = L.llama_get_memory(ptr)
+        self.batch = L.llama_batch_init(params.n_batch, 0, params.n_seq_max)
+        self._batch_cap = params.n_batch
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ptr)
+            self.ptr = None
+
+    # -- evaluation
+    def decode(self, entries: Sequence[tuple[int, int, Sequence[int], bool]]) -> None:
+        """One llama_decode of (token, position, seq ids, wants logits) entries."""
+        n = len(entries)
+        if not 0 < n <= self._batch_cap:
+            raise ContextError(f"a batch holds 1 to {self._batch_cap} tokens, not {n}")
+        b = self.batch
+        for i, (tok, pos, seqs, logits) in enumerate(entries):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = len(seqs)
+            for j, s in enumerate(seqs):
+                b.seq_id[i][j] = s
+            b.logits[i] = logits
+        b.n_tokens = n
+        rc = L.llama_decode(self.ptr, b)
+        if rc != 0:
+            if rc == 1:
+                raise ContextError("the KV cache is full: no free cells for this batch; raise "
+                                   "--ctx-size or clear other sequences")
+            raise ContextError(f"llama_decode failed (code {rc})")
+
+    def logits(self, i: int) -> np.ndarray:
+        """A copy of the logits of batch entry i (-1 for the last one that asked for them)."""
+        ptr = L.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise ContextError("no logits for that position")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    # -- memory (KV cache) operations
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(L.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        L.llama_memory_seq_keep(self.mem, seq)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        L.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        L.llama_memory_seq_div(self.mem, seq, p0, p1, d)
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+
+    def pos_range(self, seq: int) -> tuple[int, int]:
+        return (L.llama_memory_seq_pos_min(self.mem, seq), L.llama_memory_seq_pos_max(self.mem, seq))
+
+    # -- per-sequence state
+    def state_get(self, seq: int) -> bytes:
+        size = L.llama_state_seq_get_size(self.ptr, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self.ptr, buf, size, seq)
+        if n != size:
+            raise ContextError(f"llama.cpp copied {n} of {size} state bytes")
+        return bytes(buf)
+
+    def state_set(self, data: bytes, seq: int) -> bool:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        n = L.llama_state_seq_set_data(self.ptr, buf, len(data), seq)
+        return n == len(data) and n > 0
+
+
+def kv_bytes_per_token(facts: dict, type_k: str, type_v: str) -> int:
+    """Bytes one token's K and V rows take over all layers."""
+    def row(n: int, t: str) -> int:
+        _, block_bytes, block = KV_TYPES[t]
+        return n // block * block_bytes
+    k = row(facts["n_head_kv"] * facts["head_dim_k"], type_k)
+    v = row(facts["n_head_kv"] * facts["head_dim_v"], type_v)
+    return facts["n_layer"] * (k + v)
+
+
+class NativeSampler:
+    """llama.cpp's sampler chain: greedy, or top-p then temperature then a seeded draw."""
+
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+        self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if not self.ptr:  # pragma: no cover
+            raise ContextError("llama.cpp could not create a sampler")
+        if temperature <= 0:
+            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_greedy())
+        else:
+            if top_p < 1.0:
+                L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_top_p(top_p, 1))
+            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_temp(temperature))
+            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: NativeContext, i: int = -1) -> int:
+        return int(L.llama_sampler_sample(self.ptr, ctx.ptr, i))
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_sampler_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> "NativeSampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

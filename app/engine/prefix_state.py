@@ -1,0 +1,219 @@
+"""One sequence's saved KV state, and its ``.kvstate`` file format.
+
+The file is ours, not llama.cpp's 'ggsq' file, because that one carries no model identity and
+no KV type: loading it under another model fails late or not at all. Layout (little endian)::
+
+    0   8   magic  b"KVPSTATE"
+    8   4   format version (u32)
+    12  4   meta length M (u32, at most 64 KiB)
+    16  8   body length B (u64)
+    24  32  SHA-256 of meta + body
+    56  M   meta: UTF-8 JSON (model fingerprint, KV types, llama.cpp's seq-state version, ...)
+    56+M B  body: the token ids (int32 each), then llama_state_seq_get_data's bytes
+
+Every field is checked before any byte reaches llama.cpp. Writes are atomic: a temp file in the
+same folder, fsync, then rename, so a crash leaves the old file or none, never half of one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+import tempfile
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import StateFileError
+
+MAGIC = b"KVPSTATE"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sIIQ32s")
+MAX_META = 64 * 1024
+SUFFIX = ".kvstate"
+
+
+@dataclass(frozen=True)
+class PrefixState:
+    tokens: tuple[int, ...]
+    data: bytes = field(repr=False)
+    model_sha256: str
+    model_name: str
+    type_k: str
+    type_v: str
+    seq_state_version: int
+    template_sha256: str = ""
+    created: float = field(default_factory=time.time)
+    text: str = ""  # the prefix text, for people looking at the file
+
+    def __post_init__(self):
+        if not self.tokens:
+            raise StateFileError("a prefix state needs at least one token")
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + 4 * len(self.tokens)
+
+    def meta(self) -> dict:
+        return {
+            "model_sha256": self.model_sha256,
+            "model_name": self.model_name,
+            "type_k": self.type_k,
+            "type_v": self.type_v,
+            "seq_state_version": self.seq_state_version,
+            "template_sha256": self.template_sha256,
+            "created": self.created,
+            "n_tokens": len(self.tokens),
+            "data_bytes": len(self.data),
+            "text": self.text[:2000],
+        }
+
+    def check_compatible(self, model_sha256: str, type_k: str, type_v: str, seq_state_version: int,
+                         n_ctx: int) -> None:
+        """Raise StateFileError naming what differs from the loaded model and context."""
+        if self.model_sha256 != model_sha256:
+            raise StateFileError(
+                f"this state was made with another model ({self.model_name}, fingerprint "
+                f"{self.model_sha256[:12]}…); load that model or prime the prefix again"
+            )
+        if (self.type_k, self.type_v) != (type_k, type_v):
+            raise StateFileError(
+                f"this state has KV types {self.type_k}/{self.type_v} but the context uses "
+                f"{type_k}/{type_v}; set -ctk {self.type_k} -ctv {self.type_v} or prime again"
+            )
+        if self.seq_state_version != seq_state_version:
+            raise StateFileError(
+                f"this state was written by llama.cpp seq-state version {self.seq_state_version}, "
+                f"this build reads version {seq_state_version}; prime the prefix again"
+            )
+        if self.n_tokens >= n_ctx:
+            raise StateFileError(
+                f"this state holds {self.n_tokens} tokens but the context has {n_ctx} cells; "
+                f"raise --ctx-size above {self.n_tokens}"
+            )
+
+    # ---- file format -------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> int:
+        """Write atomically; returns the file size in bytes."""
+        path = Path(path)
+        meta = json.dumps(self.meta(), sort_keys=True).encode("utf-8")
+        toks = array("i", self.tokens)
+        if toks.itemsize != 4:  # pragma: no cover - every platform we ship has 4-byte int
+            raise StateFileError("this platform's int is not 4 bytes")
+        tok_bytes = toks.tobytes() if sys.byteorder == "little" else _swapped(toks)
+        h = hashlib.sha256(meta)
+        h.update(tok_bytes)
+        h.update(self.data)
+        body_len = len(tok_bytes) + len(self.data)
+        header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(meta), body_len, h.digest())
+        _atomic_write(path, (header, meta, tok_bytes, self.data))
+        return len(header) + len(meta) + body_len
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PrefixState":
+        path = Path(path)
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise StateFileError(f"no state file at {path}") from None
+        except IsADirectoryError:
+            raise StateFileError(f"{path} is a folder, not a state file") from None
+        except OSError as e:
+            raise StateFileError(f"cannot read {path}: {e.strerror}") from None
+        with f:
+            return cls._read(f, os.fstat(f.fileno()).st_size, path.name)
+
+    @classmethod
+    def _read(cls, f, size: int, name: str) -> "PrefixState":
+        if size < _HEADER.size:
+            raise StateFileError(f"{name} is truncated or not a KV Primer state ({size} bytes)")
+        magic, version, meta_len, body_len, digest = _HEADER.unpack(f.read(_HEADER.size))
+        if magic != MAGIC:
+            raise StateFileError(f"{name} is not a KV Primer state file (wrong magic)")
+        if version != FORMAT_VERSION:
+            raise StateFileError(
+                f"{name} has state format version {version}; this KV Primer reads version "
+                f"{FORMAT_VERSION}; prime the prefix again"
+            )
+        if meta_len > MAX_META:
+            raise StateFileError(f"{name} is corrupt: its header declares {meta_len:,} bytes of metadata")
+        expected = _HEADER.size + meta_len + body_len
+        if expected != size:
+            what = "truncated" if expected > size else "longer than its header says"
+            raise StateFileError(f"{name} is {what} ({size:,} bytes, header declares {expected:,})")
+        meta_raw = f.read(meta_len)
+        body = f.read(body_len)
+        h = hashlib.sha256(meta_raw)
+        h.update(body)
+        if h.digest() != digest:
+            raise StateFileError(f"{name} is corrupt: checksum mismatch")
+        try:
+            meta = json.loads(meta_raw.decode("utf-8"))
+            n_tokens = int(meta["n_tokens"])
+            data_bytes = int(meta["data_bytes"])
+            fields = {k: meta[k] for k in ("model_sha256", "model_name", "type_k", "type_v",
+                                           "template_sha256")}
+            if not all(isinstance(v, str) for v in fields.values()):
+                raise TypeError
+            seq_version = int(meta["seq_state_version"])
+            created = float(meta["created"])
+            text = str(meta.get("text", ""))
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise StateFileError(f"{name} is corrupt: unreadable metadata") from None
+        if n_tokens <= 0 or n_tokens * 4 + data_bytes != body_len:
+            raise StateFileError(f"{name} is corrupt: its token count does not match its size")
+        toks = array("i")
+        toks.frombytes(body[: 4 * n_tokens])
+        if sys.byteorder != "little":  # pragma: no cover
+            toks.byteswap()
+        return cls(tokens=tuple(toks), data=body[4 * n_tokens:], seq_state_version=seq_version,
+                   created=created, text=text, **fields)
+
+
+def _swapped(toks: array) -> bytes:  # pragma: no cover - big-endian hosts only
+    t = array("i", toks)
+    t.byteswap()
+    return t.tobytes()
+
+
+def _atomic_write(path: Path, chunks) -> None:
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except FileNotFoundError:
+        raise StateFileError(f"cannot save to {path}: the folder {folder} does not exist") from None
+    except OSError as e:
+        raise StateFileError(f"cannot save to {path}: {e.strerror}; choose another folder") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for c in chunks:
+                f.write(c)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StateFileError(f"cannot save to {path}: {e.strerror}; the state is still in memory, "
+                             "save it elsewhere") from None
+    try:  # make the rename itself durable
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+atomic_write = _atomic_write

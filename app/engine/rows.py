@@ -1,0 +1,132 @@
+"""Rows of placeholder values from CSV or JSONL files, checked against a template.
+
+Errors name the file, the row (1-based, as a spreadsheet shows it: the CSV header is row 1)
+and the column, and say what to do.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import RowsError
+
+MAX_ROWS_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Row:
+    number: int  # as the user sees it in the file
+    values: dict[str, str]
+
+
+def read_rows(path: str | Path, placeholders: list[str] | None = None) -> list[Row]:
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_ROWS_BYTES:
+            raise RowsError(f"{p.name} is {size:,} bytes; rows files are limited to 256 MiB")
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise RowsError(f"no rows file at {p}") from None
+    except IsADirectoryError:
+        raise RowsError(f"{p} is a folder, not a rows file") from None
+    except OSError as e:
+        raise RowsError(f"cannot read {p}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise RowsError(f"{p.name} line {line}: not UTF-8 text; save the file as UTF-8") from None
+    if p.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        rows = parse_jsonl(text, p.name)
+    else:
+        rows = parse_csv(text, p.name)
+    if not rows:
+        raise RowsError(f"{p.name} has no rows; add at least one row of values")
+    if placeholders is not None:
+        check_rows(rows, placeholders, p.name)
+    return rows
+
+
+def parse_csv(text: str, name: str = "rows") -> list[Row]:
+    if not text.strip():
+        raise RowsError(f"{name} is empty; it needs a header row naming the placeholders")
+    try:
+        dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
+    except csv.Error:
+        dialect = csv.excel
+    reader = csv.reader(io.StringIO(text), dialect)
+    try:
+        header = next(reader)
+    except csv.Error as e:
+        raise RowsError(f"{name} row 1: {e}") from None
+    header = [h.strip() for h in header]
+    for col, h in enumerate(header, 1):
+        if not h:
+            raise RowsError(f"{name} row 1, column {col}: empty column name; name every column")
+    dupes = sorted({h for h in header if header.count(h) > 1})
+    if dupes:
+        raise RowsError(f"{name} row 1: column {dupes[0]!r} appears twice; rename one")
+    rows = []
+    try:
+        for cells in reader:
+            number = reader.line_num
+            if not any(c.strip() for c in cells):
+                continue
+            if len(cells) > len(header):
+                raise RowsError(f"{name} row {number}: {len(cells)} cells but the header names "
+                                f"{len(header)} columns; quote values that contain the delimiter")
+            values = dict(zip(header, cells))
+            missing = header[len(cells):]
+            if missing:
+                raise RowsError(f"{name} row {number}: no value in column {missing[0]!r}")
+            rows.append(Row(number, values))
+    except csv.Error as e:
+        raise RowsError(f"{name} row {reader.line_num}: {e}") from None
+    return rows
+
+
+def parse_jsonl(text: str, name: str = "rows") -> list[Row]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RowsError(f"{name} line {number}, column {e.colno}: invalid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise RowsError(f"{name} line {number}: expected an object of name: value pairs")
+        values = {}
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)) or v is None:
+                raise RowsError(f"{name} line {number}, key {k!r}: values must be text or numbers")
+            values[str(k)] = v if isinstance(v, str) else json.dumps(v)
+        rows.append(Row(number, values))
+    return rows
+
+
+def check_rows(rows: list[Row], placeholders: list[str], name: str = "rows") -> None:
+    """Every placeholder must have a column; extra columns are an error too (likely a typo)."""
+    needed = set(placeholders)
+    for row in rows:
+        missing = [n for n in placeholders if n not in row.values]
+        extra = sorted(k for k in row.values if k not in needed)
+        if missing:
+            raise RowsError(f"{name} row {row.number}: no column {missing[0]!r} for the placeholder "
+                            f"<{missing[0]}>")
+        if extra:
+            raise RowsError(f"{name} row {row.number}: column {extra[0]!r} is not a placeholder of "
+                            "the template; remove it or add it to the template")
+
+
+def write_csv(rows: list[dict[str, str]], columns: list[str]) -> str:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    return out.getvalue()

@@ -1,0 +1,54 @@
+"""Shared fixtures: a tiny generated model for unit tests, the real default model for a few
+integration tests, and isolation of every file the app writes."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from tests.tiny_model import write_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_dirs(tmp_path_factory):
+    """Caches, settings and autosaves go to a temp folder, never the developer's home."""
+    root = tmp_path_factory.mktemp("home")
+    for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        os.environ[var] = str(root / var.lower())
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def other_tiny_model(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models2") / "tiny-other.gguf", seed=99)
+
+
+@pytest.fixture
+def engine(tiny_model):
+    from app.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32, n_threads=1))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    from app.engine import default_model_path
+
+    return default_model_path()  # raises with the install hint when `make setup` was skipped
+
+
+@pytest.fixture(scope="session")
+def examples() -> Path:
+    from app.resources_path import examples_dir
+
+    return examples_dir()
