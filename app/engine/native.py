@@ -84,9 +84,30 @@ def ensure_backend() -> None:
 
 def versions() -> dict[str, str]:
     info = L.llama_print_system_info().decode("utf-8", "replace").strip()
-    build = getattr(L, "LLAMA_BUILD_COMMIT", None) or getattr(L, "__llama_cpp_commit__", None)
-    return {"llama_cpp_python": L.__version__, "llama_cpp_build": str(build or "vendored"),
+    return {"llama_cpp_python": L.__version__, "llama_cpp_build": _llama_build(),
             "system": info}
+
+
+def _llama_build() -> str:
+    """The vendored llama.cpp's build: ggml's git commit and version (ggml_commit/ggml_version
+    are exported by libggml-base, which the bindings do not wrap) and llama_version()."""
+    parts: list[str] = []
+    try:
+        from llama_cpp import _ggml
+
+        for name, fmt in (("ggml_commit", "{}"), ("ggml_version", "ggml {}")):
+            fn = getattr(_ggml.libggml, name)
+            fn.argtypes, fn.restype = [], ctypes.c_char_p
+            value = fn()
+            if value:
+                parts.append(fmt.format(value.decode("ascii", "replace")))
+    except (ImportError, OSError, AttributeError):
+        pass
+    try:
+        parts.append(f"libllama {L.llama_version().decode('ascii', 'replace')}")
+    except AttributeError:
+        pass
+    return ", ".join(parts) or "unknown build"
 
 
 # ---- model ----------------------------------------------------------------------------------
@@ -311,8 +332,10 @@ class NativeContext:
         return bytes(buf)
 
     def state_set(self, data: bytes, seq: int) -> bool:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        n = L.llama_state_seq_set_data(self.ptr, buf, len(data), seq)
+        # Point llama.cpp at the bytes object's own buffer (it only reads it): copying a
+        # 40 MB state into a ctypes array first would cost as much as the restore itself.
+        ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        n = L.llama_state_seq_set_data(self.ptr, ptr, len(data), seq)
         return n == len(data) and n > 0
 
 
