@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from .engine import (Engine, EngineConfig, GenerationConfig, KvPrimerError, Pref
 from .engine.errors import TemplateError
 from .engine.native import KV_TYPES
 from .engine.task_state import Progress
+from .kv_commands import cmd_bench_forked, cmd_kv
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,12 +72,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", help="a saved .kvstate to restore (default: prime now)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
+    p.add_argument("--fork", type=int, default=0, metavar="K",
+                   help="run the rows as forked batches of K against the same rows one by one warm")
+
+    p = sub.add_parser("kv", parents=[common], help="prime into sequence 0, fork, show the KV cells")
+    p.add_argument("template")
+    p.add_argument("--fork", type=int, default=0, metavar="K", help="fork into K more sequences")
+    p.add_argument("--json", action="store_true")
 
     sub.add_parser("demo", parents=[common], help="prime the RAG example and run its first row")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    # llama.cpp's warnings go to the "kvprimer.llama" logger; without a handler Python would
+    # print them to stderr around our one-line error (which already quotes the one that matters)
+    root = logging.getLogger("kvprimer")
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())
     args = build_parser().parse_args(argv)
     if args.version:
         print(version_text())
@@ -228,6 +242,8 @@ def report_dict(rep) -> dict:
 
 
 def cmd_bench(args) -> int:
+    if args.fork:
+        return cmd_bench_forked(args)
     tpl = read_template(args.template)
     rows = read_rows(args.rows, tpl.placeholders)
     with _engine(args) as eng:
@@ -275,7 +291,7 @@ def cmd_demo(args) -> int:
     return 0
 
 
-COMMANDS = {"info": cmd_info, "prime": cmd_prime, "run": cmd_run, "bench": cmd_bench,
+COMMANDS = {"kv": cmd_kv, "info": cmd_info, "prime": cmd_prime, "run": cmd_run, "bench": cmd_bench,
             "demo": cmd_demo}
 
 if __name__ == "__main__":

@@ -10,10 +10,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .errors import Cancelled, ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .model_files import check_gguf_file, default_model_path, model_fingerprint
-from .native import (SEQ_STATE_VERSION, ContextParams, NativeContext, NativeModel,
-                     kv_bytes_per_token)
+from .kv_debug_log import TrackedContext
+from .kv_view import KvCacheView, build_view
+from .native import SEQ_STATE_VERSION, ContextParams, NativeModel, kv_bytes_per_token
 from .prefix_state import PrefixState
 from .prefix_store import PrefixStore
 from .prompt_tokens import PromptTokenizer
@@ -31,6 +34,7 @@ class EngineConfig:
     type_v: str = "f16"
     n_seq_max: int = 8
     store_bytes: int = 1 << 30
+    kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,9 @@ class Engine:
         path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
         self.model = NativeModel(path)
         try:
-            self.ctx = NativeContext(self.model, ContextParams(
+            self.ctx = TrackedContext(self.model, ContextParams(
                 config.n_ctx, config.n_batch, config.n_threads, config.type_k, config.type_v,
-                config.n_seq_max))
+                config.n_seq_max), config.kv_debug_log)
         except Exception:
             self.model.close()
             raise
@@ -90,7 +94,11 @@ class Engine:
         self.store = PrefixStore(config.store_bytes)
         # token ids resident in each sequence, position i holding resident[seq][i]
         self.resident: dict[int, list[int]] = {s: [] for s in range(config.n_seq_max)}
-        self.log_listeners = []
+        # sequences that also hold shifted or divided cells beyond resident[seq] (see shift())
+        self.moved: set[int] = set()
+        self._kv_listeners: list = []
+        self._kv_published = 0.0
+        self.ctx.on_change = self._kv_changed
 
     # ---- lifetime
     def close(self) -> None:
@@ -129,6 +137,9 @@ class Engine:
         leaves the sequence holding exactly the tokens evaluated so far.
         """
         self._check_seq(seq)
+        if seq in self.moved:
+            raise KvPrimerError(f"sequence {seq} holds shifted or divided positions; trim it to "
+                                f"{len(self.resident[seq])} tokens or clear it before evaluating")
         task = task or TaskState()
         start = len(self.resident[seq])
         self.check_fits(start + len(tokens))
@@ -165,19 +176,22 @@ class Engine:
         self._check_seq(seq)
         self.ctx.seq_rm(seq)
         self.resident[seq] = []
+        self.moved.discard(seq)
 
     def clear_all(self) -> None:
         self.ctx.clear()
         for s in self.resident:
             self.resident[s] = []
+        self.moved.clear()
 
     def trim(self, seq: int, keep: int) -> None:
         """Keep the first ``keep`` tokens of ``seq``, drop the rest."""
         self._check_seq(seq)
-        if keep < len(self.resident[seq]):
+        if keep < len(self.resident[seq]) or (seq in self.moved and keep <= len(self.resident[seq])):
             if not self.ctx.seq_rm(seq, keep, -1):
                 raise ContextError("llama.cpp could not trim that sequence")
             self.resident[seq] = self.resident[seq][:keep]
+            self.moved.discard(seq)
 
     def fork(self, src: int, dst: int) -> None:
         """Make ``dst`` hold what ``src`` holds; the cells are shared, nothing is copied."""
@@ -188,6 +202,95 @@ class Engine:
         self.clear_seq(dst)
         self.ctx.seq_cp(src, dst)
         self.resident[dst] = list(self.resident[src])
+        if src in self.moved:
+            self.moved.add(dst)
+
+    def keep_only(self, seq: int) -> None:
+        """Drop every other sequence; cells ``seq`` shared with them become its own."""
+        self._check_seq(seq)
+        self.ctx.seq_keep(seq)
+        for s in self.resident:
+            if s != seq:
+                self.resident[s] = []
+                self.moved.discard(s)
+
+    def shift(self, seq: int, p0: int, delta: int) -> None:
+        """Add ``delta`` to the positions of ``seq`` from ``p0`` on (llama.cpp's seq_add).
+
+        The moved cells keep K/V computed at their old positions (K is re-roped), so they are no
+        longer what evaluating those tokens would give: ``resident[seq]`` keeps only the tokens
+        below the moved range, and the sequence is marked moved until trimmed back to them.
+        Cells shifted below position 0 are freed.
+        """
+        self._check_seq(seq)
+        if delta == 0:
+            return
+        self._check_unshared(seq, p0, "shift")
+        self.ctx.seq_add(seq, p0, -1, delta)
+        self._after_move(seq, max(0, min(p0, p0 + delta)))
+
+    def divide(self, seq: int, p0: int, d: int) -> None:
+        """Integer-divide the positions of ``seq`` from ``p0`` on by ``d`` (llama.cpp's seq_div)."""
+        self._check_seq(seq)
+        if d < 1:
+            raise KvPrimerError(f"divide positions by 1 or more, not {d}")
+        if d == 1:
+            return
+        self._check_unshared(seq, p0, "divide")
+        self.ctx.seq_div(seq, p0, -1, d)
+        self._after_move(seq, max(0, p0 // d))
+
+    def _check_unshared(self, seq: int, p0: int, verb: str) -> None:
+        # a cell has one position for all its owners: moving a shared cell moves it for all
+        view = self.kv_view()
+        if view.has_cells:
+            o = view.cell_owners
+            mine = ((o & (1 << seq)) != 0) & (view.cell_pos >= max(p0, 0))
+            together = int(np.bitwise_or.reduce(o[mine])) if mine.any() else 0
+            others = [s for s in range(64) if together >> s & 1 and s != seq]
+        else:
+            lo = max(p0, 0)
+            others = [u.seq for u in view.sequences if u.seq != seq and u.pos_max >= lo]
+        if others:
+            raise KvPrimerError(
+                f"sequence {seq} may share cells with sequence {', '.join(map(str, others))} from "
+                f"position {p0}; a {verb} would move them there too; clear those sequences or "
+                f"evaluate this one on its own first")
+
+    def _after_move(self, seq: int, exact: int) -> None:
+        self.resident[seq] = self.resident[seq][:exact]
+        lo, hi = self.ctx.pos_range(seq)
+        if hi >= len(self.resident[seq]):
+            self.moved.add(seq)
+        else:
+            self.moved.discard(seq)
+
+    # ---- the KV cache view
+    def kv_view(self) -> KvCacheView:
+        """Every cell's position and owners, and a summary per sequence (see kv_view.py)."""
+        self.ctx.verify()
+        return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
+                          self.info.kv_bytes_per_token,
+                          {s: len(t) for s, t in self.resident.items()})
+
+    def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
+        """Call ``fn(view)`` on this (the engine's) thread after KV changes, at most every
+        ``min_interval_s``; the caller must publish a final view itself when a job ends."""
+        self._kv_listeners.append((fn, min_interval_s))
+
+    def remove_kv_listener(self, fn) -> None:
+        self._kv_listeners = [(f, i) for f, i in self._kv_listeners if f != fn]
+
+    def _kv_changed(self) -> None:
+        if not self._kv_listeners:
+            return
+        now = time.perf_counter()
+        if now - self._kv_published < min(i for _f, i in self._kv_listeners):
+            return
+        self._kv_published = now
+        view = self.kv_view()
+        for fn, _i in list(self._kv_listeners):
+            fn(view)
 
     # ---- states
     def snapshot(self, seq: int = 0, template: Template | None = None, text: str = "") -> PrefixState:
@@ -195,6 +298,9 @@ class Engine:
         self._check_seq(seq)
         if not self.resident[seq]:
             raise KvPrimerError(f"sequence {seq} is empty; prime it first")
+        if seq in self.moved:
+            raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
+                                f"state cannot describe; trim it to {len(self.resident[seq])} tokens first")
         return PrefixState(
             tokens=tuple(self.resident[seq]), data=self.ctx.state_get(seq),
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
@@ -204,16 +310,26 @@ class Engine:
     def check_state(self, state: PrefixState) -> None:
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
+        state.check_payload(self.info.n_vocab)
 
     def restore(self, state: PrefixState, seq: int = 0) -> float:
         """Put a saved state into ``seq``; returns seconds taken. The context is unchanged on error."""
         self._check_seq(seq)
         self.check_state(state)
         t0 = time.perf_counter()
+        # llama.cpp clears the sequence before it finds a layer/row/V-layout mismatch; keep a
+        # copy to put back (run paths restore into an empty sequence, so this costs them nothing)
+        old, was_moved = self.resident[seq], seq in self.moved
+        backup = self.ctx.state_get(seq) if old else None
         self.ctx.seq_rm(seq)
         self.resident[seq] = []
+        self.moved.discard(seq)
         if not self.ctx.state_set(state.data, seq):
             self.ctx.seq_rm(seq)
+            if backup and self.ctx.state_set(backup, seq):
+                self.resident[seq] = old
+                if was_moved:
+                    self.moved.add(seq)
             raise StateFileError("llama.cpp rejected the state's KV data (layer or row sizes differ); "
                                  "prime the prefix again with this model")
         self.resident[seq] = list(state.tokens)
@@ -236,10 +352,7 @@ class Engine:
         self.check_fits(len(tokens))
         common = _common_prefix(self.resident[seq], tokens)
         self.trim(seq, common)
-        try:
-            self.evaluate(tokens[common:], seq, task, stage="prime", want_logits=False)
-        except Cancelled:
-            raise
+        self.evaluate(tokens[common:], seq, task, stage="prime", want_logits=False)
         state = self.snapshot(seq, template, template.static_prefix)
         if keep_in_store:
             self.store.put(state)

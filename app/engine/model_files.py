@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -54,7 +55,9 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     version = struct.unpack_from("<I", head, 4)[0]
     if version not in (2, 3):
         raise ModelError(f"{p.name} is GGUF version {version}, which this llama.cpp cannot read")
+    check_gguf_layout(p)
     return p
+
 
 
 def _cache_file() -> Path:
@@ -91,3 +94,162 @@ def model_fingerprint(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     except OSError:
         pass  # a cache we cannot write only costs time
     return digest
+
+
+# ---- a bounded walk over the GGUF header ----------------------------------------------------
+# llama.cpp checks most of a GGUF file itself, but it aborts the process (GGML_ASSERT) when two
+# vocabulary entries have the same text, which one flipped bit in a token such as <0x41> makes.
+# Walking the header also lets us say "truncated" with the numbers instead of a generic failure.
+# Every length is checked against the bytes left before anything is read or allocated.
+
+# ggml type id -> (elements per block, bytes per block), as gguf.constants.GGML_QUANT_SIZES
+GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
+               8: (32, 34), 9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144),
+               13: (256, 176), 14: (256, 210), 15: (256, 292), 16: (256, 66), 17: (256, 74),
+               18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+               23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
+               29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17)}
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _GgufReader:
+    """Reads from a read-only mmap of the file (the header of a real model holds 100k strings;
+    one read() each would take a quarter of a second)."""
+
+    def __init__(self, buf, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
+
+    def read(self, n: int) -> bytes:
+        if n > self.size - self.pos:
+            raise _Truncated
+        self.pos += n
+        return self.buf[self.pos - n:self.pos]
+
+    def skip(self, n: int) -> None:
+        if n > self.size - self.pos:
+            raise _Truncated
+        self.pos += n
+
+    def u32(self) -> int:
+        if self.size - self.pos < 4:
+            raise _Truncated
+        self.pos += 4
+        return _U32.unpack_from(self.buf, self.pos - 4)[0]
+
+    def u64(self) -> int:
+        if self.size - self.pos < 8:
+            raise _Truncated
+        self.pos += 8
+        return _U64.unpack_from(self.buf, self.pos - 8)[0]
+
+    def string(self) -> bytes:
+        return self.read(self.u64())
+
+
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
+def check_gguf_layout(p: Path) -> None:
+    """ModelError if the header is cut short, the tensor data runs past the end of the file,
+    or the vocabulary has duplicate entries."""
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                required = _walk_gguf(_GgufReader(buf, size), p.name)
+    except _Truncated:
+        raise ModelError(f"{p.name} is truncated inside its header; download it again") from None
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read {p}: {getattr(e, 'strerror', None) or e}") from None
+    if required > size:
+        raise ModelError(f"{p.name} is truncated: {size:,} bytes, but its tensors need "
+                         f"{required:,}; download it again")
+
+
+def _walk_gguf(r: _GgufReader, name: str) -> int:
+    r.skip(8)  # magic, version
+    n_tensors, n_kv = r.u64(), r.u64()
+    alignment = 32
+    for _ in range(n_kv):
+        key = r.string()
+        vtype = r.u32()
+        if key == b"tokenizer.ggml.tokens" and vtype == _ARRAY:
+            _check_vocab(r, name)
+        elif key == b"general.alignment" and vtype == 4:
+            alignment = r.u32() or 32
+        else:
+            _skip_value(r, vtype, name)
+    ends = []
+    for _ in range(n_tensors):
+        r.string()
+        n_dims = r.u32()
+        if n_dims > 8:
+            raise ModelError(f"{name} is corrupt: a tensor with {n_dims} dimensions")
+        dims = [r.u64() for _ in range(n_dims)]
+        ttype, offset = r.u32(), r.u64()
+        n = 1
+        for d in dims:
+            n *= d
+        blk, nbytes = GGML_BLOCKS.get(ttype, (1, 0))  # unknown type: check its offset only
+        ends.append(offset + n // blk * nbytes)
+    data_start = -(-r.pos // alignment) * alignment
+    return data_start + max(ends, default=0)
+
+
+def _skip_value(r: _GgufReader, vtype: int, name: str) -> None:
+    if vtype in _SCALAR:
+        r.skip(_SCALAR[vtype])
+    elif vtype == _STRING:
+        r.skip(r.u64())
+    elif vtype == _ARRAY:
+        etype, n = r.u32(), r.u64()
+        if etype in _SCALAR:
+            r.skip(n * _SCALAR[etype])
+        elif etype == _STRING:
+            _strings(r, n, keep=False)
+        else:
+            raise ModelError(f"{name} is corrupt: an array of unknown type {etype} in its header")
+    else:
+        raise ModelError(f"{name} is corrupt: a value of unknown type {vtype} in its header")
+
+
+def _strings(r: _GgufReader, n: int, keep: bool) -> list[bytes]:
+    """n length-prefixed strings; a tight loop, since a vocabulary has 50k to 250k of them."""
+    if n * 8 > r.size - r.pos:
+        raise _Truncated
+    buf, pos, size, unpack = r.buf, r.pos, r.size, _U64.unpack_from
+    out = []
+    for _ in range(n):
+        if size - pos < 8:
+            raise _Truncated
+        ln = unpack(buf, pos)[0]
+        pos += 8
+        if ln > size - pos:
+            raise _Truncated
+        if keep:
+            out.append(buf[pos:pos + ln])
+        pos += ln
+    r.pos = pos
+    return out
+
+
+def _check_vocab(r: _GgufReader, name: str) -> None:
+    etype, n = r.u32(), r.u64()
+    if etype != _STRING:
+        r.pos -= 12
+        return _skip_value(r, _ARRAY, name)
+    # llama.cpp reads each text as a C string: it ends at the first NUL byte
+    tokens = [t.split(b"\0", 1)[0] for t in _strings(r, n, keep=True)]
+    if len(set(tokens)) == len(tokens):
+        return
+    seen: dict[bytes, int] = {}
+    for i, text in enumerate(tokens):
+        j = seen.setdefault(text, i)
+        if j != i:
+            raise ModelError(f"{name} is corrupt: vocabulary entries {j} and {i} are both "
+                             f"{text[:40].decode('utf-8', 'replace')!r}; download it again")

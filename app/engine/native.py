@@ -42,7 +42,7 @@ SEQ_STATE_VERSION = int(L.LLAMA_STATE_SEQ_VERSION)
 # logging and to any listeners (the KV debug view parses the find_slot lines).
 _log_listeners: list[Callable[[int, str], None]] = []
 _backend_ready = False
-_last_problem = [""]  # llama.cpp's last warning or error line, to explain a NULL it returns
+_last_problem = ["", ""]  # llama.cpp's last warning and first error, to explain a NULL
 
 
 @L.llama_log_callback
@@ -53,6 +53,10 @@ def _on_llama_log(level: int, text: bytes, user_data) -> None:  # pragma: no cov
             fn(level, s)
         # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
         if level in (3, 4):
+            # keep the first error: "error loading model: <why>" comes before the generic
+            # "failed to load model" that follows it
+            if level == 4 and not _last_problem[1]:
+                _last_problem[1] = s.strip()
             _last_problem[0] = s.strip()
             log.warning(s.rstrip())
     except Exception:  # never let an exception cross into C
@@ -61,7 +65,8 @@ def _on_llama_log(level: int, text: bytes, user_data) -> None:  # pragma: no cov
 
 def last_problem() -> str:
     """llama.cpp's last warning, as ' (llama.cpp: ...)' to append to a message, or ''."""
-    msg, _last_problem[0] = _last_problem[0], ""
+    msg = _last_problem[1] or _last_problem[0]
+    _last_problem[:] = ["", ""]
     return f" (llama.cpp: {msg})" if msg else ""
 
 
@@ -177,6 +182,7 @@ class NativeModel:
         return list(buf[:n])
 
     def piece(self, token: int, special: bool = True) -> bytes:
+        self._check_token(token)
         buf = ctypes.create_string_buffer(64)
         n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
@@ -184,7 +190,15 @@ class NativeModel:
             n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:max(n, 0)]
 
+    def _check_token(self, token: int) -> None:
+        # llama.cpp indexes its vocabulary with .at(): an unknown id throws through the C API
+        # and aborts the process
+        if not 0 <= token < self.n_vocab:
+            raise ContextError(f"token id {token} is outside this model's vocabulary "
+                               f"(0 to {self.n_vocab - 1})")
+
     def is_eog(self, token: int) -> bool:
+        self._check_token(token)
         return bool(L.llama_vocab_is_eog(self.vocab, token))
 
     def bos(self) -> int | None:
@@ -230,16 +244,22 @@ class NativeContext:
         for name in (params.type_k, params.type_v):
             if name not in KV_TYPES:
                 raise ContextError(f"unknown KV type '{name}'; use one of {', '.join(KV_TYPES)}")
-        if params.n_ctx < 16 or params.n_batch < 1 or not 1 <= params.n_seq_max <= 64:
-            raise ContextError("context size must be at least 16, batch size at least 1, "
-                               "and sequences between 1 and 64")
+        # n_ctx goes into a uint32 field: 2**32 + 16 would silently become 16
+        if not 16 <= params.n_ctx < 1 << 31 or params.n_batch < 1 or not 1 <= params.n_seq_max <= 64:
+            raise ContextError("context size must be between 16 and 2147483647, batch size at "
+                               "least 1, and sequences between 1 and 64")
         import os
 
         threads = params.n_threads or os.cpu_count() or 1
+        if not 1 <= threads <= 512:  # GGML_MAX_N_THREADS
+            raise ContextError(f"threads must be between 1 and 512, not {threads}")
+        # llama.cpp caps its batch at n_ctx; our batch buffer must not be bigger either (a
+        # batch of a billion tokens would allocate a billion seq-id arrays)
+        n_batch = min(params.n_batch, params.n_ctx)
         p = L.llama_context_default_params()
         p.n_ctx = params.n_ctx
-        p.n_batch = params.n_batch
-        p.n_ubatch = params.n_batch
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch
         p.n_seq_max = params.n_seq_max
         p.n_threads = threads
         p.n_threads_batch = threads
@@ -262,8 +282,8 @@ class NativeContext:
         self.params = params
         self.n_ctx = L.llama_n_ctx(ptr)
         self.mem = L.llama_get_memory(ptr)
-        self.batch = L.llama_batch_init(params.n_batch, 0, params.n_seq_max)
-        self._batch_cap = params.n_batch
+        self.batch = L.llama_batch_init(n_batch, 0, params.n_seq_max)
+        self._batch_cap = n_batch
 
     def close(self) -> None:
         if self.ptr:

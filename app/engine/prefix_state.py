@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import StateFileError
+from .seq_payload import check_seq_payload
 
 MAGIC = b"KVPSTATE"
 FORMAT_VERSION = 1
@@ -99,6 +100,17 @@ class PrefixState:
                 f"raise --ctx-size above {self.n_tokens}"
             )
 
+    def check_payload(self, n_vocab: int) -> None:
+        """Raise StateFileError unless the tokens and KV bytes are safe to give llama.cpp.
+
+        Cheap (a walk over the layout, see seq_payload); run before every restore, since a
+        state may come from a file whose checksum was recomputed after tampering.
+        """
+        if min(self.tokens) < 0 or max(self.tokens) >= n_vocab:
+            raise StateFileError(f"this state holds token ids outside this model's vocabulary of "
+                                 f"{n_vocab}; it is corrupt or for another model; prime again")
+        check_seq_payload(self.data, self.n_tokens, _type_ids(self.type_k, self.type_v))
+
     # ---- file format -------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> int:
@@ -157,8 +169,9 @@ class PrefixState:
             raise StateFileError(f"{name} is corrupt: checksum mismatch")
         try:
             meta = json.loads(meta_raw.decode("utf-8"))
-            n_tokens = int(meta["n_tokens"])
-            data_bytes = int(meta["data_bytes"])
+            n_tokens, data_bytes = meta["n_tokens"], meta["data_bytes"]
+            if not all(type(v) is int for v in (n_tokens, data_bytes)):  # not 1.5, not true
+                raise TypeError
             fields = {k: meta[k] for k in ("model_sha256", "model_name", "type_k", "type_v",
                                            "template_sha256")}
             if not all(isinstance(v, str) for v in fields.values()):
@@ -174,8 +187,22 @@ class PrefixState:
         toks.frombytes(body[: 4 * n_tokens])
         if sys.byteorder != "little":  # pragma: no cover
             toks.byteswap()
+        if min(toks) < 0:
+            raise StateFileError(f"{name} is corrupt: it holds a negative token id")
         return cls(tokens=tuple(toks), data=body[4 * n_tokens:], seq_state_version=seq_version,
                    created=created, text=text, **fields)
+
+
+# ggml type ids by name, as in native.KV_TYPES (kept here so that reading a file needs no
+# llama.cpp; test_robust_state checks that the two agree)
+_KV_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+                "iq4_nl": 20, "bf16": 30}
+
+
+def _type_ids(type_k: str, type_v: str) -> tuple[int, int] | None:
+    if type_k in _KV_TYPE_IDS and type_v in _KV_TYPE_IDS:
+        return _KV_TYPE_IDS[type_k], _KV_TYPE_IDS[type_v]
+    return None
 
 
 def _swapped(toks: array) -> bytes:  # pragma: no cover - big-endian hosts only

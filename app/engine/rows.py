@@ -58,6 +58,8 @@ def parse_csv(text: str, name: str = "rows") -> list[Row]:
         dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
     except csv.Error:
         dialect = csv.excel
+    # values are often whole documents; the csv module's default limit is 128 KiB per field
+    csv.field_size_limit(MAX_ROWS_BYTES)
     reader = csv.reader(io.StringIO(text), dialect)
     try:
         header = next(reader)
@@ -90,6 +92,8 @@ def parse_csv(text: str, name: str = "rows") -> list[Row]:
 
 
 def parse_jsonl(text: str, name: str = "rows") -> list[Row]:
+    if text.lstrip().startswith("["):
+        return _parse_json_array(text, name)
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -98,15 +102,34 @@ def parse_jsonl(text: str, name: str = "rows") -> list[Row]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise RowsError(f"{name} line {number}, column {e.colno}: invalid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise RowsError(f"{name} line {number}: expected an object of name: value pairs")
-        values = {}
-        for k, v in obj.items():
-            if isinstance(v, (dict, list)) or v is None:
-                raise RowsError(f"{name} line {number}, key {k!r}: values must be text or numbers")
-            values[str(k)] = v if isinstance(v, str) else json.dumps(v)
-        rows.append(Row(number, values))
+        except RecursionError:  # thousands of nested brackets
+            raise RowsError(f"{name} line {number}: JSON nested too deeply") from None
+        rows.append(_row(obj, number, name, "line"))
     return rows
+
+
+def _parse_json_array(text: str, name: str) -> list[Row]:
+    """A .json file holding one array of objects; rows are numbered from 1 in the array."""
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RowsError(f"{name} line {e.lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise RowsError(f"{name}: JSON nested too deeply") from None
+    if not isinstance(items, list):
+        raise RowsError(f"{name}: expected one object per line, or an array of objects")
+    return [_row(obj, k, name, "item") for k, obj in enumerate(items, 1)]
+
+
+def _row(obj, number: int, name: str, unit: str) -> Row:
+    if not isinstance(obj, dict):
+        raise RowsError(f"{name} {unit} {number}: expected an object of name: value pairs")
+    values = {}
+    for k, v in obj.items():
+        if isinstance(v, (dict, list)) or v is None:
+            raise RowsError(f"{name} {unit} {number}, key {k!r}: values must be text or numbers")
+        values[str(k)] = v if isinstance(v, str) else json.dumps(v)
+    return Row(number, values)
 
 
 def check_rows(rows: list[Row], placeholders: list[str], name: str = "rows") -> None:

@@ -1,0 +1,140 @@
+"""``python -m app``: the KV Primer window on qasync's event loop.
+
+    python -m app                      the default model, the RAG example open
+    python -m app --model PATH         another GGUF model
+    python -m app --screenshot OUT.png load, run one row cold and warm, save a window grab, exit
+    python -m app --version
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+SCREEN_SIZE = (1400, 900)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvprimer-gui", description="KV Primer's desktop app.")
+    p.add_argument("--model", metavar="PATH", help="a GGUF model file (default: SmolLM2-135M)")
+    p.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="CPU threads for llama.cpp (default: all cores)")
+    p.add_argument("--screenshot", metavar="OUT.png",
+                   help="open the RAG example, run one row cold and warm, save a screenshot, exit")
+    p.add_argument("--version", action="store_true", help="print versions and exit")
+    return p
+
+
+async def until_idle(worker) -> None:
+    """Wait until the worker has no job (the busy flag drops)."""
+    if not worker.busy:
+        return
+    fut = asyncio.get_event_loop().create_future()
+
+    def on_busy(busy: bool) -> None:
+        if not busy and not fut.done():
+            fut.set_result(None)
+
+    worker.busy_changed.connect(on_busy)
+    try:
+        await fut
+    finally:
+        worker.busy_changed.disconnect(on_busy)
+
+
+async def screenshot_scenario(window, out: Path) -> None:
+    """Load (already started), run row 1 cold and warm, grab the window. Raises on failure."""
+    from app.engine import KvPrimerError
+
+    await until_idle(window.worker)
+    if window.worker.info is None:
+        errs = window.errors.messages("error")
+        raise KvPrimerError(errs[-1] if errs else "the model did not load")
+    window.fillings.table.selectRow(0)
+    job = window.jobs.run("both", oneshot=False)  # cold and warm; the one-shot run is extra
+    if job is None:
+        raise KvPrimerError(window.errors.messages("error")[-1])
+    await until_idle(window.worker)
+    if job.error or job.cancelled:
+        raise KvPrimerError(job.error or "the run was cancelled")
+    window.kv_dock.raise_()
+    await asyncio.sleep(0.3)  # let the docks repaint after the last job
+    img = window.grab()
+    if not img.save(str(out)):
+        raise KvPrimerError(f"cannot write the screenshot to {out}; check the folder exists")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.version:
+        from app.cli import version_text
+
+        print(version_text())
+        return 0
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.engine import EngineConfig
+    from app.ui.error_panel import setup_file_logging
+    from app.ui.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName("kvprimer")
+    app.setApplicationName("KV Primer")
+    log_path = setup_file_logging()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    if args.threads < 0:
+        print("kvprimer-gui: error: --threads must be 0 (all cores) or more", file=sys.stderr)
+        return 2
+    config = EngineConfig(model_path=args.model, n_threads=args.threads)
+
+    if args.screenshot:
+        from PySide6.QtCore import QSettings
+
+        tmp = tempfile.TemporaryDirectory(prefix="kvprimer-shot-")
+        # a fresh layout and no autosave: the picture must not depend on the user's last session
+        settings = QSettings(str(Path(tmp.name) / "settings.ini"), QSettings.IniFormat)
+        window = MainWindow(config, settings=settings, autosave_dir=Path(tmp.name),
+                            log_path=log_path, offer_restore=False)
+        window.resize(*SCREEN_SIZE)
+        window.show()
+        code = 0
+        with loop:
+            try:
+                loop.run_until_complete(screenshot_scenario(window, Path(args.screenshot)))
+            except Exception as e:  # one line for the user, as the CLI does
+                print(f"kvprimer-gui: error: {e}", file=sys.stderr)
+                code = 1
+            window.dirty = False
+            window.close()
+        _dispose(window)
+        tmp.cleanup()
+        return code
+
+    window = MainWindow(config, log_path=log_path)
+    window.show()
+    closed = asyncio.Event()
+    window.closed.connect(closed.set)
+    app.aboutToQuit.connect(closed.set)
+    with loop:
+        loop.run_until_complete(closed.wait())
+    _dispose(window)
+    return 0
+
+
+def _dispose(window) -> None:
+    """Free the window's Qt objects before the interpreter shuts down: left to the final
+    garbage collection, PySide6 6.12 can crash (bool_dealloc) while tearing them down."""
+    import gc
+
+    window.deleteLater()
+    del window
+    gc.collect()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Forked batch runs: one primed prefix, k rows evaluated and generated together.
+
+The prefix lives in sequence 0. Each row gets its own sequence (1..k), forked from 0 with
+seq_cp, so the prefix cells are shared, not copied. The k suffixes go into one llama_decode
+(several when they do not fit in n_batch: whole rows are packed, and a row longer than n_batch
+is cut where a one-by-one run would cut it), and then every generation step decodes one token
+for each unfinished row in a single batch.
+
+Compared with the same rows run one by one warm (run_prompt), greedy tokens must be equal;
+``compare_with_sequential`` reports that and the max |Δlogit| of the first generated token.
+"""
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ContextError, KvPrimerError
+from .kv_engine import Engine, common_prefix
+from .native import NativeSampler
+from .prefix_state import PrefixState
+from .prompt_runs import GenerationConfig, run_prompt
+from .task_state import TaskState
+from .template import Template
+
+PREFIX_SEQ = 0
+
+
+@dataclass
+class ForkedRow:
+    index: int  # position in the values list given
+    seq: int
+    prompt_tokens: int
+    reused_tokens: int
+    evaluated_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    first_logits: np.ndarray | None = field(default=None, repr=False)
+
+
+@dataclass
+class ForkedBatch:
+    prefix_tokens: int
+    rows: list[ForkedRow]
+    fork_ms: float = 0.0  # seq_cp + trim for every row
+    prompt_ms: float = 0.0  # evaluating all suffixes
+    ttft_ms: float = 0.0  # fork + suffixes + first token of every row
+    gen_ms: float = 0.0  # the remaining tokens of every row
+    prompt_decodes: int = 0  # llama_decode calls for the suffixes (1 when they fit n_batch)
+    gen_decodes: int = 0
+
+    @property
+    def total_ms(self) -> float:
+        return self.ttft_ms + self.gen_ms
+
+    @property
+    def evaluated_tokens(self) -> int:
+        return sum(r.evaluated_tokens for r in self.rows)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.rows)
+
+
+@dataclass(frozen=True)
+class ForkComparison:
+    row: int
+    tokens_equal: bool
+    max_logit_diff: float
+    forked_tokens: tuple[int, ...]
+    sequential_tokens: tuple[int, ...]
+    sequential_ms: float  # the one-by-one warm run: restore + suffix + generation
+
+
+def run_forked(engine: Engine, template: Template, values: list[dict[str, str]], *,
+               state: PrefixState | None = None, gen: GenerationConfig = GenerationConfig(),
+               task: TaskState | None = None) -> ForkedBatch:
+    """Run ``values`` (k rows) as one forked batch; see the module docstring."""
+    task = task or TaskState()
+    k = len(values)
+    if k == 0:
+        raise KvPrimerError("no rows to run")
+    if k > engine.config.n_seq_max - 1:
+        raise KvPrimerError(f"{k} rows need {k + 1} sequences but the context has "
+                            f"{engine.config.n_seq_max}; run at most {engine.config.n_seq_max - 1} "
+                            "rows per forked batch")
+    prompts = [engine.tokenize(template.fill(v)) for v in values]
+    for i, toks in enumerate(prompts):
+        if not toks:
+            raise KvPrimerError(f"row {i + 1}: the filled prompt is empty; nothing to evaluate")
+        engine.check_fits(len(toks))
+    if state is None:
+        state = engine.prime(template, PREFIX_SEQ, task)
+    elif engine.resident[PREFIX_SEQ] != list(state.tokens) or PREFIX_SEQ in engine.moved:
+        engine.restore(state, PREFIX_SEQ)
+    rows = []
+    for i, toks in enumerate(prompts):
+        b = min(common_prefix(state.tokens, toks), len(toks) - 1)
+        rows.append(ForkedRow(i, PREFIX_SEQ + 1 + i, len(toks), b, len(toks) - b))
+    max_new = [max(1, min(gen.max_tokens, engine.ctx.n_ctx - r.prompt_tokens - 1)) for r in rows]
+    need = state.n_tokens + sum(r.evaluated_tokens + m for r, m in zip(rows, max_new))
+    if need > engine.ctx.n_ctx:
+        raise KvPrimerError(f"these {k} rows need up to {need} KV cells but the context has "
+                            f"{engine.ctx.n_ctx}; run fewer rows per batch or raise --ctx-size")
+    out = ForkedBatch(prefix_tokens=state.n_tokens, rows=rows)
+
+    t0 = time.perf_counter()
+    for r in rows:
+        engine.fork(PREFIX_SEQ, r.seq)
+        engine.trim(r.seq, r.reused_tokens)
+    t1 = time.perf_counter()
+    out.fork_ms = (t1 - t0) * 1000
+
+    samplers = [NativeSampler(gen.temperature, gen.top_p, gen.seed) for _ in rows]
+    try:
+        first = _evaluate_suffixes(engine, rows, prompts, samplers, task, out)
+        out.prompt_ms = (time.perf_counter() - t1) * 1000
+        out.ttft_ms = (time.perf_counter() - t0) * 1000
+        t2 = time.perf_counter()
+        _generate(engine, rows, first, samplers, max_new, task, out)
+        out.gen_ms = (time.perf_counter() - t2) * 1000
+    finally:
+        for s in samplers:
+            s.close()
+    return out
+
+
+def _decode(engine: Engine, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+    """One llama_decode over several sequences, keeping engine.resident in step."""
+    try:
+        engine.ctx.decode(entries)
+    except ContextError:
+        for seq in {e[2][0] for e in entries}:
+            engine._resync(seq)
+        raise
+    for tok, _pos, seqs, _lg in entries:
+        engine.resident[seqs[0]].append(tok)
+
+
+def _evaluate_suffixes(engine, rows, prompts, samplers, task, out) -> list[int]:
+    """Decode every row's suffix; return each row's first sampled token."""
+    nb = engine.config.n_batch
+    # pieces of at most n_batch tokens per row, cut where a one-by-one run cuts them
+    pieces = []
+    for r in rows:
+        toks = prompts[r.index]
+        for a in range(r.reused_tokens, len(toks), nb):
+            b = min(a + nb, len(toks))
+            pieces.append((r, a, b))
+    first = [0] * len(rows)
+    total = sum(r.evaluated_tokens for r in rows)
+    done = 0
+    task.report("fork", 0, total)
+    batch: list = []
+    for piece in pieces + [None]:
+        if piece is not None and len(batch) + (piece[2] - piece[1]) <= nb:
+            batch.extend(_entries(prompts, piece))
+            continue
+        if batch:
+            task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
+            _decode(engine, [(t, p, (r.seq,), last) for t, p, r, last in batch])
+            out.prompt_decodes += 1
+            for i, (_t, _p, r, last) in enumerate(batch):
+                if last:
+                    r.first_logits = engine.ctx.logits(i)
+                    first[r.index] = samplers[r.index].sample(engine.ctx, i)
+            done += len(batch)
+            task.report("fork", done, total)
+        batch = _entries(prompts, piece) if piece is not None else []
+    return first
+
+
+def _entries(prompts, piece):
+    r, a, b = piece
+    toks = prompts[r.index]
+    return [(toks[i], i, r, i == len(toks) - 1) for i in range(a, b)]
+
+
+def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
+    decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in rows]
+    texts: list[list[str]] = [[] for _ in rows]
+    pending = {r.index: first[r.index] for r in rows}
+    while pending:
+        step = []
+        for idx, tok in list(pending.items()):
+            r = rows[idx]
+            r.tokens.append(tok)
+            if not engine.model.is_eog(tok):
+                texts[idx].append(decoders[idx].decode(engine.model.piece(tok, special=False)))
+            if engine.model.is_eog(tok) or len(r.tokens) >= max_new[idx]:
+                del pending[idx]
+            else:
+                step.append(r)
+        if not step:
+            break
+        task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
+        _decode(engine, [(pending[r.index], len(engine.resident[r.seq]), (r.seq,), True) for r in step])
+        out.gen_decodes += 1
+        for i, r in enumerate(step):
+            pending[r.index] = samplers[r.index].sample(engine.ctx, i)
+    for r, d, t in zip(rows, decoders, texts):
+        t.append(d.decode(b"", final=True))
+        r.text = "".join(t)
+
+
+def compare_with_sequential(engine: Engine, template: Template, values: list[dict[str, str]],
+                            batch: ForkedBatch, state: PrefixState,
+                            gen: GenerationConfig = GenerationConfig(),
+                            task: TaskState | None = None) -> list[ForkComparison]:
+    """Run the same rows one by one warm (restore, suffix, generate) and compare."""
+    seq = PREFIX_SEQ + 1  # a row sequence: the prefix in sequence 0 stays as it is
+    for r in batch.rows:  # free the forked rows' cells: a restore needs contiguous room
+        engine.clear_seq(r.seq)
+    out = []
+    for r in batch.rows:
+        rep = run_prompt(engine, template, values[r.index], state=state, cold=False, warm=True,
+                         oneshot=False, gen=gen, seq=seq, task=task)
+        w = rep.warm
+        ms = w.ttft_ms + w.gen_ms  # restore + suffix + every token, as ForkedBatch.total_ms
+        diff = float(np.max(np.abs(w.first_logits - r.first_logits)))
+        out.append(ForkComparison(r.index, list(w.tokens) == r.tokens, diff, tuple(r.tokens),
+                                  tuple(w.tokens), ms))
+    return out

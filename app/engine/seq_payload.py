@@ -1,0 +1,139 @@
+"""Checks on llama.cpp's per-sequence state bytes before they reach ``llama_state_seq_set_data``.
+
+llama.cpp checks the layer count, KV types and row sizes of a sequence state itself and refuses
+a mismatch cleanly. It does not check the cell positions: a state with a negative or huge
+position (or positions not 0..n-1) is accepted, and its cells then stay in the cache for good
+(``seq_rm`` only removes positions 0..INT_MAX-1), so the tokens we think are resident no longer
+match what llama.cpp holds. It also clears the target sequence before it finds a mismatch.
+So we walk the whole layout here (bounded reads only, no allocation from declared lengths) and
+refuse anything but cells at positions 0..n-1 of one sequence, with sizes adding up exactly.
+
+Layout of this llama.cpp build (unified KV cache; an iSWA model writes a second cache block)::
+
+    u32 magic 0xAF143CD8, u32 source seq id
+    per cache block: u32 n_stream (1), u32 cell_count,
+        cell_count x (i32 pos, u32 n_seq_id (1), i32 seq_id),
+        u32 v_trans, u32 n_layer,
+        n_layer x (i32 k_type, u64 k_row_bytes, cell_count * k_row_bytes),
+        n_layer x (i32 v_type, u64 v_row_bytes, data)                      if not v_trans
+        n_layer x (i32 v_type, u32 v_el_bytes, u32 n_embd_v, data)         if v_trans
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .errors import StateFileError
+
+IO_MAGIC = 0xAF143CD8
+MAX_LAYERS = 4096
+MAX_ROW_BYTES = 1 << 24  # one token's K or V row in one layer; real models use a few KiB
+
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self.data = memoryview(data)
+        self.off = 0
+
+    def take(self, n: int, what: str) -> int:
+        """Skip n bytes; returns where they start."""
+        if n < 0 or n > len(self.data) - self.off:
+            raise _Bad(f"{what} runs past the end")
+        at = self.off
+        self.off += n
+        return at
+
+    def u32(self, what: str) -> int:
+        return _U32.unpack_from(self.data, self.take(4, what))[0]
+
+    def i32(self, what: str) -> int:
+        return _I32.unpack_from(self.data, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return _U64.unpack_from(self.data, self.take(8, what))[0]
+
+
+class _Bad(Exception):
+    pass
+
+
+def check_seq_payload(data: bytes, n_tokens: int, type_ids: tuple[int, int] | None = None) -> None:
+    """Raise StateFileError unless ``data`` is a well-formed state of exactly ``n_tokens`` cells.
+
+    ``type_ids``: the ggml type ids of K and V the state claims (its metadata); every layer's
+    rows must be of those types.
+    """
+    try:
+        _walk(data, n_tokens, type_ids)
+    except _Bad as e:
+        raise StateFileError(f"this state's KV data is malformed ({e}); it was rejected before "
+                             "reaching llama.cpp; prime the prefix again") from None
+
+
+def _walk(data: bytes, n_tokens: int, type_ids) -> None:
+    r = _Reader(data)
+    if r.u32("magic") != IO_MAGIC:
+        raise _Bad("wrong magic")
+    r.u32("source sequence")
+    block = 0
+    while r.off < len(data):
+        _block(r, n_tokens, type_ids, first=block == 0)
+        block += 1
+        if block > 2:
+            raise _Bad("more cache blocks than a model has")
+    if block == 0:
+        raise _Bad("no KV cells")
+
+
+def _block(r: _Reader, n_tokens: int, type_ids, first: bool) -> None:
+    if r.u32("stream count") != 1:
+        raise _Bad("not one KV stream")
+    n = r.u32("cell count")
+    if first and n != n_tokens:
+        raise _Bad(f"{n} KV cells for {n_tokens} tokens")
+    if n > n_tokens:
+        raise _Bad(f"{n} KV cells in a second cache for {n_tokens} tokens")
+    if n == 0:  # an empty sliding-window cache writes its count only
+        return
+    cells = np.frombuffer(r.data, dtype="<i4", count=3 * n, offset=r.take(12 * n, "cells"))
+    cells = cells.reshape(n, 3)
+    pos = cells[:, 0]
+    if np.any(cells[:, 1] != 1):
+        raise _Bad("a cell belongs to several sequences")
+    if first:
+        if not np.array_equal(pos, np.arange(n, dtype=pos.dtype)):
+            raise _Bad("cell positions are not 0 to n-1")
+    elif pos[0] < 0 or pos[-1] >= n_tokens or np.any(np.diff(pos) <= 0):
+        raise _Bad("sliding-window cell positions out of order")
+    v_trans = r.u32("V layout")
+    n_layer = r.u32("layer count")
+    if v_trans > 1 or not 0 < n_layer <= MAX_LAYERS:
+        raise _Bad("bad V layout or layer count")
+    k_type = v_type = None
+    if type_ids is not None:
+        k_type, v_type = type_ids
+    for _ in range(n_layer):
+        t = r.i32("K type")
+        row = r.u64("K row size")
+        if (k_type is not None and t != k_type) or not 0 < row <= MAX_ROW_BYTES:
+            raise _Bad("K rows of another type or size")
+        r.take(n * row, "K data")
+    for _ in range(n_layer):
+        t = r.i32("V type")
+        if v_type is not None and t != v_type:
+            raise _Bad("V rows of another type")
+        if v_trans:
+            el, n_embd = r.u32("V element size"), r.u32("V width")
+            if not 0 < el <= 8 or not 0 < n_embd <= MAX_ROW_BYTES:
+                raise _Bad("bad V element size or width")
+            r.take(n * el * n_embd, "V data")
+        else:
+            row = r.u64("V row size")
+            if not 0 < row <= MAX_ROW_BYTES:
+                raise _Bad("bad V row size")
+            r.take(n * row, "V data")

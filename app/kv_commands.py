@@ -1,0 +1,67 @@
+"""`kvprimer kv` and `kvprimer bench --fork K`: the KV cache view and forked batches on the CLI.
+
+Kept apart from cli.py so the shared command line only gains their options and dispatch.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .engine import GenerationConfig, KvPrimerError, read_rows
+from .engine.forked_bench import bench_forked
+
+
+def cmd_kv(args) -> int:
+    from .cli import _engine, _progress_printer, read_template
+
+    tpl = read_template(args.template)
+    if args.fork < 0:
+        raise KvPrimerError(f"--fork must be 0 or more, not {args.fork}")
+    with _engine(args) as eng:
+        if args.fork > eng.config.n_seq_max - 1:
+            raise KvPrimerError(f"--fork {args.fork} needs {args.fork + 1} sequences; this context "
+                                f"has {eng.config.n_seq_max}, so fork into at most "
+                                f"{eng.config.n_seq_max - 1}")
+        eng.prime(tpl, 0, _progress_printer(), keep_in_store=False)
+        for s in range(1, args.fork + 1):
+            eng.fork(0, s)
+        view = eng.kv_view()
+    if args.json:
+        print(json.dumps(view.as_dict(), indent=2))
+        return 0
+    print(f"{'seq':>3} {'cells':>7} {'positions':>13} {'shared':>7}")
+    for u in view.sequences:
+        shared = "?" if u.shared_cells is None else f"{u.shared_cells:,}"
+        print(f"{u.seq:>3} {u.cells:>7,} {f'{u.pos_min}-{u.pos_max}':>13} {shared:>7}")
+    used = "?" if view.used_cells is None else f"{view.used_cells:,}"
+    used_b = "?" if view.used_bytes is None else f"{view.used_bytes:,}"
+    print(f"used {used}/{view.n_cells:,} cells ({used_b} of {view.total_bytes:,} bytes); "
+          f"source: {view.source}" + (f" ({view.note})" if view.note else ""))
+    return 0
+
+
+def cmd_bench_forked(args) -> int:
+    from .cli import _engine, _progress_printer, read_template
+
+    tpl = read_template(args.template)
+    rows = read_rows(args.rows, tpl.placeholders)
+    with _engine(args) as eng:
+        state = eng.load_state(args.state) if args.state else None
+        res = bench_forked(eng, tpl, rows, args.fork, state=state,
+                           gen=GenerationConfig(max_tokens=args.max_tokens), task=_progress_printer())
+    print(f"{'rows':>12} {'eval':>5} {'gen':>4} {'decodes':>7} {'forked ms':>10} "
+          f"{'one-by-one ms':>13} {'speedup':>7}  equivalence")
+    for b in res.batches:
+        eq = "tokens equal" if b.tokens_equal else "TOKENS DIFFER"
+        print(f"{','.join(map(str, b.rows)):>12} {b.evaluated_tokens:>5} {b.generated_tokens:>4} "
+              f"{b.prompt_decodes:>7} {b.forked_ms:>10.1f} {b.sequential_ms:>13.1f} "
+              f"{b.speedup:>6.2f}x  {eq}, max |Δlogit| {b.max_logit_diff:.3g}")
+    s = res.summary()
+    print(f"forked batches of {s['k']}: {s['forked_rows_per_s']:.2f} rows/s, "
+          f"{s['forked_tokens_per_s']:.0f} tok/s; one by one warm: {s['sequential_rows_per_s']:.2f} "
+          f"rows/s, {s['sequential_tokens_per_s']:.0f} tok/s; speedup {s['speedup']:.2f}x; "
+          f"all tokens equal: {s['all_tokens_equal']}; max |Δlogit| {s['max_logit_diff']:.3g}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res.as_dict(), indent=2))
+        print(f"wrote {args.json}")
+    return 0 if s["all_tokens_equal"] else 2

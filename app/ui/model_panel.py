@@ -1,0 +1,134 @@
+"""The Model dock: which GGUF, the context settings, and the loaded model's facts.
+
+Apply emits the new EngineConfig; the main window reloads the engine as a worker job.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QFormLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
+                               QWidget)
+
+from ..engine import EngineConfig, ModelInfo
+
+KV_TYPES = ["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+class ModelPanel(QDockWidget):
+    apply_requested = Signal(object)  # EngineConfig
+
+    def __init__(self, config: EngineConfig, parent: QWidget | None = None):
+        super().__init__("Model", parent)
+        self.setObjectName("modelDock")
+        self.config = config
+        self.path = QLineEdit(config.model_path or "")
+        self.path.setPlaceholderText("default model (SmolLM2-135M-Instruct)")
+        browse = QPushButton("Open…")
+        browse.clicked.connect(self.open_dialog)
+        self.recent = QComboBox()
+        self.recent.setPlaceholderText("recent models")
+        self.recent.activated.connect(lambda i: self.path.setText(self.recent.itemData(i) or ""))
+        row = QHBoxLayout()
+        row.addWidget(self.path, 1)
+        row.addWidget(browse)
+
+        self.n_ctx = QSpinBox()
+        self.n_ctx.setRange(64, 1 << 17)
+        self.n_ctx.setSingleStep(512)
+        self.threads = QSpinBox()
+        self.threads.setRange(0, 256)
+        self.threads.setSpecialValueText("auto")
+        self.batch = QSpinBox()
+        self.batch.setRange(1, 8192)
+        self.type_k, self.type_v = QComboBox(), QComboBox()
+        for c in (self.type_k, self.type_v):
+            c.addItems(KV_TYPES)
+        self.apply = QPushButton("Apply (reload)")
+        self.apply.setObjectName("applyModel")
+        self.apply.clicked.connect(lambda: self.apply_requested.emit(self.current_config()))
+
+        settings = QFormLayout()
+        settings.addRow("Model file", row)
+        settings.addRow("", self.recent)
+        settings.addRow("Context (n_ctx)", self.n_ctx)
+        settings.addRow("Threads", self.threads)
+        settings.addRow("Batch", self.batch)
+        kv = QHBoxLayout()
+        kv.addWidget(QLabel("K"))
+        kv.addWidget(self.type_k)
+        kv.addWidget(QLabel("V"))
+        kv.addWidget(self.type_v)
+        settings.addRow("KV types", kv)
+        settings.addRow("", self.apply)
+
+        self.facts = QFormLayout()
+        self.fact_labels: dict[str, QLabel] = {}
+        for key in ("name", "architecture", "layers", "heads", "parameters", "file", "kv per token",
+                    "context", "batch"):
+            lab = QLabel("—")
+            lab.setWordWrap(True)
+            self.fact_labels[key] = lab
+            self.facts.addRow(key.capitalize(), lab)
+        facts_box = QGroupBox("Loaded model")
+        facts_box.setLayout(self.facts)
+
+        body = QWidget()
+        lay = QVBoxLayout(body)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(settings)
+        lay.addWidget(facts_box)
+        lay.addStretch(1)
+        self.setWidget(body)
+        self.set_config(config)
+
+    def set_config(self, c: EngineConfig) -> None:
+        self.config = c
+        self.path.setText(c.model_path or "")
+        self.n_ctx.setValue(c.n_ctx)
+        self.threads.setValue(c.n_threads)
+        self.batch.setValue(c.n_batch)
+        self.type_k.setCurrentText(c.type_k)
+        self.type_v.setCurrentText(c.type_v)
+
+    def current_config(self) -> EngineConfig:
+        return replace(self.config, model_path=self.path.text().strip() or None,
+                       n_ctx=self.n_ctx.value(), n_threads=self.threads.value(),
+                       n_batch=self.batch.value(), type_k=self.type_k.currentText(),
+                       type_v=self.type_v.currentText())
+
+    def set_recent(self, paths: list[str]) -> None:
+        self.recent.clear()
+        for p in paths:
+            self.recent.addItem(Path(p).name, p)
+        self.recent.setCurrentIndex(-1)
+
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open model", str(Path(self.path.text()).parent),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.path.setText(path)
+            self.apply_requested.emit(self.current_config())
+
+    def show_info(self, info: ModelInfo | None) -> None:
+        f = self.fact_labels
+        if info is None:
+            for lab in f.values():
+                lab.setText("—")
+            return
+        f["name"].setText(info.name or Path(info.path).name)
+        f["architecture"].setText(info.architecture)
+        f["layers"].setText(str(info.n_layer))
+        f["heads"].setText(f"{info.n_head} (KV {info.n_head_kv}) × {info.n_embd // max(info.n_head, 1)}")
+        f["parameters"].setText(f"{info.n_params / 1e6:,.1f} M")
+        f["file"].setText(f"{Path(info.path).name} · {_mb(info.file_bytes)}")
+        f["kv per token"].setText(f"{info.kv_bytes_per_token:,} bytes ({info.type_k}/{info.type_v})")
+        f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
+                             f"full KV {_mb(info.n_ctx * info.kv_bytes_per_token)}")
+        f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences")

@@ -1,0 +1,165 @@
+"""The States library: the saved .kvstate files in one folder, with what each one holds.
+
+Listing reads only each file's header and metadata (a few KB), never the KV data, so a folder
+of 30 MB states lists at once. Loading is the engine's job (it checks checksum, model and KV
+types); its one-line reason is shown here when it refuses.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QUrl, Qt, Signal
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHeaderView, QInputDialog,
+                               QLabel, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
+
+from ..engine.prefix_state import _HEADER, MAGIC, MAX_META, SUFFIX
+
+COLUMNS = ["name", "model", "tokens", "size", "created", "template"]
+
+
+def state_meta(path: Path) -> dict:
+    """The metadata of a .kvstate file, or {"error": reason} (the full check happens on load)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size)
+            if len(head) < _HEADER.size:
+                return {"error": "truncated"}
+            magic, _version, meta_len, _body, _digest = _HEADER.unpack(head)
+            if magic != MAGIC or meta_len > MAX_META:
+                return {"error": "not a KV Primer state"}
+            meta = json.loads(f.read(meta_len).decode("utf-8"))
+            return meta if isinstance(meta, dict) else {"error": "unreadable metadata"}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {"error": "unreadable metadata"}
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class StatesLibrary(QDockWidget):
+    load_requested = Signal(str)
+    save_requested = Signal()
+
+    def __init__(self, folder: Path, parent: QWidget | None = None, confirm=None):
+        super().__init__("States library", parent)
+        self.setObjectName("statesDock")
+        self.folder = Path(folder)
+        # asks yes/no before deleting; tests pass a function instead of the modal box
+        self.confirm = confirm or (lambda text: QMessageBox.question(self, "Delete state", text)
+                                   == QMessageBox.Yes)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setObjectName("statesTable")
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.doubleClicked.connect(lambda _i: self.load_selected())
+        self.message = QLabel("")
+        self.message.setObjectName("statesMessage")
+        self.message.setWordWrap(True)
+        buttons = QHBoxLayout()
+        for text, slot in (("Save current…", self.save_requested.emit), ("Load", self.load_selected),
+                           ("Rename…", self.rename_selected), ("Delete", self.delete_selected),
+                           ("Show in folder", self.show_in_folder), ("Refresh", self.refresh)):
+            b = QPushButton(text)
+            b.clicked.connect(slot)
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        body = QWidget()
+        lay = QVBoxLayout(body)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(buttons)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.message)
+        self.setWidget(body)
+        self.paths: list[Path] = []
+        self.refresh()
+
+    # ---- listing
+    def refresh(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.paths = sorted(self.folder.glob(f"*{SUFFIX}"), key=lambda p: -p.stat().st_mtime)
+        self.table.setRowCount(len(self.paths))
+        for r, p in enumerate(self.paths):
+            m = state_meta(p)
+            created = m.get("created")
+            cells = [p.stem, m.get("model_name", m.get("error", "?")),
+                     f"{m['n_tokens']:,}" if isinstance(m.get("n_tokens"), int) else "?",
+                     _size(p.stat().st_size),
+                     dt.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M")
+                     if isinstance(created, (int, float)) else "?",
+                     " ".join(str(m.get("text", "")).split())[:60]]
+            for c, v in enumerate(cells):
+                item = QTableWidgetItem(v)
+                item.setToolTip(str(p))
+                self.table.setItem(r, c, item)
+
+    def selected_path(self) -> Path | None:
+        r = self.table.currentRow()
+        return self.paths[r] if 0 <= r < len(self.paths) else None
+
+    def select(self, path: Path) -> None:
+        path = Path(path)
+        if path in self.paths:
+            self.table.selectRow(self.paths.index(path))
+
+    # ---- actions
+    def show_message(self, text: str, error: bool = False) -> None:
+        self.message.setStyleSheet("color: #c62828;" if error else "color: #2e7d32;")
+        self.message.setText(text)
+
+    def load_selected(self) -> None:
+        p = self.selected_path()
+        if p:
+            self.load_requested.emit(str(p))
+
+    def rename_selected(self, new_name: str | None = None) -> Path | None:
+        p = self.selected_path()
+        if p is None:
+            return None
+        if not isinstance(new_name, str):
+            new_name, ok = QInputDialog.getText(self, "Rename state", "New name:", text=p.stem)
+            if not ok:
+                return None
+        new_name = new_name.strip().removesuffix(SUFFIX)
+        if not new_name or "/" in new_name or os.sep in new_name:
+            self.show_message("a state name cannot be empty or contain a slash", error=True)
+            return None
+        target = p.with_name(new_name + SUFFIX)
+        if target.exists():
+            self.show_message(f"{target.name} already exists; choose another name", error=True)
+            return None
+        try:
+            p.rename(target)
+        except OSError as e:
+            self.show_message(f"cannot rename {p.name}: {e.strerror}", error=True)
+            return None
+        self.refresh()
+        self.select(target)
+        return target
+
+    def delete_selected(self) -> None:
+        p = self.selected_path()
+        if p and self.confirm(f"Delete {p.name}? This cannot be undone."):
+            try:
+                p.unlink()
+            except OSError as e:
+                self.show_message(f"cannot delete {p.name}: {e.strerror}", error=True)
+            self.refresh()
+
+    def show_in_folder(self) -> None:
+        QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.folder)))

@@ -1,0 +1,115 @@
+"""The status bar: the loaded model, context use, memory, and the running job's progress + Cancel."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWidget
+
+from ..engine import ModelInfo, Progress
+from .engine_worker import EngineWorker, Job
+
+QUIET_STAGES = {"generate"}  # one token at a time: too fast and too small to be worth a bar
+
+
+def quiet_job(job: Job) -> bool:
+    """Background bookkeeping (token counts, the KV dock's views) gets no progress bar."""
+    return job.name == "count tokens" or job.name.startswith("KV ")
+
+
+def rss_bytes() -> int | None:
+    """Resident memory of this process (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        except Exception:
+            return None
+
+
+def progress_text(job_name: str, p: Progress) -> str:
+    if p.stage == "load":
+        return f"{job_name}…"
+    text = f"{job_name}: {p.stage} {p.done:,}/{p.total:,}"
+    if p.rate > 0 and p.stage not in ("bench", "sweep"):
+        text += f" · {p.rate:,.0f} tok/s"
+    if p.eta_s is not None and p.done < p.total:
+        text += f" · {p.eta_s:,.0f} s left" if p.eta_s >= 1 else " · <1 s left"
+    return text
+
+
+class StatusBar(QStatusBar):
+    def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.worker = worker
+        self.model = QLabel("no model")
+        self.model.setObjectName("statusModel")
+        self.context = QLabel("")
+        self.memory = QLabel("")
+        self.bar = QProgressBar()
+        self.bar.setObjectName("jobProgress")
+        self.bar.setFixedWidth(360)
+        self.bar.setTextVisible(True)
+        self.bar.setFormat("")
+        self.cancel = QPushButton("Cancel (Esc)")
+        self.cancel.setObjectName("cancelJob")
+        self.cancel.clicked.connect(worker.cancel)
+        for w in (self.bar, self.cancel):
+            w.hide()
+            self.addPermanentWidget(w)
+        for w in (self.context, self.memory, self.model):
+            self.addPermanentWidget(w)
+        worker.progress.connect(self.on_progress)
+        worker.job_started.connect(self.on_started)
+        worker.busy_changed.connect(self.on_busy)
+        self.last_text = ""
+        self._mem = QTimer(self, interval=2000)
+        self._mem.timeout.connect(self.update_memory)
+        self._mem.start()
+        self.update_memory()
+
+    def on_started(self, job: Job) -> None:
+        if quiet_job(job):
+            return
+        self.bar.setRange(0, 0)  # busy until the first progress report
+        self.bar.setFormat(job.name + "…")
+        self.bar.show()
+        self.cancel.show()
+
+    def on_progress(self, job: Job, p: Progress) -> None:
+        if p.stage in QUIET_STAGES or quiet_job(job):
+            return
+        self.bar.show()
+        self.cancel.show()
+        if p.stage == "load":
+            self.bar.setRange(0, 0)
+        else:
+            self.bar.setRange(0, max(p.total, 1))
+            self.bar.setValue(p.done)
+        self.last_text = progress_text(job.name, p)
+        self.bar.setFormat(self.last_text)
+
+    def on_busy(self, busy: bool) -> None:
+        if not busy:
+            self.bar.hide()
+            self.cancel.hide()
+
+    def show_model(self, info: ModelInfo | None) -> None:
+        if info is None:
+            self.model.setText("no model")
+            return
+        self.model.setText(f"{info.name or Path(info.path).name} · {info.architecture} · "
+                           f"KV {info.type_k}/{info.type_v}")
+
+    def show_context(self, used: int, n_ctx: int, kv_bytes_per_token: int) -> None:
+        self.context.setText(f"context {used:,}/{n_ctx:,} tokens · KV {used * kv_bytes_per_token / 1e6:,.1f} MB")
+
+    def update_memory(self) -> None:
+        rss = rss_bytes()
+        if rss:
+            self.memory.setText(f"memory {rss / 1e6:,.0f} MB")

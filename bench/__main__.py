@@ -1,0 +1,91 @@
+"""`python -m bench` (`make bench`): run the suite, print the table, write results.json and the
+PNG chart. `--quick` is a short development run (1 row, 2 repeats, one sweep point)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true",
+                    help="1 row, 2 repeats, sweep at 256 tokens only (a few minutes)")
+    ap.add_argument("--rows", type=int, help="rows of rag-rows.csv to run (3)")
+    ap.add_argument("--repeats", type=int, help="repeats of every path per row (5)")
+    ap.add_argument("--sweep", help="comma-separated prefix lengths, '' for none (256,512,1024)")
+    ap.add_argument("--sweep-repeats", type=int, help="repeats per sweep point (5)")
+    ap.add_argument("--threads", type=int, help="threads for ours and Llama (all cores)")
+    ap.add_argument("--batch", type=int, default=256, help="n_batch = n_ubatch for both (256)")
+    ap.add_argument("--no-llamacpp", action="store_true", help="skip llama-cpp-python's paths")
+    ap.add_argument("--no-q8", action="store_true", help="skip the q8_0 KV runs")
+    ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    ap.add_argument("--chart", type=Path, default=HERE / "results.png")
+    return ap.parse_args(argv)
+
+
+def config_from(args):
+    from .suite import BenchConfig
+
+    quick = args.quick
+    sweep = (256,) if quick else (256, 512, 1024)
+    if args.sweep is not None:
+        sweep = tuple(int(x) for x in args.sweep.split(",") if x.strip())
+    return BenchConfig(
+        rows=args.rows or (1 if quick else 3),
+        repeats=args.repeats or (2 if quick else 5),
+        sweep_points=sweep,
+        sweep_repeats=args.sweep_repeats or (2 if quick else 5),
+        n_threads=args.threads or os.cpu_count() or 1,
+        n_batch=args.batch,
+        llamacpp=not args.no_llamacpp,
+        q8_0=not args.no_q8,
+    )
+
+
+def issue4_hook(results: dict, args) -> None:
+    """HOOK (issue 4): bench/kv_bench.py belongs to another developer. If it exists and offers
+    ``run(quick: bool) -> dict``, its figures go into results.json under "kv_bench". If its entry
+    point has another name or signature, adapt this one function."""
+    try:
+        from . import kv_bench  # type: ignore[attr-defined]
+    except ImportError:
+        return
+    fn = getattr(kv_bench, "run", None)
+    if not callable(fn):
+        print("bench: bench/kv_bench.py has no run(quick=...); adapt issue4_hook in "
+              "bench/__main__.py", file=sys.stderr)
+        return
+    results["kv_bench"] = fn(quick=args.quick)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from .chart import render_chart
+    from .report import format_report
+    from .suite import run_suite
+
+    results = run_suite(config_from(args))
+    issue4_hook(results, args)
+    args.out.write_text(json.dumps(results, indent=1, default=_json_default) + "\n",
+                        encoding="utf-8")
+    render_chart(results, args.chart)
+    print(format_report(results))
+    print(f"\nwrote {args.out} and {args.chart}")
+    return 0 if results["same_suffix_tokens"]["ok"] else 1
+
+
+def _json_default(x):
+    if hasattr(x, "item"):  # numpy scalars
+        return x.item()
+    if isinstance(x, tuple):
+        return list(x)
+    raise TypeError(f"cannot write {type(x).__name__} to JSON")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

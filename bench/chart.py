@@ -1,0 +1,124 @@
+"""The PNG chart, drawn with QPainter offscreen (PySide6 is already a dependency; matplotlib is
+not). Left: median time to first token of every warm path and the limit, with min-max whiskers.
+Right: the prefix-length sweep, cold and warm time to first token against prefix length."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .report import LABELS
+
+COLORS = {"cold": "#c0392b", "warm": "#2471a3", "limit": "#7f8c8d"}
+W, H = 1500, 640
+
+
+def _app():
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtGui import QGuiApplication
+
+    return QGuiApplication.instance() or QGuiApplication([])
+
+
+def render_chart(res: dict, path: Path) -> Path:
+    app = _app()  # noqa: F841 - fonts need a GUI application object
+    from PySide6.QtCore import QRectF, Qt
+    from PySide6.QtGui import QColor, QFont, QImage, QPainter
+
+    img = QImage(W, H, QImage.Format.Format_ARGB32)
+    img.fill(QColor("white"))
+    p = QPainter(img)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing)
+    font = QFont("DejaVu Sans", 10)
+    p.setFont(font)
+    m = res["machine"]
+    title = (f"KV Primer bench: {res['model']['name']}, RAG example ({res['workload']['prefix_tokens']}"
+             f"-token prefix), {m['nproc']} cores {m['cpu_model']}, {m['date_utc']}")
+    p.drawText(QRectF(20, 8, W - 40, 24), Qt.AlignmentFlag.AlignLeft, title)
+    _bars(p, res, QRectF(20, 50, 780, H - 70))
+    if res.get("sweep"):
+        _sweep(p, res["sweep"], QRectF(860, 50, W - 880, H - 70))
+    p.end()
+    if not img.save(str(path)):
+        raise OSError(f"could not write {path}")
+    return path
+
+
+def _bars(p, res, r):
+    from PySide6.QtCore import QPointF, QRectF, Qt
+    from PySide6.QtGui import QColor, QPen
+
+    sums = {k: v for k, v in res["summaries"].items() if k != "cold"}
+    cold = res["summaries"].get("cold")
+    head = "Time to first token, median ms (whiskers: min-max)"
+    if cold:
+        head += f"; cold: {cold['median']:,.0f} ms"
+    p.setPen(QColor("black"))
+    p.drawText(QRectF(r.left(), r.top(), r.width(), 20), Qt.AlignmentFlag.AlignLeft, head)
+    label_w, top = 270, r.top() + 34
+    xmax = max(s["max"] for s in sums.values()) * 1.1
+    plot_w = r.width() - label_w - 60
+    bar_h = min(36.0, (r.height() - 60) / max(len(sums), 1) - 8)
+    for i, (name, s) in enumerate(sums.items()):
+        y = top + i * (bar_h + 8)
+        color = QColor(COLORS["limit"] if "limit" in name else
+                       "#d68910" if name.startswith("llamacpp") else COLORS["warm"])
+        p.setPen(QColor("black"))
+        p.drawText(QRectF(r.left(), y, label_w - 8, bar_h),
+                   Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                   LABELS.get(name, name))
+        x0 = r.left() + label_w
+        p.fillRect(QRectF(x0, y, plot_w * s["median"] / xmax, bar_h), color)
+        p.setPen(QPen(QColor("black"), 1.5))
+        ymid = y + bar_h / 2
+        p.drawLine(QPointF(x0 + plot_w * s["min"] / xmax, ymid),
+                   QPointF(x0 + plot_w * s["max"] / xmax, ymid))
+        p.drawText(QRectF(x0 + plot_w * s["max"] / xmax + 6, y, 80, bar_h),
+                   Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, f"{s['median']:.0f}")
+    ratios = res.get("ratios", {})
+    notes = [f"{k} {v:.3f}" for k, v in ratios.items() if v is not None and k in (
+        "warm_vs_limit", "warm_vs_llamacpp_ram", "warm_vs_llamacpp_disk", "state_bytes_vs_raw_kv")]
+    p.setPen(QColor("black"))
+    p.drawText(QRectF(r.left(), r.bottom() - 22, r.width(), 20), Qt.AlignmentFlag.AlignLeft,
+               "   ".join(notes))
+
+
+def _sweep(p, pts, r):
+    from PySide6.QtCore import QPointF, QRectF, Qt
+    from PySide6.QtGui import QColor, QPen
+
+    p.setPen(QColor("black"))
+    p.drawText(QRectF(r.left(), r.top(), r.width(), 20), Qt.AlignmentFlag.AlignLeft,
+               "Prefix-length sweep: time to first token (median ms)")
+    plot = QRectF(r.left() + 60, r.top() + 40, r.width() - 80, r.height() - 100)
+    xmax = max(q["prefix_tokens"] for q in pts) * 1.05
+    ymax = max(q["cold"]["median"] for q in pts) * 1.1
+    p.drawRect(plot)
+    for k in range(6):  # y grid and labels
+        v = ymax * k / 5
+        y = plot.bottom() - plot.height() * k / 5
+        p.setPen(QColor("#dddddd"))
+        p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
+        p.setPen(QColor("black"))
+        p.drawText(QRectF(r.left(), y - 8, 55, 16), Qt.AlignmentFlag.AlignRight, f"{v:,.0f}")
+    for q in pts:
+        x = plot.left() + plot.width() * q["prefix_tokens"] / xmax
+        p.drawText(QRectF(x - 30, plot.bottom() + 4, 60, 16), Qt.AlignmentFlag.AlignHCenter,
+                   str(q["prefix_tokens"]))
+    p.drawText(QRectF(plot.left(), plot.bottom() + 24, plot.width(), 16),
+               Qt.AlignmentFlag.AlignHCenter, "prefix tokens (then the same suffix)")
+    for key in ("cold", "warm", "limit"):
+        p.setPen(QPen(QColor(COLORS[key]), 2.5))
+        prev = None
+        for q in pts:
+            pt = QPointF(plot.left() + plot.width() * q["prefix_tokens"] / xmax,
+                         plot.bottom() - plot.height() * q[key]["median"] / ymax)
+            if prev is not None:
+                p.drawLine(prev, pt)
+            p.drawEllipse(pt, 3.5, 3.5)
+            prev = pt
+    for i, key in enumerate(("cold", "warm", "limit")):
+        y = plot.top() + 10 + i * 20
+        p.fillRect(QRectF(plot.left() + 12, y, 14, 10), QColor(COLORS[key]))
+        p.setPen(QColor("black"))
+        p.drawText(QRectF(plot.left() + 32, y - 4, 200, 18), Qt.AlignmentFlag.AlignLeft,
+                   {"cold": "cold", "warm": "ours warm (restore)", "limit": "limit"}[key])

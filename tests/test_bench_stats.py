@@ -1,0 +1,57 @@
+"""The bench's maths: medians, pairwise ratios, overhead ratios and goal verdicts (no timing)."""
+import pytest
+
+from bench.ratios import GOALS, compute_ratios, overhead_ratio
+from bench.stats import goal_met, pairwise_ratio, summary
+
+
+def test_summary_median_min_max():
+    assert summary([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    assert summary([])["median"] is None
+
+
+def test_pairwise_ratio_is_median_of_per_repeat_ratios_not_ratio_of_medians():
+    a = [10.0, 20.0, 90.0]
+    b = [5.0, 40.0, 30.0]  # per-repeat ratios 2, 0.5, 3 -> median 2
+    assert pairwise_ratio(a, b) == 2.0
+    assert pairwise_ratio(a, b) != summary(a)["median"] / summary(b)["median"]
+
+
+def test_pairwise_ratio_needs_paired_lists():
+    with pytest.raises(ValueError):
+        pairwise_ratio([1.0], [1.0, 2.0])
+    assert pairwise_ratio([1.0], [0.0]) is None
+
+
+def test_overhead_ratio_compares_what_each_adds_over_the_limit():
+    # ours adds 10 ms to the limit, theirs 40 ms: a quarter of their overhead
+    assert overhead_ratio([110.0], [140.0], [100.0]) == 0.25
+
+
+def test_goal_met_is_an_upper_bound():
+    assert goal_met(1.05, 1.05) is True
+    assert goal_met(1.06, 1.05) is False
+    assert goal_met(None, 1.05) is None
+
+
+def _samples(ms, row=1):
+    return [{"row": row, "ms": m, "evaluated": 5, "restore_ms": 0.0, "load_ms": 0.0} for m in ms]
+
+
+def test_compute_ratios_names_and_goals():
+    res = {
+        "paths": {"cold": _samples([1000, 1100]), "limit": _samples([100, 100]),
+                  "warm_memory": _samples([104, 110]), "warm_file": _samples([120, 130]),
+                  "llamacpp_ram": _samples([200, 220]), "llamacpp_disk": _samples([400, 500])},
+        "sizes": {"state_file_bytes": 1010, "raw_kv_bytes": 1000,
+                  "llamacpp_ram_entry_bytes": 2020, "llamacpp_disk_entry_bytes": 2525},
+    }
+    ratios, goals = compute_ratios(res)
+    assert ratios["warm_vs_limit"] == pytest.approx((1.04 + 1.10) / 2)
+    assert ratios["warm_vs_llamacpp_ram"] == pytest.approx((0.52 + 0.5) / 2)
+    assert ratios["state_bytes_vs_raw_kv"] == pytest.approx(1.01)
+    assert ratios["state_bytes_vs_llamacpp_ram_entry"] == pytest.approx(0.5)
+    assert goals["state_bytes_vs_raw_kv"]["met"] is True
+    assert goals["warm_vs_llamacpp_ram"]["met"] is False
+    assert "q8_0_warm_vs_limit" not in ratios  # paths not run are not reported
+    assert set(goals) <= set(GOALS)

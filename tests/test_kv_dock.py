@@ -1,0 +1,95 @@
+"""The KV Cache dock on the tiny model: the grid's pixels, tooltips, and operations."""
+import pytest
+from PySide6.QtGui import QColor
+
+from app.engine import EngineConfig, Template
+from app.ui.engine_worker import EngineWorker
+from app.ui.kv_dock import EMPTY, KvCacheDock, seq_color
+
+TPL = Template.parse("hello world of the answer and question. " * 8 + "<q>")
+
+
+@pytest.fixture
+def dock(qtbot, tiny_model, request):
+    debug = getattr(request, "param", True)
+    w = EngineWorker()
+    d = KvCacheDock(w)
+    qtbot.addWidget(d)
+    d.resize(520, 560)
+    d.show()
+    with qtbot.waitSignal(w.engine_changed, timeout=10000):
+        w.load(EngineConfig(model_path=str(tiny_model), n_ctx=512, n_batch=32, n_threads=1,
+                            kv_debug_log=debug))
+    qtbot.waitUntil(lambda: d.view is not None, timeout=10000)
+    yield d
+    w.shutdown()
+
+
+def pixel(d, cell, dx=0, dy=0):
+    p = d.grid.cell_rect_center(cell)
+    return d.grid.grab().toImage().pixelColor(p.x() + dx, p.y() + dy)
+
+
+def cell_colours(d, cell):
+    cs, cols, _ = d.grid.cell_size()
+    img = d.grid.grab().toImage()
+    x0, y0 = (cell % cols) * cs, (cell // cols) * cs
+    return {img.pixelColor(x0 + i, y0 + j).name() for i in range(cs - 1) for j in range(cs - 1)}
+
+
+def test_grid_shows_primed_cells_forks_hatched_and_trim_changes_it(qtbot, dock):
+    assert dock.windowTitle() == "KV Cache"
+    assert dock.view.used_cells == 0
+    assert pixel(dock, 0) == QColor(EMPTY)
+    n = {}
+    dock.worker.submit("prime", lambda e, t: n.setdefault("p", e.prime(TPL, task=t).n_tokens))
+    qtbot.waitUntil(lambda: dock.view.used_cells == n.get("p"), timeout=10000)
+    P = n["p"]
+    assert cell_colours(dock, 0) == {seq_color(0).name()}
+    assert cell_colours(dock, P - 1) == {seq_color(0).name()}
+    assert cell_colours(dock, P) == {QColor(EMPTY).name()}
+    assert "seq 0" in dock.legend.text() and f"{P:,} cells" in dock.legend.text()
+    assert f"{P:,} / 512 cells" in dock.summary.text()
+
+    dock.select_seq(0)
+    dock.fork_btn.click()
+    qtbot.waitUntil(lambda: dock.view.seq(1) is not None, timeout=10000)
+    assert dock.view.seq(1).shared_cells == P
+    assert cell_colours(dock, 0) == {seq_color(0).name(), seq_color(1).name()}  # striped: both owners
+    assert dock.grid.tooltip_for(3) == "cell 3: position 3, shared by sequences 0, 1"
+    assert dock.grid.tooltip_for(P + 1) == f"cell {P + 1}: empty"
+    assert dock.grid.cell_at(dock.grid.cell_rect_center(P + 1)) == P + 1
+
+    Q = 10
+    dock.select_seq(1)
+    dock.trim_pos.setValue(Q)
+    dock.trim_btn.click()
+    qtbot.waitUntil(lambda: dock.view.seq(1).cells == Q, timeout=10000)
+    assert cell_colours(dock, Q - 1) == {seq_color(0).name(), seq_color(1).name()}
+    assert cell_colours(dock, Q) == {seq_color(0).name()}  # sequence 0 alone from Q on
+
+    dock.select_seq(0)
+    dock.clear_btn.click()
+    qtbot.waitUntil(lambda: dock.view.seq(0) is None, timeout=10000)
+    assert cell_colours(dock, 0) == {seq_color(1).name()}
+    assert cell_colours(dock, Q) == {QColor(EMPTY).name()}
+
+
+def test_refused_operation_shows_its_message(qtbot, dock):
+    dock.worker.submit("fill", lambda e, t: (e.evaluate([5, 6, 7, 8], 0), e.fork(0, 1)))
+    qtbot.waitUntil(lambda: dock.view.seq(1) is not None, timeout=10000)
+    dock.select_seq(1)
+    dock.shift_delta.setValue(5)
+    dock.shift_btn.click()
+    qtbot.waitUntil(lambda: "share cells" in dock.status.text(), timeout=10000)
+
+
+@pytest.mark.parametrize("dock", [False], indirect=True)
+def test_ranges_fallback_is_said_and_no_map_is_drawn(qtbot, dock):
+    dock.worker.submit("fill", lambda e, t: e.evaluate([5, 6, 7, 8], 0))
+    qtbot.waitUntil(lambda: dock.view.seq(0) is not None, timeout=10000)
+    assert dock.view.source == "ranges"
+    assert "no cell map" in dock.note.text().lower() and dock.note.isVisible()
+    assert "? shared" in dock.legend.text() and "positions 0–3" in dock.legend.text()
+    assert dock.grid.cell_at(dock.grid.cell_rect_center(0)) is None
+    assert dock.grid.tooltip_for(0) == ""

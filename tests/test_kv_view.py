@@ -1,0 +1,175 @@
+"""The KV cache view and the sequence operations, on the tiny model (real llama.cpp calls)."""
+import numpy as np
+import pytest
+
+from app.engine import Engine, EngineConfig, KvPrimerError, Template
+from app.engine.kv_debug_log import parse_cell_map, parse_pos_map
+
+TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
+                     + "hello world of the answer and question. " * 4
+                     + "\n<c1>\n<|im_end|>\n")
+
+
+def toks(n, k=7):
+    return [(k * i) % 250 + 5 for i in range(n)]  # byte tokens: valid in the tiny vocabulary
+
+
+def test_fork_shares_every_prefix_cell_and_trim_keeps_shared_cells(engine):
+    P = engine.prime(TPL).n_tokens
+    engine.fork(0, 1)
+    v = engine.kv_view()
+    assert v.source == "debug-log" and v.has_cells
+    assert v.used_cells == P
+    for s in (0, 1):
+        u = v.seq(s)
+        assert (u.cells, u.pos_min, u.pos_max, u.shared_cells) == (P, 0, P - 1, P)
+    Q = P // 3
+    engine.trim(1, Q)
+    v = engine.kv_view()
+    assert (v.seq(1).cells, v.seq(1).shared_cells, v.seq(1).pos_max) == (Q, Q, Q - 1)
+    assert (v.seq(0).cells, v.seq(0).shared_cells) == (P, Q)
+    assert v.used_cells == P  # trimming a fork frees nothing: sequence 0 still holds them
+    engine.clear_seq(0)
+    v = engine.kv_view()
+    assert v.used_cells == Q and v.seq(1).shared_cells == 0
+    engine.clear_seq(1)
+    v = engine.kv_view()
+    assert v.used_cells == 0 and v.sequences == ()
+
+
+def test_cell_map_matches_llama_cpp_after_operations(engine):
+    engine.evaluate(toks(50), 0)
+    engine.fork(0, 1)
+    engine.trim(1, 20)
+    engine.evaluate(toks(10, 3), 1)
+    state = engine.snapshot(1)
+    engine.restore(state, 2)
+    engine.clear_seq(0)
+    engine.evaluate(toks(33, 5), 3)  # its log shows the cache before: checked against our record
+    v = engine.kv_view()
+    assert engine.ctx.log.maps_seen >= 4
+    assert v.source == "debug-log", v.note
+    assert v.seq(1).cells == 30 and v.seq(1).shared_cells == 0
+    assert v.seq(2).cells == 30 and v.seq(3).cells == 33
+    assert v.used_cells == 30 + 30 + 33
+    # each used cell has a position and each position of a sequence appears once
+    for s in (1, 2, 3):
+        mine = (v.cell_owners & np.uint64(1 << s)) != 0
+        assert sorted(v.cell_pos[mine].tolist()) == list(range(v.seq(s).cells))
+
+
+def test_every_logged_map_agrees_with_the_record(engine):
+    engine.evaluate(toks(40), 0)
+    engine.fork(0, 1)
+    engine.fork(0, 2)
+    engine.trim(2, 5)
+    for i in range(3):  # each decode logs the cache as it was: a shared map with "M" cells
+        engine.evaluate([9 + i], 1)
+        assert engine.kv_view().source == "debug-log", engine.ctx.mirror.problem
+    # a wrong record is caught by the next logged map
+    engine.ctx.mirror.pos[0] = 999
+    engine.evaluate([9], 2)
+    v = engine.kv_view()
+    assert v.source == "ranges" and "disagrees" in v.note and not v.has_cells
+    engine.clear_all()  # an empty cache is known exactly again
+    assert engine.kv_view().source == "debug-log"
+
+
+def test_keep_only_frees_the_other_sequences(engine):
+    engine.evaluate(toks(40), 0)
+    engine.fork(0, 1)
+    engine.evaluate(toks(8), 2)
+    engine.keep_only(1)
+    v = engine.kv_view()
+    assert [u.seq for u in v.sequences] == [1]
+    assert (v.seq(1).cells, v.seq(1).shared_cells, v.used_cells) == (40, 0, 40)
+    assert engine.resident[0] == [] and engine.resident[2] == [] and len(engine.resident[1]) == 40
+
+
+def test_shift_and_divide_move_positions_and_keep_resident_honest(engine):
+    engine.evaluate(toks(40), 2)
+    engine.shift(2, 10, 100)
+    v = engine.kv_view()
+    assert (v.seq(2).cells, v.seq(2).pos_min, v.seq(2).pos_max) == (40, 0, 139)
+    assert engine.ctx.pos_range(2) == (0, 139)
+    assert len(engine.resident[2]) == 10 and 2 in engine.moved
+    with pytest.raises(KvPrimerError, match="shifted or divided"):
+        engine.evaluate([5], 2)
+    with pytest.raises(KvPrimerError, match="shifted or divided"):
+        engine.snapshot(2)
+    engine.trim(2, 10)  # back to the exact part
+    assert 2 not in engine.moved and engine.kv_view().seq(2).cells == 10
+    engine.evaluate(toks(40)[10:], 2)
+    engine.divide(2, 20, 2)  # positions 20..39 become 10..19
+    v = engine.kv_view()
+    assert (v.seq(2).cells, v.seq(2).pos_max) == (40, 19) and engine.ctx.pos_range(2) == (0, 19)
+    assert len(engine.resident[2]) == 10 and 2 in engine.moved
+    engine.shift(2, 0, -15)  # shifted below 0: those cells are freed
+    assert engine.kv_view().seq(2).cells == 40 - 15 - 10  # 0..14 and the divided 10..14
+    assert engine.resident[2] == []
+
+
+def test_shift_of_shared_cells_is_refused(engine):
+    engine.evaluate(toks(20), 0)
+    engine.fork(0, 1)
+    with pytest.raises(KvPrimerError, match="share cells with sequence 0"):
+        engine.shift(1, 5, 3)
+    assert engine.ctx.pos_range(0) == (0, 19)
+
+
+def test_without_the_debug_log_the_view_is_ranges(tiny_model):
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=512, n_batch=32, n_threads=1,
+                             kv_debug_log=False)) as eng:
+        eng.evaluate(toks(30), 0)
+        eng.fork(0, 1)
+        v = eng.kv_view()
+        assert v.source == "ranges" and not v.has_cells and v.used_cells is None
+        assert [(u.seq, u.pos_min, u.pos_max, u.shared_cells) for u in v.sequences] == [
+            (0, 0, 29, None), (1, 0, 29, None)]
+        assert v.as_dict()["source"] == "ranges"
+
+
+def test_sequence_ids_above_nine_make_the_map_ambiguous(tiny_model):
+    assert parse_cell_map("\n" + "0" * 3 + "." * 253 + " *\n\n", 256) is not None
+    assert parse_cell_map("\n" + "11" + "." * 255 + " *\n\n", 256) is None  # 257 characters
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=256, n_batch=32, n_threads=1,
+                             n_seq_max=12)) as eng:
+        eng.evaluate(toks(10), 11)
+        eng.evaluate(toks(3), 1)  # the map logged now holds "11": it cannot be read
+        v = eng.kv_view()
+        assert v.source == "ranges" and "above 9" in v.note
+        assert v.seq(11).pos_max == 9
+        eng.clear_seq(11)
+        eng.evaluate(toks(2), 0)  # an unambiguous map with no shared cell restores trust
+        v = eng.kv_view()
+        assert v.source == "debug-log" and v.used_cells == 5
+
+
+def test_pos_map_parser():
+    line = "".join(f"{p:<5}" if p >= 0 else ".    " for p in [0, 1, 12345, -1] * 16) + "\n"
+    pos = parse_pos_map("\n" + line * 4 + "\n", 256)
+    assert pos[:4].tolist() == [0, 1, 12345, -1]
+    assert parse_pos_map("\n" + line * 3 + "\n", 256) is None
+
+
+def test_view_json_and_bytes(engine):
+    engine.evaluate(toks(12), 0)
+    v = engine.kv_view()
+    d = v.as_dict()
+    assert list(d) == ["n_cells", "used_cells", "source", "sequences"]
+    assert d["sequences"] == [{"seq": 0, "cells": 12, "pos_min": 0, "pos_max": 11, "shared_cells": 0}]
+    assert d["n_cells"] == engine.ctx.n_ctx
+    assert v.used_bytes == 12 * engine.info.kv_bytes_per_token
+
+
+def test_listeners_receive_views_as_the_cache_changes(engine):
+    seen = []
+    engine.add_kv_listener(seen.append, min_interval_s=0.0)
+    engine.evaluate(toks(70), 0)  # 32 + 32 + 6: three decodes
+    engine.fork(0, 1)
+    assert [v.used_cells for v in seen[:3]] == [32, 64, 70]
+    assert seen[-1].seq(1).shared_cells == 70
+    engine.remove_kv_listener(seen.append)
+    n = len(seen)
+    engine.clear_all()
+    assert len(seen) == n

@@ -1,0 +1,292 @@
+"""The window, driven as a user would, on the tiny model; every file it writes is in tmp_path."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtWidgets import QPushButton
+
+from app.engine import EngineConfig, PrefixState, Template
+from app.ui.main_window import MainWindow
+
+PREFIX = "<|im_start|>system\nYou are a helpful assistant. " + "hello world of the answer. " * 20
+TPL = PREFIX + "<|im_end|>\n<|im_start|>user\n<question> about <topic><|im_end|>\n"
+LONG_TPL = "hello world of the answer and the question. " * 80 + "<q>"
+
+
+class Answers:
+    """Stands in for the modal questions; records what was asked."""
+
+    def __init__(self, **answers):
+        self.answers = {"unsaved": "discard", "delete": "yes", "restore": "yes", **answers}
+        self.asked: list[str] = []
+
+    def __call__(self, kind, text):
+        self.asked.append(kind)
+        return self.answers[kind]
+
+
+@pytest.fixture
+def make_window(qtbot, tiny_model, tmp_path):
+    def make(n_batch=32, load=True, **kw):
+        cfg = EngineConfig(model_path=str(tiny_model), n_ctx=4096, n_batch=n_batch, n_threads=1)
+        opts = dict(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat),
+                    states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
+                    log_path=tmp_path / "kvprimer.log", ask=Answers(), open_example=False,
+                    offer_restore=False, load_model=load)
+        opts.update(kw)
+        w = MainWindow(cfg, **opts)
+        qtbot.addWidget(w)
+        if load:
+            qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=10000)
+        return w
+    return make
+
+
+def idle(qtbot, w, timeout=20000):
+    qtbot.waitUntil(lambda: not w.worker.busy, timeout=timeout)
+
+
+def test_editing_the_template_updates_placeholders_and_prefix_count(qtbot, make_window, engine):
+    w = make_window()
+    w.editor.edit.setPlainText("hello <name>")
+    qtbot.waitUntil(lambda: w.editor.counts is not None and w.editor.template.source == "hello <name>")
+    assert list(w.fillings.fields) == ["name"]
+    w.editor.edit.moveCursor(w.editor.edit.textCursor().MoveOperation.Start)
+    qtbot.keyClicks(w.editor.edit, "the answer is <topic>: ")
+    expected = len(engine.tokenize(Template.parse(w.editor.text()).prefix_prompt()))
+    qtbot.waitUntil(lambda: w.editor.counts is not None and w.editor.counts.prefix == expected)
+    assert list(w.fillings.fields) == ["topic", "name"]
+    assert f"{expected:,} tokens" in w.editor.status.text()
+    # the shaded prefix covers exactly the text before the first placeholder
+    sels = w.editor.edit.extraSelections()
+    assert (sels[0].cursor.selectionStart(), sels[0].cursor.selectionEnd()) == (0, len("the answer is "))
+    w.editor.edit.undo()
+    qtbot.waitUntil(lambda: w.editor.template is not None and "topic" not in w.editor.text())
+
+
+def test_syntax_error_is_marked_at_its_line_and_column(qtbot, make_window):
+    w = make_window(load=False)
+    w.editor.set_text("first line\nsecond <name\nthird")
+    assert (w.editor.error.line, w.editor.error.column) == (2, 8)
+    sels = w.editor.edit.extraSelections()
+    assert sels[-1].cursor.selectionStart() == len("first line\nsecond ")
+    assert "line 2, column 8" in w.editor.status.text()
+    assert w.editor.template is None
+
+
+def test_fill_prime_save_load_run_cold_and_warm(qtbot, make_window, tmp_path):
+    w = make_window()
+    w.editor.set_text(TPL)
+    assert list(w.fillings.fields) == ["question", "topic"]
+    qtbot.keyClicks(w.fillings.fields["question"], "what is it")
+    qtbot.keyClicks(w.fillings.fields["topic"], "the world")
+    assert w.fillings.rows() == [{"question": "what is it", "topic": "the world"}]
+
+    with qtbot.waitSignal(w.jobs.state_changed, timeout=20000):
+        w.actions_by_text["Prime prefix"].trigger()
+    primed = w.jobs.state
+    assert primed.n_tokens == w.editor.counts.prefix
+
+    path = tmp_path / "states" / "hello.kvstate"
+    job = w.jobs.save_state(path)
+    idle(qtbot, w)
+    assert job.outcome == "done" and PrefixState.load(path).tokens == primed.tokens
+    assert w.library.paths == [path]
+    assert w.library.table.item(0, 2).text() == f"{primed.n_tokens:,}"
+
+    w.jobs.set_state(None)
+    w.library.select(path)
+    with qtbot.waitSignal(w.jobs.state_changed, timeout=20000):
+        w.library.load_selected()
+    assert w.jobs.state.tokens == primed.tokens and "loaded hello.kvstate" in w.library.message.text()
+
+    w.fillings.table.selectRow(0)
+    qtbot.mouseClick(w.run_panel.findChild(QPushButton, "run_both"), Qt.LeftButton)
+    idle(qtbot, w)
+    assert w.run_panel.table.rowCount() == 2  # one line per path
+    paths = {w.run_panel.table.item(r, 1).text() for r in range(2)}
+    assert paths == {"cold", "warm"}
+    number, report = w.run_panel.reports[-1]
+    assert number == 1 and report.reused_tokens == primed.n_tokens
+    assert report.equivalence.tokens_equal and w.run_panel.verdict.text().startswith("PASS")
+    assert w.run_panel.chart.bar_count == 2
+    assert w.run_panel.outputs["warm"].toPlainText() == report.warm.text
+
+
+def test_cancel_a_prime(qtbot, make_window):
+    w = make_window(n_batch=8)
+    w.editor.set_text(LONG_TPL)
+    idle(qtbot, w)
+    seen = []
+
+    def on_progress(job, p):
+        if job.name == "prime" and p.done > 0 and not seen:
+            seen.append(p)
+            w.actions_by_text["Cancel job"].trigger()
+
+    w.worker.progress.connect(on_progress)
+    job = w.jobs.prime()
+    idle(qtbot, w)
+    assert seen and job.outcome == "cancelled"
+    assert w.jobs.state is None
+    assert "prime cancelled" in w.errors.messages()[-1]
+    assert "prime" in w.status.last_text and "tok/s" in w.status.last_text
+    assert w.status.bar.isHidden()
+
+
+def test_loading_a_corrupt_state_shows_the_reason_and_the_app_carries_on(qtbot, make_window, tmp_path):
+    w = make_window()
+    bad = tmp_path / "states" / "broken.kvstate"
+    bad.write_bytes(b"KVPSTATE" + b"\0" * 10)
+    w.library.refresh()
+    w.library.select(bad)
+    w.library.load_selected()
+    idle(qtbot, w)
+    assert "broken.kvstate is truncated" in w.library.message.text()
+    assert any("broken.kvstate is truncated" in m for m in w.errors.messages("error"))
+    w.editor.set_text(TPL)
+    with qtbot.waitSignal(w.jobs.state_changed, timeout=20000):
+        w.jobs.prime()
+    assert w.jobs.state is not None
+
+
+def test_state_for_another_model_is_refused(qtbot, make_window, other_tiny_model, tmp_path):
+    from app.engine import Engine
+
+    other = Engine(EngineConfig(model_path=str(other_tiny_model), n_ctx=1024, n_threads=1))
+    try:
+        foreign = other.prime(Template.parse(TPL))
+    finally:
+        other.close()
+    w = make_window()
+    foreign.save(tmp_path / "states" / "foreign.kvstate")
+    w.jobs.load_state(tmp_path / "states" / "foreign.kvstate")
+    idle(qtbot, w)
+    assert "model" in w.library.message.text() and w.jobs.state is None
+
+
+def test_close_during_a_job_cancels_it_cleanly(qtbot, make_window, tmp_path):
+    w = make_window(n_batch=8)
+    w.editor.set_text(LONG_TPL)
+    idle(qtbot, w)
+    started = []
+    w.worker.progress.connect(lambda job, p: started.append(p) if job.name == "prime" else None)
+    job = w.jobs.prime()
+    qtbot.waitUntil(lambda: bool(started))
+    w.close()
+    assert job.future.done() and job.cancelled
+    assert w.worker._closed and w.worker.engine_for_tests() is None
+    assert not (tmp_path / "autosave" / "autosave.kvproj").exists()
+    assert not w.errors.messages("error")
+
+
+def test_benchmark_and_sweep_fill_the_charts_and_export(qtbot, make_window, tmp_path):
+    w = make_window()
+    w.editor.set_text(TPL)
+    w.fillings.set_rows([{"question": "what", "topic": "it"}, {"question": "why", "topic": "that"}])
+    job = w.jobs.bench(2)
+    idle(qtbot, w, 60000)
+    assert job.outcome == "done"
+    assert [r.row for r in w.bench.result.rows] == [1, 2]
+    assert w.bench.chart.bar_count == 4 and w.bench.table.rowCount() == 2
+    assert "median speedup" in w.bench.summary.text()
+    job = w.jobs.sweep()
+    idle(qtbot, w, 60000)
+    pts = w.bench.sweep.points
+    assert job.outcome == "done" and len(pts) >= 3
+    assert [p.prefix_tokens for p in pts] == sorted(p.prefix_tokens for p in pts)
+    assert pts[-1].prefix_tokens == w.editor.counts.prefix
+    w.bench.export_data(tmp_path / "b.csv")
+    w.bench.export_data(tmp_path / "b.json")
+    rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+    assert [r["row"] for r in rows] == ["1", "2"]
+    assert len(json.loads((tmp_path / "b.json").read_text())["sweep"]) == len(pts)
+    files = w.bench.export_charts(tmp_path / "c.png") + w.bench.export_charts(tmp_path / "c.svg")
+    assert all(f.stat().st_size > 1000 for f in files)
+    assert b"<svg" in files[-1].read_bytes()[:400]
+
+
+def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_path):
+    answers = Answers(unsaved="cancel")
+    w = make_window(load=False, ask=answers)
+    w.editor.set_text("intro <a>")
+    w.fillings.set_rows([{"a": "one"}, {"a": "two"}])
+    w.mark_dirty()
+    w.close()
+    assert answers.asked == ["unsaved"] and not w.closing and not w.worker._closed
+    proj = tmp_path / "p.kvproj"
+    assert w.save_project(proj) and not w.dirty
+    w.editor.set_text("other <b>")
+    assert w.open_project(proj)
+    assert w.editor.text() == "intro <a>" and w.fillings.rows() == [{"a": "one"}, {"a": "two"}]
+    assert not w.open_project(tmp_path / "missing.kvproj")
+    assert "no project file" in w.errors.messages("error")[-1]
+    w.editor.set_text("changed <a>")
+    answers.answers["unsaved"] = "discard"
+    w.close()
+    assert w.closing and w.worker._closed and answers.asked == ["unsaved", "unsaved"]
+
+
+def test_autosave_is_offered_back_after_a_crash(qtbot, make_window, tmp_path):
+    crashed = make_window(load=False)
+    crashed.editor.set_text("unsaved work <x>")
+    crashed.fillings.set_rows([{"x": "1"}])
+    crashed.autosave()
+    assert (tmp_path / "autosave" / "autosave.kvproj").is_file()
+    answers = Answers(restore="yes")
+    again = make_window(load=False, ask=answers, offer_restore=True, open_example=True)
+    assert answers.asked == ["restore"]
+    assert again.editor.text() == "unsaved work <x>" and again.fillings.rows() == [{"x": "1"}]
+
+
+def test_layout_and_recent_models_are_kept_in_settings(qtbot, make_window, tiny_model, tmp_path):
+    from dataclasses import replace
+
+    w = make_window()
+    with qtbot.waitSignal(w.worker.engine_changed, timeout=10000) as sig:
+        w.load_model(replace(w.config, n_ctx=2048))
+    assert sig.args[0].n_ctx == 2048 and w.model_panel.fact_labels["context"].text().startswith("2,048")
+    assert w.recent_models() == [str(tiny_model)]
+    w.library.hide()
+    w.close()
+    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    assert s.value("geometry") is not None and s.value("recentModels") in ([str(tiny_model)], str(tiny_model))
+    w2 = make_window(load=False)
+    assert w2.library.isHidden()
+
+
+def test_shortcuts_and_excepthook(qtbot, make_window, tmp_path):
+    from app.ui.error_panel import setup_file_logging
+
+    w = make_window(load=False)
+    keys = dict(w.shortcut_list())
+    assert keys["Prime prefix"] == "Ctrl+P" and keys["Run cold + warm"] == "Ctrl+R"
+    assert keys["Cancel job"] == "Esc" and keys["Save state"] == "Ctrl+S"
+    log_path = setup_file_logging(tmp_path / "logs")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        sys.excepthook(*sys.exc_info())
+    assert w.errors.messages("error")[-1].startswith("internal error: ValueError: boom")
+    assert "Traceback" in log_path.read_text() or log_path.exists()
+
+
+@pytest.mark.model
+def test_screenshot_mode_on_the_default_model(default_model, tmp_path):
+    out = tmp_path / "shot.png"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    r = subprocess.run([sys.executable, "-m", "app", "--screenshot", str(out)], env=env,
+                       capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from PySide6.QtGui import QImage
+
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1400, 900)
