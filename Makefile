@@ -27,10 +27,15 @@ test: setup
 bench: setup
 	$(PY) -m bench
 
+# A wheel + sdist in dist/, and the one-folder bundle dist/kvprimer/ (packaging/README.md).
+# KVPRIMER_BUNDLE_MODEL=0 make package leaves the 98 MB default model out of the bundle.
 package: setup
 	$(PY) -m pip install --quiet -e ".[package]"
+	rm -rf dist/kvprimer dist/kvprimer-*.whl dist/kvprimer-*.tar.gz
 	$(PY) -m build --outdir dist .
-	$(PY) -m PyInstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/kvprimer.spec
+	$(PY) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/kvprimer.spec
+	dist/kvprimer/kvprimer --version
+	@du -sh dist/kvprimer; ls -l dist/kvprimer-*.whl dist/kvprimer-*.tar.gz
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

@@ -44,7 +44,7 @@ async def until_idle(worker) -> None:
         worker.busy_changed.disconnect(on_busy)
 
 
-async def screenshot_scenario(window, out: Path) -> None:
+async def screenshot_scenario(window, out: Path) -> str:
     """Load (already started), run row 1 cold and warm, grab the window. Raises on failure."""
     from app.engine import KvPrimerError
 
@@ -59,11 +59,17 @@ async def screenshot_scenario(window, out: Path) -> None:
     await until_idle(window.worker)
     if job.error or job.cancelled:
         raise KvPrimerError(job.error or "the run was cancelled")
+    # save the primed prefix so that the States library shows what a saved state looks like
+    window.jobs.save_state(window.library.folder / "rag.kvstate")
+    await until_idle(window.worker)
     window.kv_dock.raise_()
     await asyncio.sleep(0.3)  # let the docks repaint after the last job
     img = window.grab()
     if not img.save(str(out)):
         raise KvPrimerError(f"cannot write the screenshot to {out}; check the folder exists")
+    from app.ui.prompt_jobs import run_summary
+
+    return f"wrote {out} ({img.width()}×{img.height()}); " + run_summary(window.run_panel.reports[-1][1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         # a fresh layout and no autosave: the picture must not depend on the user's last session
         settings = QSettings(str(Path(tmp.name) / "settings.ini"), QSettings.IniFormat)
         window = MainWindow(config, settings=settings, autosave_dir=Path(tmp.name),
+                            states_dir=Path(tmp.name) / "states",
                             log_path=log_path, offer_restore=False)
         window.resize(*SCREEN_SIZE)
         window.show()
         code = 0
         with loop:
             try:
-                loop.run_until_complete(screenshot_scenario(window, Path(args.screenshot)))
+                print(loop.run_until_complete(screenshot_scenario(window, Path(args.screenshot))))
             except Exception as e:  # one line for the user, as the CLI does
                 print(f"kvprimer-gui: error: {e}", file=sys.stderr)
                 code = 1

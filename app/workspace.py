@@ -40,6 +40,8 @@ class Workspace:
             data = json.loads(text)
         except ValueError as e:
             raise WorkspaceError(f"{name} is not a KV Primer project (invalid JSON: {e})") from None
+        except RecursionError:  # thousands of nested brackets
+            raise WorkspaceError(f"{name} is not a KV Primer project (JSON nested too deeply)") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise WorkspaceError(f"{name} is not a KV Primer project of format {FORMAT}; "
                                  "open a .kvproj file saved by this version")

@@ -14,9 +14,10 @@ W, H = 1500, 640
 
 def _app():
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtWidgets import QApplication
 
-    return QGuiApplication.instance() or QGuiApplication([])
+    # a QApplication (not QGuiApplication): widget tests may share this process
+    return QApplication.instance() or QApplication([])
 
 
 def render_chart(res: dict, path: Path) -> Path:
@@ -77,9 +78,12 @@ def _bars(p, res, r):
     ratios = res.get("ratios", {})
     notes = [f"{k} {v:.3f}" for k, v in ratios.items() if v is not None and k in (
         "warm_vs_limit", "warm_vs_llamacpp_ram", "warm_vs_llamacpp_disk", "state_bytes_vs_raw_kv")]
+    m = res["machine"]
+    notes.append(f"(load average {m.get('loadavg_start')} -> {m.get('loadavg_end')}, "
+                 f"CPU share {m.get('cpu_share')})")
     p.setPen(QColor("black"))
-    p.drawText(QRectF(r.left(), r.bottom() - 22, r.width(), 20), Qt.AlignmentFlag.AlignLeft,
-               "   ".join(notes))
+    p.drawText(QRectF(r.left(), r.bottom() - 40, r.width() + 600, 40), Qt.AlignmentFlag.AlignLeft,
+               "   ".join(notes[:4]) + "\n" + notes[-1])
 
 
 def _sweep(p, pts, r):

@@ -33,10 +33,10 @@ OURS_Q8 = ("q8_0_warm_memory", "q8_0_limit", "q8_0_warm_file")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    rows: int = 3
+    rows: int = 2
     repeats: int = 5
     sweep_points: tuple[int, ...] = (256, 512, 1024)  # the full prefix is added to these
-    sweep_repeats: int = 5
+    sweep_repeats: int = 3
     n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     n_batch: int = 256  # also n_ubatch, for our context and for Llama
     n_ctx: int = 4096

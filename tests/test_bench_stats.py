@@ -1,7 +1,7 @@
-"""The bench's maths: medians, pairwise ratios, overhead ratios and goal verdicts (no timing)."""
+"""The bench's maths: medians, pairwise ratios, fixed-cost ratios and goal verdicts (no timing)."""
 import pytest
 
-from bench.ratios import GOALS, compute_ratios, overhead_ratio
+from bench.ratios import GOALS, compute_ratios
 from bench.stats import goal_met, pairwise_ratio, summary
 
 
@@ -23,9 +23,15 @@ def test_pairwise_ratio_needs_paired_lists():
     assert pairwise_ratio([1.0], [0.0]) is None
 
 
-def test_overhead_ratio_compares_what_each_adds_over_the_limit():
-    # ours adds 10 ms to the limit, theirs 40 ms: a quarter of their overhead
-    assert overhead_ratio([110.0], [140.0], [100.0]) == 0.25
+def test_fixed_cost_ratio_uses_load_and_restore_only():
+    # the whole runs take about as long; the caches' own costs differ 4x
+    s = lambda ms, load, restore: {"row": 1, "ms": ms, "evaluated": 5, "load_ms": load,  # noqa
+                                   "restore_ms": restore}
+    res = {"paths": {"warm_memory": [s(500, 0, 10)], "llamacpp_ram": [s(530, 40, 0)],
+                     "warm_file": [s(600, 30, 10)], "llamacpp_disk": [s(660, 160, 0)]}, "sizes": {}}
+    ratios, _ = compute_ratios(res)
+    assert ratios["restore_cost_vs_llamacpp_ram"] == 0.25
+    assert ratios["restore_cost_vs_llamacpp_disk"] == 0.25
 
 
 def test_goal_met_is_an_upper_bound():

@@ -2,7 +2,7 @@
 import pytest
 
 from app.engine import Engine, EngineConfig, GenerationConfig, KvPrimerError, Template
-from app.engine.forked_runs import compare_with_sequential, run_forked
+from app.engine.forked_runs import SMALL_UBATCH, compare_with_sequential, run_forked
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 12
@@ -10,24 +10,27 @@ TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the conte
 ROWS = [{"c1": "the world is a question", "question": "hello?"},
         {"c1": "a", "question": "world and the answer of hello?"},
         {"c1": "question answer", "question": "to be or not"}]
+# suffixes of 64 tokens or more (SMALL_UBATCH): they can share one decode exactly
+LONG = [{"c1": "the answer of the world is in the context; " + f"row {i}", "question": q}
+        for i, q in enumerate(["hello, world?", "is the world a question?", "and you?"])]
 GEN = GenerationConfig(max_tokens=8)
 
 
 @pytest.fixture
 def wide(tiny_model):
-    """n_batch 128: the three suffixes fit one decode."""
-    eng = Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=128, n_threads=1))
+    """n_batch 256: the three long suffixes fit one decode."""
+    eng = Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=256, n_threads=1))
     yield eng
     eng.close()
 
 
 def test_forked_batch_gives_the_tokens_of_one_by_one_warm_runs(wide):
     state = wide.prime(TPL)
-    batch = run_forked(wide, TPL, ROWS, state=state, gen=GEN)
+    batch = run_forked(wide, TPL, LONG, state=state, gen=GEN)
+    assert all(r.evaluated_tokens >= SMALL_UBATCH for r in batch.rows)
     assert batch.prompt_decodes == 1  # all three suffixes in one llama_decode
-    assert batch.gen_decodes <= GEN.max_tokens - 1
-    assert [len(r.tokens) for r in batch.rows] == [GEN.max_tokens] * 3
-    assert batch.evaluated_tokens == sum(r.prompt_tokens - r.reused_tokens for r in batch.rows)
+    # one decode per step for all rows (a row that ends early drops out)
+    assert batch.gen_decodes == max(len(r.tokens) for r in batch.rows) - 1
     # while the rows run, every row shares the prefix cells with sequence 0
     v = wide.kv_view()
     assert v.source == "debug-log"
@@ -38,11 +41,29 @@ def test_forked_batch_gives_the_tokens_of_one_by_one_warm_runs(wide):
         assert u.cells == r.prompt_tokens + len(r.tokens) - 1  # the last token is not evaluated
     assert v.used_cells == state.n_tokens + sum(r.evaluated_tokens + len(r.tokens) - 1
                                                 for r in batch.rows)
+    cmp = compare_with_sequential(wide, TPL, LONG, batch, state, GEN)
+    assert [c.tokens_equal for c in cmp] == [True] * 3
+    assert [c.forked_tokens for c in cmp] == [tuple(r.tokens) for r in batch.rows]
+    # 64 tokens or more take llama.cpp's tiled path, whose sums depend on where the cells lie
+    # (the one-by-one run restores the prefix elsewhere): last-bit differences only
+    assert all(c.max_logit_diff < 1e-3 for c in cmp)
+
+
+def test_short_suffixes_stay_below_the_small_ubatch_size_unless_told(wide):
+    state = wide.prime(TPL)
+    sizes = []
+    wide.add_kv_listener(lambda v: sizes.append(v.used_cells), min_interval_s=0.0)
+    batch = run_forked(wide, TPL, ROWS, state=state, gen=GEN)
+    suffix = [r.evaluated_tokens for r in batch.rows]
+    assert max(suffix) < SMALL_UBATCH < sum(suffix)
+    steps = [b - a for a, b in zip(sizes, sizes[1:])][:batch.prompt_decodes]
+    assert batch.prompt_decodes >= 2 and all(n < SMALL_UBATCH for n in steps)
     cmp = compare_with_sequential(wide, TPL, ROWS, batch, state, GEN)
-    assert [c.tokens_equal for c in cmp] == [True] * 3, cmp
-    assert all(c.forked_tokens == tuple(r.tokens) for c, r in zip(cmp, batch.rows))
-    # the batch holds more tokens than one row: llama.cpp's numerics may move a little (reported)
-    assert all(c.max_logit_diff >= 0 for c in cmp)
+    assert [(c.tokens_equal, c.max_logit_diff) for c in cmp] == [(True, 0.0)] * 3  # bit for bit
+    loose = run_forked(wide, TPL, ROWS, state=state, gen=GEN, exact=False)
+    assert loose.prompt_decodes == 1
+    cmp = compare_with_sequential(wide, TPL, ROWS, loose, state, GEN)
+    assert all(c.max_logit_diff < 1.0 for c in cmp)  # reported; the tiny model's tokens hold
 
 
 def test_forked_run_keeps_resident_and_reuses_the_prefix(wide):

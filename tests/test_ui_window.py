@@ -17,6 +17,7 @@ from app.ui.main_window import MainWindow
 
 PREFIX = "<|im_start|>system\nYou are a helpful assistant. " + "hello world of the answer. " * 20
 TPL = PREFIX + "<|im_end|>\n<|im_start|>user\n<question> about <topic><|im_end|>\n"
+SHORT_TPL = "You are a helpful assistant. hello world of the answer. <question> about <topic>"
 LONG_TPL = "hello world of the answer and the question. " * 80 + "<q>"
 
 
@@ -34,6 +35,8 @@ class Answers:
 
 @pytest.fixture
 def make_window(qtbot, tiny_model, tmp_path):
+    made = []
+
     def make(n_batch=32, load=True, **kw):
         cfg = EngineConfig(model_path=str(tiny_model), n_ctx=4096, n_batch=n_batch, n_threads=1)
         opts = dict(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat),
@@ -42,11 +45,16 @@ def make_window(qtbot, tiny_model, tmp_path):
                     offer_restore=False, load_model=load)
         opts.update(kw)
         w = MainWindow(cfg, **opts)
+        made.append(w)
         qtbot.addWidget(w)
         if load:
             qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=10000)
         return w
-    return make
+    yield make
+    # the window's excepthook shows bugs in its Log instead of failing the test: look there
+    for w in made:
+        bugs = [m for m in w.errors.messages("error") if m.startswith("internal error")]
+        assert not bugs, bugs
 
 
 def idle(qtbot, w, timeout=20000):
@@ -189,7 +197,7 @@ def test_close_during_a_job_cancels_it_cleanly(qtbot, make_window, tmp_path):
 
 def test_benchmark_and_sweep_fill_the_charts_and_export(qtbot, make_window, tmp_path):
     w = make_window()
-    w.editor.set_text(TPL)
+    w.editor.set_text(SHORT_TPL)
     w.fillings.set_rows([{"question": "what", "topic": "it"}, {"question": "why", "topic": "that"}])
     job = w.jobs.bench(2)
     idle(qtbot, w, 60000)
@@ -211,6 +219,12 @@ def test_benchmark_and_sweep_fill_the_charts_and_export(qtbot, make_window, tmp_
     files = w.bench.export_charts(tmp_path / "c.png") + w.bench.export_charts(tmp_path / "c.svg")
     assert all(f.stat().st_size > 1000 for f in files)
     assert b"<svg" in files[-1].read_bytes()[:400]
+    # results travel in the project file and come back as charts
+    assert w.save_project(tmp_path / "p.kvproj")
+    w.bench.chart.set_rows([])
+    w.bench.sweep.set_points([])
+    assert w.open_project(tmp_path / "p.kvproj")
+    assert w.bench.chart.bar_count == 4 and len(w.bench.sweep.points) == len(pts)
 
 
 def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_path):
@@ -271,22 +285,62 @@ def test_shortcuts_and_excepthook(qtbot, make_window, tmp_path):
     assert keys["Cancel job"] == "Esc" and keys["Save state"] == "Ctrl+S"
     log_path = setup_file_logging(tmp_path / "logs")
     try:
-        raise ValueError("boom")
-    except ValueError:
-        sys.excepthook(*sys.exc_info())
-    assert w.errors.messages("error")[-1].startswith("internal error: ValueError: boom")
-    assert "Traceback" in log_path.read_text() or log_path.exists()
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            sys.excepthook(*sys.exc_info())
+        assert w.errors.messages("error")[-1].startswith("internal error: ValueError: boom")
+        text = log_path.read_text()
+        assert "Traceback" in text and "ValueError: boom" in text
+        w.errors.list.clear()  # the fixture fails tests that leave internal errors behind
+    finally:
+        import logging
+        from logging.handlers import RotatingFileHandler
+
+        root = logging.getLogger("kvprimer")
+        for h in [h for h in root.handlers if isinstance(h, RotatingFileHandler)]:
+            root.removeHandler(h)
+            h.close()
 
 
 @pytest.mark.model
 def test_screenshot_mode_on_the_default_model(default_model, tmp_path):
     out = tmp_path / "shot.png"
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
-    r = subprocess.run([sys.executable, "-m", "app", "--screenshot", str(out)], env=env,
-                       capture_output=True, text=True, timeout=300,
+    r = subprocess.run([sys.executable, "-m", "app", "--threads", "1", "--screenshot", str(out)], env=env,
+                       capture_output=True, text=True, timeout=900,
                        cwd=Path(__file__).resolve().parent.parent)
     assert r.returncode == 0, r.stderr[-2000:]
     from PySide6.QtGui import QImage
 
     img = QImage(str(out))
-    assert (img.width(), img.height()) == (1400, 900)
+    assert img.width() >= 1400 and img.height() >= 900  # docks' minimum widths may add a little
+    assert "same output" in r.stdout  # the warm run generated what the cold run did
+
+
+def test_dropped_files_open_by_type(qtbot, make_window, examples):
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    w = make_window(load=False)
+
+    def drop(path):
+        mime = QMimeData()
+        mime.setUrls([QUrl.fromLocalFile(str(path))])
+        w.dropEvent(QDropEvent(QPointF(10, 10), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
+
+    drop(examples / "few-shot.tmpl")
+    assert w.editor.path == str(examples / "few-shot.tmpl")
+    drop(examples / "few-shot-rows.csv")
+    expected = sum(1 for line in open(examples / "few-shot-rows.csv") if line.strip()) - 1
+    assert len(w.fillings.rows()) == expected > 0
+
+
+def test_screenshot_mode_fails_with_one_line_when_the_model_is_missing(tmp_path):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    r = subprocess.run([sys.executable, "-m", "app", "--model", str(tmp_path / "none.gguf"),
+                        "--screenshot", str(tmp_path / "x.png")], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 1 and not (tmp_path / "x.png").exists()
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("kvprimer-gui: error:")]
+    assert len(errors) == 1 and str(tmp_path / "none.gguf") in errors[0]  # the engine's reason

@@ -66,7 +66,7 @@ class ForkedBenchResult:
 def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
                  state: PrefixState | None = None,
                  gen: GenerationConfig = GenerationConfig(max_tokens=8),
-                 task: TaskState | None = None) -> ForkedBenchResult:
+                 task: TaskState | None = None, exact: bool = True) -> ForkedBenchResult:
     task = task or TaskState()
     if k < 1:
         raise KvPrimerError("--fork must be at least 1")
@@ -76,7 +76,7 @@ def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
     for start in range(0, len(rows), k):
         chunk = rows[start:start + k]
         values = [r.values for r in chunk]
-        batch = run_forked(engine, template, values, state=state, gen=gen, task=task)
+        batch = run_forked(engine, template, values, state=state, gen=gen, task=task, exact=exact)
         cmp = compare_with_sequential(engine, template, values, batch, state, gen, task)
         result.batches.append(ForkedBatchFigures(
             rows=[r.number for r in chunk], evaluated_tokens=batch.evaluated_tokens,

@@ -2,12 +2,13 @@
 
 The prefix lives in sequence 0. Each row gets its own sequence (1..k), forked from 0 with
 seq_cp, so the prefix cells are shared, not copied. The k suffixes go into one llama_decode
-(several when they do not fit in n_batch: whole rows are packed, and a row longer than n_batch
-is cut where a one-by-one run would cut it), and then every generation step decodes one token
-for each unfinished row in a single batch.
+(several when they do not fit in n_batch: a row longer than n_batch is cut where a one-by-one
+run would cut it, and see SMALL_UBATCH), and then every generation step decodes one token for
+each unfinished row in a single batch.
 
-Compared with the same rows run one by one warm (run_prompt), greedy tokens must be equal;
-``compare_with_sequential`` reports that and the max |Δlogit| of the first generated token.
+Compared with the same rows run one by one warm (run_prompt), greedy tokens must be equal and
+logits equal bit for bit or to the last bits (see SMALL_UBATCH); ``compare_with_sequential``
+checks the tokens and reports the max |Δlogit| of the first generated token.
 """
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ from .task_state import TaskState
 from .template import Template
 
 PREFIX_SEQ = 0
+# llama.cpp's CPU backend computes a ubatch of fewer than 64 tokens on another path than one of
+# 64 or more (measured on this build, tiny f32 and SmolLM2 Q4_1 alike): the same token's logits
+# differ by up to ~0.6 across the two. Below 64 they are bit-identical whatever else is in the
+# ubatch; from 64 on (a tiled attention) they also depend, in the last bits (~1e-5), on which
+# cells hold the sequence, which differs between any two runs anyway. So no token may change
+# side: then forked rows equal one-by-one runs exactly below 64, and to the last bits above.
+SMALL_UBATCH = 64
 
 
 @dataclass
@@ -76,8 +84,12 @@ class ForkComparison:
 
 def run_forked(engine: Engine, template: Template, values: list[dict[str, str]], *,
                state: PrefixState | None = None, gen: GenerationConfig = GenerationConfig(),
-               task: TaskState | None = None) -> ForkedBatch:
-    """Run ``values`` (k rows) as one forked batch; see the module docstring."""
+               task: TaskState | None = None, exact: bool = True) -> ForkedBatch:
+    """Run ``values`` (k rows) as one forked batch; see the module docstring.
+
+    ``exact=False`` puts all suffixes in as few decodes as n_batch allows, even where that moves
+    tokens across SMALL_UBATCH (faster for short suffixes; logits then differ slightly).
+    """
     task = task or TaskState()
     k = len(values)
     if k == 0:
@@ -91,6 +103,8 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
         if not toks:
             raise KvPrimerError(f"row {i + 1}: the filled prompt is empty; nothing to evaluate")
         engine.check_fits(len(toks))
+    for i in range(k):  # the rows' old cells go first: the prefix may need the room
+        engine.clear_seq(PREFIX_SEQ + 1 + i)
     if state is None:
         state = engine.prime(template, PREFIX_SEQ, task)
     elif engine.resident[PREFIX_SEQ] != list(state.tokens) or PREFIX_SEQ in engine.moved:
@@ -115,7 +129,7 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
 
     samplers = [NativeSampler(gen.temperature, gen.top_p, gen.seed) for _ in rows]
     try:
-        first = _evaluate_suffixes(engine, rows, prompts, samplers, task, out)
+        first = _evaluate_suffixes(engine, rows, prompts, samplers, task, out, exact)
         out.prompt_ms = (time.perf_counter() - t1) * 1000
         out.ttft_ms = (time.perf_counter() - t0) * 1000
         t2 = time.perf_counter()
@@ -139,37 +153,48 @@ def _decode(engine: Engine, entries: list[tuple[int, int, tuple[int, ...], bool]
         engine.resident[seqs[0]].append(tok)
 
 
-def _evaluate_suffixes(engine, rows, prompts, samplers, task, out) -> list[int]:
+def _evaluate_suffixes(engine, rows, prompts, samplers, task, out, exact) -> list[int]:
     """Decode every row's suffix; return each row's first sampled token."""
     nb = engine.config.n_batch
     # pieces of at most n_batch tokens per row, cut where a one-by-one run cuts them
-    pieces = []
-    for r in rows:
-        toks = prompts[r.index]
-        for a in range(r.reused_tokens, len(toks), nb):
-            b = min(a + nb, len(toks))
-            pieces.append((r, a, b))
+    pieces = [(r, a, min(a + nb, len(prompts[r.index])))
+              for r in rows for a in range(r.reused_tokens, len(prompts[r.index]), nb)]
+    # large pieces share decodes up to n_batch, small ones only below SMALL_UBATCH tokens, so
+    # every token is computed on the path its one-by-one run takes (a row's large pieces all
+    # come before its small last piece, so each row still goes in order)
+    large = [p for p in pieces if p[2] - p[1] >= SMALL_UBATCH]
+    small = [p for p in pieces if p[2] - p[1] < SMALL_UBATCH]
+    decodes = (_pack(large, nb) + _pack(small, min(nb, SMALL_UBATCH - 1)) if exact
+               else _pack(pieces, nb))
     first = [0] * len(rows)
-    total = sum(r.evaluated_tokens for r in rows)
-    done = 0
+    total, done = sum(r.evaluated_tokens for r in rows), 0
     task.report("fork", 0, total)
-    batch: list = []
-    for piece in pieces + [None]:
-        if piece is not None and len(batch) + (piece[2] - piece[1]) <= nb:
-            batch.extend(_entries(prompts, piece))
-            continue
-        if batch:
-            task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
-            _decode(engine, [(t, p, (r.seq,), last) for t, p, r, last in batch])
-            out.prompt_decodes += 1
-            for i, (_t, _p, r, last) in enumerate(batch):
-                if last:
-                    r.first_logits = engine.ctx.logits(i)
-                    first[r.index] = samplers[r.index].sample(engine.ctx, i)
-            done += len(batch)
-            task.report("fork", done, total)
-        batch = _entries(prompts, piece) if piece is not None else []
+    for group in decodes:
+        batch = [e for piece in group for e in _entries(prompts, piece)]
+        task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
+        _decode(engine, [(t, p, (r.seq,), last) for t, p, r, last in batch])
+        out.prompt_decodes += 1
+        for i, (_t, _p, r, last) in enumerate(batch):
+            if last:
+                r.first_logits = engine.ctx.logits(i)
+                first[r.index] = samplers[r.index].sample(engine.ctx, i)
+        done += len(batch)
+        task.report("fork", done, total)
     return first
+
+
+def _pack(pieces, cap: int) -> list[list]:
+    """Consecutive pieces into groups of at most ``cap`` tokens, in order."""
+    groups: list[list] = []
+    size = cap + 1
+    for piece in pieces:
+        n = piece[2] - piece[1]
+        if size + n > cap:
+            groups.append([])
+            size = 0
+        groups[-1].append(piece)
+        size += n
+    return groups
 
 
 def _entries(prompts, piece):
@@ -195,6 +220,7 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
                 step.append(r)
         if not step:
             break
+        # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
         task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
         _decode(engine, [(pending[r.index], len(engine.resident[r.seq]), (r.seq,), True) for r in step])
         out.gen_decodes += 1
@@ -213,6 +239,9 @@ def compare_with_sequential(engine: Engine, template: Template, values: list[dic
     seq = PREFIX_SEQ + 1  # a row sequence: the prefix in sequence 0 stays as it is
     for r in batch.rows:  # free the forked rows' cells: a restore needs contiguous room
         engine.clear_seq(r.seq)
+    longest = max(r.evaluated_tokens for r in batch.rows) + gen.max_tokens
+    if 2 * state.n_tokens + longest > engine.ctx.n_ctx:
+        engine.clear_seq(PREFIX_SEQ)  # no room for two prefixes; run_forked restores it
     out = []
     for r in batch.rows:
         rep = run_prompt(engine, template, values[r.index], state=state, cold=False, warm=True,

@@ -76,6 +76,7 @@ class TtftChart(QChartView):
         y.setRange(0, top)
         y.setTitleText("ms")
         y.setLabelFormat("%.0f")
+        y.applyNiceNumbers()
         chart.addAxis(cats, Qt.AlignBottom)
         chart.addAxis(y, Qt.AlignLeft)
         bars.attachAxis(cats)
@@ -123,6 +124,7 @@ class SweepChart(QChartView):
         y.setLabelFormat("%.0f")
         x.setRange(0, max(p.prefix_tokens for p in points) * 1.05)
         y.setRange(0, max(max(p.cold_ms, p.warm_ms) for p in points) * 1.1 or 1.0)
+        y.applyNiceNumbers()
         chart.addAxis(x, Qt.AlignBottom)
         chart.addAxis(y, Qt.AlignLeft)
         for name, color, attr, style in (("cold", COLD, "cold_ms", Qt.SolidLine),
@@ -187,7 +189,7 @@ class BenchView(QWidget):
         top.addWidget(sweep)
         top.addStretch(1)
         self.summary = QLabel("No benchmark yet: press “Benchmark rows”.")
-        top.addWidget(self.summary)
+        self.summary.setWordWrap(True)
         for text, slot in exports:
             b = QPushButton(text)
             b.clicked.connect(slot)
@@ -206,7 +208,9 @@ class BenchView(QWidget):
         split.addWidget(self.table)
         split.setSizes([300, 120])
         lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
+        lay.addWidget(self.summary)
         lay.addWidget(split, 1)
 
     def show_result(self, result: BenchResult) -> None:

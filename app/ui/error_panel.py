@@ -13,11 +13,10 @@ import traceback
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QUrl, Signal
 from PySide6.QtGui import QColor, QDesktopServices
 from PySide6.QtWidgets import (QDockWidget, QHBoxLayout, QListWidget, QListWidgetItem, QPushButton,
                                QVBoxLayout, QWidget)
-from PySide6.QtCore import QUrl
 
 log = logging.getLogger("kvprimer")
 
@@ -128,7 +127,6 @@ class ErrorPanel(QDockWidget):
 
     def _excepthook(self, etype, value, tb) -> None:
         text = "".join(traceback.format_exception(etype, value, tb))
-        logging.getLogger("kvprimer.crash").debug("uncaught:\n%s", text)
         for h in logging.getLogger("kvprimer").handlers:  # the file gets the whole traceback
             if isinstance(h, RotatingFileHandler):
                 h.handle(logging.makeLogRecord({"name": "kvprimer.crash", "levelno": logging.ERROR,

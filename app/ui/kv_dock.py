@@ -309,8 +309,7 @@ class KvCacheDock(QDockWidget):
             engine.add_kv_listener(emit)
             return engine.kv_view()
 
-        self.worker.submit(JOB_PREFIX + "view: watch", watch, on_done=self._show_now,
-                           cancel_running=False)
+        self._submit(JOB_PREFIX + "view: watch", watch, on_done=self._show_now)
 
     def _job_finished(self, job) -> None:
         if job.name.startswith(JOB_PREFIX) or job.name == "load model" or self.worker.info is None:
@@ -319,8 +318,15 @@ class KvCacheDock(QDockWidget):
 
     def refresh(self) -> None:
         """Ask the worker for a fresh view (after the jobs already queued)."""
-        self.worker.submit(JOB_PREFIX + "view", lambda e, t: e.kv_view() if e else None,
-                           on_done=self._show_now, cancel_running=False)
+        self._submit(JOB_PREFIX + "view", lambda e, t: e.kv_view() if e else None,
+                     on_done=self._show_now)
+
+    def _submit(self, name, fn, **kw) -> None:
+        """Queue after what runs (never cancel the user's job); nothing once the worker is shut."""
+        try:
+            self.worker.submit(name, fn, cancel_running=False, **kw)
+        except RuntimeError:
+            pass
 
     def _queue_view(self, view) -> None:
         self._pending = view
@@ -387,6 +393,6 @@ class KvCacheDock(QDockWidget):
             return engine.kv_view()
 
         self.status.setText(f"{name} sequence {seq}…")
-        self.worker.submit(f"{JOB_PREFIX}{name}", job, cancel_running=False,
-                           on_done=lambda v: (self.status.setText(f"{name}: done"), self._show_now(v)),
-                           on_error=lambda msg: self.status.setText(msg))
+        self._submit(f"{JOB_PREFIX}{name}", job,
+                     on_done=lambda v: (self.status.setText(f"{name}: done"), self._show_now(v)),
+                     on_error=lambda msg: self.status.setText(msg))

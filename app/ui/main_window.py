@@ -6,8 +6,7 @@ tests run in temp folders.
 """
 from __future__ import annotations
 
-import logging
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
@@ -19,20 +18,20 @@ from PySide6.QtWidgets import (QDialog, QFileDialog, QGroupBox, QHeaderView, QMa
 from ..engine import EngineConfig, ModelInfo
 from ..engine.prefix_state import SUFFIX as STATE_SUFFIX
 from ..resources_path import examples_dir
-from ..workspace import SUFFIX as PROJECT_SUFFIX, Autosaver, Workspace, WorkspaceError, autosave_path
+from ..workspace import SUFFIX as PROJECT_SUFFIX, Autosaver, autosave_path
 from .bench_view import BenchView
 from .engine_worker import EngineWorker
 from .error_panel import ErrorPanel
 from .fillings_panel import FillingsPanel
 from .kv_dock import KvCacheDock
 from .model_panel import ModelPanel
+from .project_actions import ProjectMixin
 from .prompt_jobs import PromptJobs
 from .run_panel import RunPanel
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
 from .template_editor import TemplateEditor
 
-log = logging.getLogger("kvprimer.ui")
 MAX_RECENT = 8
 
 
@@ -42,7 +41,7 @@ def default_states_dir() -> Path:
     return user_data_path("kvprimer", appauthor=False) / "states"
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ProjectMixin, QMainWindow):
     closed = Signal()
 
     def __init__(self, config: EngineConfig | None = None, *, settings: QSettings | None = None,
@@ -120,6 +119,7 @@ class MainWindow(QMainWindow):
         self.library.raise_()
         self.model_panel.raise_()
         self.resize(1400, 900)
+        self._docks_sized = False
 
     def _action(self, menu, text, slot, shortcut=None, tip="", toolbar=False) -> QAction:
         a = QAction(text, self)
@@ -310,129 +310,7 @@ class MainWindow(QMainWindow):
         if path:
             self.jobs.load_state(path)
 
-    # ---- workspace
-    def workspace(self) -> Workspace:
-        results = [{"kind": "run", "row": n, "speedup": r.speedup, "prompt_tokens": r.prompt_tokens,
-                    "reused_tokens": r.reused_tokens,
-                    "cold_ttft_ms": r.cold.ttft_ms if r.cold else None,
-                    "warm_ttft_ms": r.warm.ttft_ms if r.warm else None,
-                    "tokens_equal": r.equivalence.tokens_equal if r.equivalence else None}
-                   for n, r in self.run_panel.reports]
-        if self.bench.result:
-            results.append({"kind": "benchmark", **self.bench.result.as_dict()})
-        if self.bench.sweep.points:
-            results.append({"kind": "sweep", "points": [p.as_dict() for p in self.bench.sweep.points]})
-        return Workspace(template=self.editor.text(), template_path=self.editor.path,
-                         placeholders=list(self.fillings.placeholders), rows=self.fillings.rows(),
-                         settings={"engine": asdict(self.config),
-                                   "max_tokens": self.run_panel.max_tokens.value(),
-                                   "repeat": self.bench.repeat.value()},
-                         results=results)
-
-    def apply_workspace(self, ws: Workspace) -> None:
-        self.editor.set_text(ws.template, ws.template_path)
-        self.fillings.set_placeholders(self.editor.template.placeholders if self.editor.template
-                                       else ws.placeholders)
-        self.fillings.set_rows(ws.rows)
-        s = ws.settings
-        if "max_tokens" in s:
-            self.run_panel.max_tokens.setValue(int(s["max_tokens"]))
-        if "repeat" in s:
-            self.bench.repeat.setValue(int(s["repeat"]))
-        self.run_panel.clear()
-        self.saved_results = ws.results
-
-    def new_project(self) -> None:
-        if not self._settle_unsaved():
-            return
-        self.project_path = ""
-        self.editor.set_text("")
-        self.fillings.set_rows([])
-        self.run_panel.clear()
-        self.dirty = False
-        self._update_title()
-
-    def open_project(self, path: str | Path) -> bool:
-        try:
-            ws = Workspace.load(path)
-        except WorkspaceError as e:
-            self.show_error(str(e))
-            return False
-        self.apply_workspace(ws)
-        self.project_path = str(path)
-        self.dirty = False
-        self._update_title()
-        return True
-
-    def open_project_dialog(self) -> None:
-        if not self._settle_unsaved():
-            return
-        path, _ = QFileDialog.getOpenFileName(self, "Open project", "", f"KV Primer projects (*{PROJECT_SUFFIX})")
-        if path:
-            self.open_project(path)
-
-    def save_project(self, path: str | Path | None = None) -> bool:
-        path = str(path or self.project_path)
-        if not path:
-            return self.save_project_as()
-        try:
-            self.workspace().save(path)
-        except WorkspaceError as e:
-            self.show_error(str(e))
-            return False
-        self.project_path = path
-        self.dirty = False
-        self._update_title()
-        self.show_status(f"saved the project to {path}")
-        return True
-
-    def save_project_as(self) -> bool:
-        path, _ = QFileDialog.getSaveFileName(self, "Save project", f"project{PROJECT_SUFFIX}",
-                                              f"KV Primer projects (*{PROJECT_SUFFIX})")
-        return bool(path) and self.save_project(path if path.endswith(PROJECT_SUFFIX)
-                                                else path + PROJECT_SUFFIX)
-
-    def mark_dirty(self) -> None:
-        if not self.dirty:
-            self.dirty = True
-            self._update_title()
-
-    def results_changed(self) -> None:
-        self.mark_dirty()
-
-    def _update_title(self) -> None:
-        name = Path(self.project_path).name if self.project_path else "untitled"
-        self.setWindowTitle(f"{name}[*] — KV Primer")
-        self.setWindowModified(self.dirty)
-
-    def autosave(self) -> None:
-        if self.dirty and not self.closing:
-            try:
-                self.autosaver.write(self.workspace())
-            except Exception as e:  # autosave must never interrupt work
-                log.warning("autosave failed: %s", e)
-
-    def _offer_restore(self) -> bool:
-        ws = self.autosaver.pending_restore()
-        if ws is None:
-            return False
-        if self.ask("restore", "KV Primer did not close cleanly last time. Restore the unsaved "
-                               "work?") == "yes":
-            self.apply_workspace(ws)
-            return True
-        self.autosaver.discard()
-        return False
-
     # ---- closing
-    def _settle_unsaved(self) -> bool:
-        """True when the caller may go on (saved, discarded or nothing to save)."""
-        if not self.dirty:
-            return True
-        answer = self.ask("unsaved", "The project has unsaved changes. Save them?")
-        if answer == "save":
-            return self.save_project()
-        return answer == "discard"
-
     def closeEvent(self, event) -> None:
         if not self.closing and not self._settle_unsaved():
             event.ignore()
@@ -455,7 +333,14 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         state = self.settings.value("windowState")
         if state is not None:
-            self.restoreState(state)
+            self._docks_sized = self.restoreState(state)
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if not self._docks_sized:  # first start: docks sized for the work in the middle
+            self._docks_sized = True
+            self.resizeDocks([self.library], [130], Qt.Vertical)
+            self.resizeDocks([self.kv_dock], [430], Qt.Horizontal)
 
     def _ask_dialog(self, kind: str, text: str) -> str:
         if kind == "unsaved":

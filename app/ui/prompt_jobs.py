@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
-from ..engine import (GenerationConfig, KvPrimerError, MissingValuesError, PrefixState, RunReport,
+from ..engine import (GenerationConfig, MissingValuesError, PrefixState, RunReport,
                       TextDelta, bench_rows, run_prompt)
 from ..engine.kv_engine import common_prefix
 from ..prefix_sweep import prefix_sweep
@@ -51,7 +51,9 @@ class PromptJobs(QObject):
 
     def _submit(self, name, fn, on_done, on_error=None, **kw):
         if self.worker.info is None:
-            self._fail("no model is loaded; open a GGUF model (Ctrl+M) or wait for the load to finish")
+            loading = self.worker.current is not None and self.worker.current.name == "load model"
+            self._fail("the model is still loading; try again when the progress bar is gone"
+                       if loading else "no model is loaded; open a GGUF model (Ctrl+M)")
             return None
 
         def body(engine, task):
@@ -172,7 +174,7 @@ class PromptJobs(QObject):
                 self.set_state(st)
             if reports:
                 last = reports[-1][1]
-                self.w.show_status(_run_summary(last))
+                self.w.show_status(run_summary(last))
             self.w.results_changed()
 
         self.w.run_panel.begin_row(rows[0].number)
@@ -236,7 +238,7 @@ class PromptJobs(QObject):
         return self._submit("sweep", lambda e, t: prefix_sweep(e, tpl, values, task=t), done)
 
 
-def _run_summary(r: RunReport) -> str:
+def run_summary(r: RunReport) -> str:
     parts = []
     if r.cold:
         parts.append(f"cold {r.cold.ttft_ms:,.0f} ms")

@@ -35,8 +35,9 @@ def measure_prime_stalls(model_path: str | None = None, *, n_threads: int = 0,
                          heartbeat_ms: int = 10, timeout_s: float = 900.0) -> dict:
     """Prime the RAG prefix in the window; return stall figures (ms) and the prime's size/time.
 
-    Returns {"max_stall_ms", "p99_stall_ms", "median_stall_ms", "ticks", "prefix_tokens",
-    "prime_s", "heartbeat_ms"}. Raises RuntimeError with a one-line reason when the model does
+    Returns {"max_stall_ms", "p99_stall_ms", "median_stall_ms", "ticks", "stalls_over_50ms",
+    "max_stall_at_s" (seconds after the prime started), "prefix_tokens", "prime_s",
+    "heartbeat_ms"}. Raises RuntimeError with a one-line reason when the model does
     not load or the prime fails. Creates a QApplication when there is none (offscreen works).
     """
     from PySide6.QtCore import QSettings, Qt, QTimer
@@ -73,15 +74,19 @@ def measure_prime_stalls(model_path: str | None = None, *, n_threads: int = 0,
             beat.stop()
             if job.outcome != "done":
                 raise RuntimeError(job.error or f"the prime was {job.outcome}")
-            stalls = sorted(max(0.0, (b - a) * 1000 - heartbeat_ms) for a, b in zip(ticks, ticks[1:]))
-            if not stalls:
+            gaps = [(max(0.0, (b - a) * 1000 - heartbeat_ms), a - t0) for a, b in zip(ticks, ticks[1:])]
+            if not gaps:
                 raise RuntimeError("the heartbeat never ticked")
+            stalls = sorted(g for g, _ in gaps)
+            worst_at = max(gaps)[1]
 
             def pct(q: float) -> float:
                 return stalls[min(len(stalls) - 1, int(q * len(stalls)))]
 
             return {"max_stall_ms": round(stalls[-1], 1), "p99_stall_ms": round(pct(0.99), 1),
                     "median_stall_ms": round(pct(0.5), 1), "ticks": len(stalls),
+                    "stalls_over_50ms": sum(g > 50 for g in stalls),
+                    "max_stall_at_s": round(worst_at, 2),
                     "prefix_tokens": job.result[0].n_tokens, "prime_s": round(prime_s, 2),
                     "heartbeat_ms": heartbeat_ms}
         finally:

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPla
 from ..engine import BenchRow, RunReport, TextDelta
 from .bench_view import TtftChart
 
-COLUMNS = ["row", "path", "reused", "evaluated", "restore ms", "first token ms", "tokens/s",
-           "speedup", "equivalence"]
+COLUMNS = ["row", "path", "reused", "evaluated", "restore ms", "TTFT ms", "tok/s", "speedup",
+           "check"]
 
 
 def verdict(report: RunReport) -> tuple[bool | None, str]:
@@ -98,7 +98,7 @@ class RunPanel(QWidget):
         lower = QSplitter(Qt.Horizontal)
         lower.addWidget(self.table)
         lower.addWidget(self.chart)
-        lower.setSizes([560, 380])
+        lower.setSizes([600, 300])
         split = QSplitter(Qt.Vertical)
         split.addWidget(out_box)
         split.addWidget(lower)
@@ -143,11 +143,13 @@ class RunPanel(QWidget):
                  f"{path.restore_ms:.1f}" if path.mode == "warm" else "—", f"{path.ttft_ms:.1f}",
                  f"{path.tokens_per_s:.1f}",
                  f"×{speed:.1f}" if speed and path.mode == "warm" else "—",
-                 text if path.mode == "warm" else ""]
+                 ("PASS" if ok else f"FAIL at {report.equivalence.first_diff}")
+                 if ok is not None and path.mode == "warm" else ""]
         r = self.table.rowCount()
         self.table.insertRow(r)
         for c, v in enumerate(cells):
             item = QTableWidgetItem(v)
+            item.setToolTip(text)
             if c == len(cells) - 1 and ok is not None and path.mode == "warm":
                 item.setForeground(Qt.darkGreen if ok else Qt.red)
             self.table.setItem(r, c, item)

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QUrl, Qt, Signal
+from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHeaderView, QInputDialog,
                                QLabel, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem,
@@ -38,12 +38,13 @@ def state_meta(path: Path) -> dict:
         return {"error": "unreadable metadata"}
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+def _size(n: float) -> str:
+    """Decimal units, as the rest of the window uses."""
+    for unit in ("B", "kB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+        n /= 1000
+    return f"{n:.1f} GB"
 
 
 class StatesLibrary(QDockWidget):

@@ -12,7 +12,7 @@ from PySide6.QtCore import QRegularExpression, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QSyntaxHighlighter, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QLabel, QPlainTextEdit, QTextEdit, QVBoxLayout, QWidget
 
-from ..engine import KvPrimerError, Template, TemplateSyntaxError
+from ..engine import Template, TemplateSyntaxError
 from ..engine.template import FilledPrompt, Literal, Span
 from .engine_worker import EngineWorker
 

@@ -1,0 +1,80 @@
+"""The bench's paths on the tiny model: every path (ours and llama-cpp-python's) evaluates the
+same suffix tokens, the disk cache stays warm across repeats, and the whole suite writes its
+report, ratios and chart. Timings are not checked here: the bench is for that."""
+import json
+
+import pytest
+
+from bench.chart import render_chart
+from bench.llamacpp_paths import LlamaPaths
+from bench.report import format_report
+from bench.suite import BenchConfig, run_suite
+from bench.workload import load_workload, truncated
+
+TEMPLATE = ("<|im_start|>system\nYou are a helpful assistant. Answer the question from the "
+            "context.\n# Context\n<ctx><|im_end|>\n<|im_start|>user\n<q><|im_end|>\n"
+            "<|im_start|>assistant\n")
+ROWS = "ctx,q\nthe world is a hello,what is the world?\nhe is ll,who is he?\n"
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "t.tmpl").write_text(TEMPLATE)
+    (tmp_path / "rows.csv").write_text(ROWS)
+    return tmp_path / "t.tmpl", tmp_path / "rows.csv"
+
+
+def test_workload_boundary_and_truncation(engine, files):
+    work = load_workload(engine, 2, *files)
+    assert [r.number for r in work.rows] == [2, 3]
+    for r in work.rows:
+        assert r.tokens[:r.boundary] == work.prefix[:r.boundary]
+        assert 0 < r.boundary < len(r.tokens)
+        t = truncated(work.prefix, r, 10)
+        assert t.tokens == work.prefix[:10] + r.suffix and t.boundary == 10
+    assert work.unrelated[0] != work.prefix[0]
+
+
+def test_llamacpp_paths_evaluate_the_suffix_and_disk_cache_stays_warm(tiny_model, engine,
+                                                                        files, tmp_path):
+    work = load_workload(engine, 1, *files)
+    row = work.rows[0]
+    lp = LlamaPaths(tiny_model, n_ctx=1024, n_batch=32, n_threads=1, cache_dir=tmp_path / "dc")
+    try:
+        lp.prime(work.prefix)
+        assert lp.ram_entry_bytes() > lp.entry.llama_state_size > 0
+        assert lp.disk_entry_bytes() > 0
+        for _ in range(3):  # __getitem__ pops the entry; each repeat must still be a hit
+            s = lp.disk_warm(row, work.unrelated)
+            assert s.evaluated == len(row.suffix) and s.load_ms > 0
+        s = lp.ram_warm(row, work.unrelated)
+        assert s.evaluated == len(row.suffix)
+        s = lp.in_context(row, row.tokens[row.boundary] + 1)
+        assert s.evaluated == len(row.suffix)
+        assert len(lp.more_tokens(s.first_token, 3)) <= 3
+    finally:
+        lp.close()
+
+
+def test_suite_on_tiny_model_reports_same_suffix_tokens(tiny_model, files, tmp_path):
+    cfg = BenchConfig(rows=2, repeats=2, sweep_points=(16,), sweep_repeats=1, n_threads=1,
+                      n_batch=32, n_ctx=1024, equivalence_tokens=4, model_path=str(tiny_model),
+                      template_path=str(files[0]), rows_path=str(files[1]))
+    res = run_suite(cfg, log=lambda msg: None)
+    assert res["same_suffix_tokens"]["ok"], res["same_suffix_tokens"]["mismatches"]
+    assert len(res["paths"]["warm_memory"]) == 4  # 2 repeats x 2 rows, paired by index
+    for row in res["workload"]["rows"]:
+        eq = res["equivalence"][str(row["row"])]
+        for name in ("limit", "warm_memory", "warm_file"):  # same batch boundary: exact
+            assert eq[name]["tokens_equal"] and eq[name]["max_abs_logit_diff"] == 0.0
+        assert "q8_0_warm_memory" in eq and "llamacpp_ram" in eq
+    for name in ("warm_vs_limit", "warm_vs_llamacpp_ram", "warm_vs_llamacpp_disk",
+                 "state_bytes_vs_raw_kv", "q8_0_state_bytes_vs_raw_kv"):
+        assert res["ratios"][name] > 0 and name in res["goals"]
+    assert res["ratios"]["state_bytes_vs_raw_kv"] < 1.1
+    assert [p["prefix_tokens"] for p in res["sweep"]][0] == 16
+    text = format_report(res)
+    assert "every path evaluated the same suffix tokens: yes" in text
+    json.dumps(res)  # results.json must be writable as is
+    png = render_chart(res, tmp_path / "chart.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

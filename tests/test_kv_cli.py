@@ -1,0 +1,61 @@
+"""`kvprimer kv` and `kvprimer bench --fork K`."""
+import json
+
+import pytest
+
+from app.cli import main
+
+TPL = ("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
+       + "hello world of the answer and question. " * 6 + "\n<c1>\n<|im_end|>\n")
+
+
+@pytest.fixture
+def tpl(tmp_path):
+    p = tmp_path / "t.tmpl"
+    p.write_text(TPL, encoding="utf-8")
+    return p
+
+
+def test_kv_json_shows_the_forks_sharing_every_prefix_cell(tpl, tiny_model, capsys):
+    assert main(["kv", str(tpl), "--fork", "2", "--json", "-m", str(tiny_model), "-t", "1",
+                 "-c", "512"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["n_cells", "used_cells", "source", "sequences"]
+    assert out["source"] == "debug-log" and out["n_cells"] == 512
+    P = out["used_cells"]
+    assert P > 50
+    assert out["sequences"] == [{"seq": s, "cells": P, "pos_min": 0, "pos_max": P - 1,
+                                 "shared_cells": P} for s in range(3)]
+
+
+def test_kv_text_and_too_many_forks(tpl, tiny_model, capsys):
+    assert main(["kv", str(tpl), "--fork", "1", "-m", str(tiny_model), "-t", "1", "-c", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "source: debug-log" in out and "/512 cells" in out
+    assert main(["kv", str(tpl), "--fork", "8", "-m", str(tiny_model), "-t", "1", "-c", "512"]) == 2
+    assert "fork into at most 7" in capsys.readouterr().err
+
+
+def test_bench_fork_compares_with_one_by_one_runs(tpl, tiny_model, tmp_path, capsys):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("c1\nthe world\nhello question\na b c\n", encoding="utf-8")
+    out_json = tmp_path / "f.json"
+    rc = main(["bench", str(tpl), "--rows", str(rows), "--fork", "2", "--max-tokens", "4",
+               "-m", str(tiny_model), "-t", "1", "-c", "1024", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "forked batches of 2" in out and "all tokens equal: True" in out
+    res = json.loads(out_json.read_text())
+    assert [b["rows"] for b in res["batches"]] == [[2, 3], [4]]
+    assert all(b["tokens_equal"] and b["prompt_decodes"] == 1 for b in res["batches"])
+
+
+@pytest.mark.model
+def test_kv_on_the_rag_example_with_the_default_model(default_model, examples, capsys):
+    """The issue's done-check: three sequences sharing all prefix cells."""
+    assert main(["kv", str(examples / "rag.tmpl"), "--fork", "2", "--json", "-t", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    P = out["used_cells"]
+    assert out["source"] == "debug-log" and P > 1000
+    assert [(s["seq"], s["cells"], s["shared_cells"], s["pos_min"], s["pos_max"])
+            for s in out["sequences"]] == [(s, P, P, 0, P - 1) for s in range(3)]

@@ -1,0 +1,117 @@
+"""Cancel anywhere: at every progress report and every streamed token of prime, run (cold, warm,
+one-shot, generation) and bench. Afterwards every sequence holds exactly the tokens the engine
+says it holds (llama.cpp's position range agrees), and the next job gives exact results."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine import (Cancelled, GenerationConfig, TaskState, Template, bench_rows, run_prompt)
+from app.engine.prompt_runs import TextDelta
+from app.engine.rows import Row
+
+TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
+                     + "hello world of the answer and question. " * 3
+                     + "\n<c>\n<|im_end|>\n<|im_start|>user\n<q><|im_end|>\n")
+VALUES = {"c": "the world is a question " * 3, "q": "hello?"}
+GEN = GenerationConfig(max_tokens=4)
+
+
+def assert_consistent(eng) -> None:
+    for seq, toks in eng.resident.items():
+        expect = (0, len(toks) - 1) if toks else (-1, -1)
+        assert eng.ctx.pos_range(seq) == expect, (seq, len(toks))
+
+
+def cancelling_at(k: int, on_tokens: bool = False) -> TaskState:
+    """A task that cancels itself at its k-th progress report (or k-th streamed text)."""
+    seen = [0]
+
+    def tick(_):
+        seen[0] += 1
+        if seen[0] == k:
+            task.cancel()
+
+    task = TaskState(on_progress=None if on_tokens else tick,
+                     on_partial=(lambda r: isinstance(r, TextDelta) and tick(r)) if on_tokens else None)
+    return task
+
+
+def cancel_everywhere(eng, job, on_tokens=False, limit=200) -> int:
+    """Run ``job(task)`` cancelling at point 1, 2, ... until it completes; returns the count."""
+    for k in range(1, limit):
+        try:
+            job(cancelling_at(k, on_tokens))
+        except Cancelled as e:
+            assert_consistent(eng)
+            assert e.kept_tokens >= 0
+            continue
+        assert_consistent(eng)
+        return k - 1
+    raise AssertionError("the job never completed")
+
+
+@pytest.fixture
+def reference(engine):
+    rep = run_prompt(engine, TPL, VALUES, gen=GEN)
+    assert rep.equivalence.exact
+    engine.clear_all()
+    return rep
+
+
+def check_next_job(eng, reference) -> None:
+    rep = run_prompt(eng, TPL, VALUES, gen=GEN)
+    assert rep.equivalence.exact
+    assert rep.warm.tokens == reference.warm.tokens
+    assert_consistent(eng)
+
+
+def test_cancel_prime_anywhere(engine, reference):
+    n = cancel_everywhere(engine, lambda task: engine.prime(TPL, task=task, keep_in_store=False))
+    assert n >= 3  # the prefix takes several batches of 32
+    check_next_job(engine, reference)
+
+
+@pytest.mark.parametrize("paths", [dict(), dict(cold=False, oneshot=False),
+                                   dict(warm=False, oneshot=False)])
+def test_cancel_run_anywhere(engine, reference, paths):
+    n = cancel_everywhere(engine, lambda task: run_prompt(engine, TPL, VALUES, gen=GEN, task=task,
+                                                          **paths))
+    assert n >= 3
+    check_next_job(engine, reference)
+
+
+def test_cancel_during_generation(engine, reference):
+    gen = GenerationConfig(max_tokens=12)
+    n = cancel_everywhere(engine, lambda task: run_prompt(engine, TPL, VALUES, gen=gen, task=task),
+                          on_tokens=True)
+    assert n >= 1
+    check_next_job(engine, reference)
+
+
+def test_cancel_with_a_saved_state_restored_into_other_sequences(engine, reference):
+    state = engine.prime(TPL)
+    engine.fork(0, 3)  # something else resident that a cancel must not disturb
+    before3 = list(engine.resident[3])
+    cancel_everywhere(engine, lambda task: run_prompt(engine, TPL, VALUES, state=state, gen=GEN,
+                                                      task=task, seq=1))
+    assert engine.resident[3] == before3
+    check_next_job(engine, reference)
+
+
+def test_cancel_bench_anywhere(engine, reference):
+    rows = [Row(2, VALUES), Row(3, {**VALUES, "q": "why?"})]
+    for k in range(1, 400, 5):  # every fifth point: the job has a hundred
+        try:
+            res = bench_rows(engine, TPL, rows, gen=GEN, task=cancelling_at(k))
+        except Cancelled:  # while priming the prefix, before any row
+            assert_consistent(engine)
+            continue
+        assert_consistent(engine)
+        if not res.cancelled:
+            assert all(r.error is None and r.tokens_equal for r in res.rows)
+            break
+        assert len(res.rows) < len(rows) or res.rows[-1].error is None
+    else:
+        raise AssertionError("bench never completed")
+    assert k > 3
+    check_next_job(engine, reference)

@@ -1,0 +1,61 @@
+"""Errors from native code and from the worker thread reach the user as one-line messages and
+the log (the "kvprimer" loggers, which the window sends to its log file), never only stderr."""
+from __future__ import annotations
+
+import logging
+
+from app.engine import EngineConfig, Template
+from app.ui.engine_worker import EngineWorker
+
+TPL = Template.parse("hello world of the answer. " * 4 + "<q>")
+
+
+def load(qtbot, w, path, outcomes):
+    with qtbot.waitSignal(w.job_finished, timeout=10000) as sig:
+        w.load(EngineConfig(model_path=str(path), n_ctx=256, n_batch=32, n_threads=1),
+               on_error=outcomes.append)
+    return sig.args[0]
+
+
+def test_native_and_python_failures_become_messages_and_log_lines(qtbot, tiny_model, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="kvprimer")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_model.read_bytes()[:30_000])
+    w = EngineWorker()
+    outcomes: list[str] = []
+    try:
+        job = load(qtbot, w, cut, outcomes)
+        assert job.outcome == "error" and "truncated" in outcomes[0] and "\n" not in outcomes[0]
+        assert w.info is None
+
+        # llama.cpp refuses a model our checks let through; its own words reach the log
+        import gguf
+        import numpy as np
+        odd = tmp_path / "odd.gguf"
+        gw = gguf.GGUFWriter(str(odd), "no-such-arch")
+        gw.add_tensor("x.weight", np.zeros(4, dtype=np.float32))
+        gw.write_header_to_file()
+        gw.write_kv_data_to_file()
+        gw.write_tensors_to_file()
+        gw.close()
+        caplog.clear()
+        load(qtbot, w, odd, outcomes)
+        assert "unknown model architecture" in outcomes[1]
+        native = [r for r in caplog.records if r.name == "kvprimer.llama"]
+        assert any("unknown model architecture" in r.getMessage() for r in native)
+
+        # a bug in a job: a message for the user, the traceback in the log
+        assert load(qtbot, w, tiny_model, outcomes).outcome == "done"
+        caplog.clear()
+        with qtbot.waitSignal(w.job_finished, timeout=10000):
+            w.submit("buggy", lambda e, t: {}["missing"], on_error=outcomes.append)
+        assert outcomes[2].startswith("internal error in buggy: KeyError") and "\n" not in outcomes[2]
+        assert any("Traceback" in r.getMessage() for r in caplog.records if r.name == "kvprimer.ui")
+
+        # and the engine still works
+        results = []
+        with qtbot.waitSignal(w.job_finished, timeout=10000):
+            w.submit("prime", lambda e, t: e.prime(TPL, task=t).n_tokens, on_done=results.append)
+        assert results and results[0] > 10
+    finally:
+        w.shutdown()
