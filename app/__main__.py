@@ -69,7 +69,8 @@ async def screenshot_scenario(window, out: Path) -> str:
         raise KvPrimerError(f"cannot write the screenshot to {out}; check the folder exists")
     from app.ui.prompt_jobs import run_summary
 
-    return f"wrote {out} ({img.width()}×{img.height()}); " + run_summary(window.run_panel.reports[-1][1])
+    last = window.run_panel.reports[-1][1]
+    return f"wrote {out} ({img.width()}×{img.height()}); " + run_summary(last)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("kvprimer")
     app.setApplicationName("KV Primer")
+    # the .desktop file's name, so the taskbar groups the window under its menu entry (Wayland)
+    app.setDesktopFileName("kvprimer")
+    from PySide6.QtGui import QIcon
+
+    from app.resources_path import resources_dir
+
+    app.setWindowIcon(QIcon(str(resources_dir() / "icon.svg")))
     log_path = setup_file_logging()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
@@ -118,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
                 code = 1
             window.dirty = False
             window.close()
-        _dispose(window)
         tmp.cleanup()
         return code
 
@@ -129,18 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     app.aboutToQuit.connect(closed.set)
     with loop:
         loop.run_until_complete(closed.wait())
-    _dispose(window)
     return 0
-
-
-def _dispose(window) -> None:
-    """Free the window's Qt objects before the interpreter shuts down: left to the final
-    garbage collection, PySide6 6.12 can crash (bool_dealloc) while tearing them down."""
-    import gc
-
-    window.deleteLater()
-    del window
-    gc.collect()
 
 
 if __name__ == "__main__":

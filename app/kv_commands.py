@@ -52,7 +52,7 @@ def cmd_bench_forked(args) -> int:
     print(f"{'rows':>12} {'eval':>5} {'gen':>4} {'decodes':>7} {'forked ms':>10} "
           f"{'one-by-one ms':>13} {'speedup':>7}  equivalence")
     for b in res.batches:
-        eq = "tokens equal" if b.tokens_equal else "TOKENS DIFFER"
+        eq = "tokens equal" if b.tokens_equal else f"TOKENS DIFFER in {b.rows_equal.count(False)} rows"
         print(f"{','.join(map(str, b.rows)):>12} {b.evaluated_tokens:>5} {b.generated_tokens:>4} "
               f"{b.prompt_decodes:>7} {b.forked_ms:>10.1f} {b.sequential_ms:>13.1f} "
               f"{b.speedup:>6.2f}x  {eq}, max |Δlogit| {b.max_logit_diff:.3g}")

@@ -93,3 +93,22 @@ def test_ranges_fallback_is_said_and_no_map_is_drawn(qtbot, dock):
     assert "? shared" in dock.legend.text() and "positions 0–3" in dock.legend.text()
     assert dock.grid.cell_at(dock.grid.cell_rect_center(0)) is None
     assert dock.grid.tooltip_for(0) == ""
+
+
+def test_views_arrive_while_a_job_still_runs(qtbot, dock):
+    import threading
+
+    gate = threading.Event()
+
+    def job(e, t):
+        e.evaluate(list(range(5, 45)), 0)  # 32 + 8 tokens: the engine publishes as it goes
+        gate.wait(10)  # hold the job open until the dock has shown the cells
+        e.evaluate([5, 6], 0)
+
+    dock.worker.submit("prime", job)
+    try:
+        qtbot.waitUntil(lambda: (dock.view.used_cells or 0) >= 32, timeout=10000)
+        assert dock.worker.busy  # shown live, not after the job
+    finally:
+        gate.set()
+    qtbot.waitUntil(lambda: dock.view.used_cells == 42, timeout=10000)  # the refresh after it

@@ -144,15 +144,8 @@ def test_install_desktop_script_installs_and_uninstalls(tmp_path):
 
 
 def _pyinstaller_ready() -> None:
-    """PyInstaller comes with the `package` extra, which `make package` installs; `make test`
-    installs only `test`, so install the same requirements here when they are missing."""
-    try:
-        import PyInstaller  # noqa: F401
-    except ImportError:
-        reqs = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["package"]
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *reqs],
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout + r.stderr
+    """PyInstaller is in the `test` extra, which `make setup` installs."""
+    import PyInstaller  # noqa: F401
 
 
 @pytest.fixture(scope="module")

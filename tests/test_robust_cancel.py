@@ -115,3 +115,23 @@ def test_cancel_bench_anywhere(engine, reference):
         raise AssertionError("bench never completed")
     assert k > 3
     check_next_job(engine, reference)
+
+
+def test_kv_cache_full_mid_prompt_leaves_a_known_length(tiny_model):
+    # check_fits looks at one sequence; other sequences can still fill the cache, and then a
+    # decode fails part-way through the prompt.
+    from app.engine import Engine, EngineConfig
+    from app.engine.errors import ContextError
+
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=256, n_batch=32, n_threads=1,
+                             n_seq_max=2)) as eng:
+        toks = eng.model.tokenize("hello world of the answer and question " * 12)
+        eng.evaluate(toks[:200], 1, want_logits=False)
+        with pytest.raises(ContextError, match="KV cache is full"):
+            eng.evaluate(toks[:120], 0)
+        assert_consistent(eng)
+        assert 0 < len(eng.resident[0]) < 120 and eng.resident[1] == toks[:200]
+        eng.clear_seq(1)
+        eng.evaluate(toks[len(eng.resident[0]):120], 0)  # the rest fits now
+        assert eng.resident[0] == toks[:120]
+        assert_consistent(eng)

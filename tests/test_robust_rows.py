@@ -77,7 +77,7 @@ _rows_text = st.lists(st.sampled_from(list('cq,;\t"\n\r \\{}[]:1é\x00') + ['"c"
                      max_size=40).map("".join)
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(_rows_text)
 def test_any_text_gives_rows_or_a_one_line_rows_error(text):
     for parse in (parse_csv, parse_jsonl):
@@ -94,7 +94,7 @@ def test_any_text_gives_rows_or_a_one_line_rows_error(text):
 # ---- the template parser, on any text -----------------------------------------------------
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.text(max_size=60) | st.text(alphabet=st.sampled_from(list("<>\\\r\nab_-|/ é")), max_size=60))
 def test_template_parser_on_any_text(src):
     try:

@@ -59,3 +59,42 @@ def test_native_and_python_failures_become_messages_and_log_lines(qtbot, tiny_mo
         assert results and results[0] > 10
     finally:
         w.shutdown()
+
+
+def test_reload_and_shutdown_while_a_job_runs(qtbot, tiny_model, other_tiny_model):
+    import threading
+
+    tpl = Template.parse("hello world of the answer and question. " * 5 + "<q>")
+    w = EngineWorker()
+    outcomes: list[str] = []
+    reached, gate = threading.Event(), threading.Event()
+
+    def prime_and_pause(engine, task):
+        def pause(p):  # hold the job between two batches until the GUI side has acted
+            if p.stage == "prime" and p.done >= 32:
+                reached.set()
+                gate.wait(10)
+        task.on_progress = pause
+        return engine.prime(tpl, task=task)
+
+    try:
+        assert load(qtbot, w, tiny_model, outcomes).outcome == "done"
+        job = w.submit("prime", prime_and_pause, on_cancelled=lambda j: outcomes.append("cancelled"))
+        assert reached.wait(10), (job.error, job.cancelled)
+        # loading another model cancels the prime; the old engine is closed on the worker thread
+        with qtbot.waitSignal(w.engine_changed, timeout=10000) as sig:
+            w.load(EngineConfig(model_path=str(other_tiny_model), n_ctx=256, n_batch=8, n_threads=1))
+            gate.set()
+        assert job.cancelled and "cancelled" in outcomes
+        assert sig.args[0] is not None and sig.args[0].path == str(other_tiny_model)
+        # closing the window mid-job: cancel, wait, free the context; nothing raises
+        reached.clear()
+        gate.clear()
+        slow = w.submit("prime again", prime_and_pause)
+        assert reached.wait(10), (slow.error, slow.cancelled, slow.future)
+        threading.Timer(0.0, gate.set).start()
+        w.shutdown(wait=True)
+        assert slow.future.done() and w.engine_for_tests() is None
+    finally:
+        gate.set()
+        w.shutdown()

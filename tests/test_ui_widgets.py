@@ -111,3 +111,19 @@ def test_model_panel_builds_the_config(qtbot):
     p.apply.click()
     assert got[0].n_ctx == 2048 and got[0].type_k == "q8_0" and got[0].model_path == "/m.gguf"
     assert got[0].n_threads == 1
+
+
+def test_many_signal_emits_do_not_use_up_true():
+    """PySide6 6.12.0's emit() drops a reference to True each time; app.ui guards against it."""
+    import sys
+
+    import app.ui  # noqa: F401  (the guard runs on import)
+    from PySide6.QtCore import QObject, Signal
+
+    class Pinger(QObject):
+        ping = Signal()
+
+    p = Pinger()
+    for _ in range(20000):  # far more than True's own reference count without the guard
+        p.ping.emit()
+    assert sys.getrefcount(True) > 20000

@@ -28,6 +28,7 @@ class ForkedBatchFigures:
     forked_ms: float
     sequential_ms: float
     tokens_equal: bool
+    rows_equal: list[bool]  # per row: greedy tokens equal to its one-by-one run
     max_logit_diff: float  # first generated position, forked vs one-by-one warm
 
     @property
@@ -55,6 +56,7 @@ class ForkedBenchResult:
             "sequential_tokens_per_s": toks / (sms / 1000) if sms else 0.0,
             "speedup": sms / fms if fms else 0.0,
             "all_tokens_equal": all(b.tokens_equal for b in self.batches),
+            "rows_tokens_equal": sum(sum(b.rows_equal) for b in self.batches),
             "max_logit_diff": max((b.max_logit_diff for b in self.batches), default=0.0),
         }
 
@@ -82,7 +84,7 @@ def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
             rows=[r.number for r in chunk], evaluated_tokens=batch.evaluated_tokens,
             generated_tokens=batch.generated_tokens, prompt_decodes=batch.prompt_decodes,
             forked_ms=batch.total_ms, sequential_ms=sum(c.sequential_ms for c in cmp),
-            tokens_equal=all(c.tokens_equal for c in cmp),
+            tokens_equal=all(c.tokens_equal for c in cmp), rows_equal=[c.tokens_equal for c in cmp],
             max_logit_diff=max(c.max_logit_diff for c in cmp)))
         task.report("bench", min(start + k, len(rows)), len(rows))
         task.partial(result)

@@ -6,9 +6,10 @@ seq_cp, so the prefix cells are shared, not copied. The k suffixes go into one l
 run would cut it, and see SMALL_UBATCH), and then every generation step decodes one token for
 each unfinished row in a single batch.
 
-Compared with the same rows run one by one warm (run_prompt), greedy tokens must be equal and
-logits equal bit for bit or to the last bits (see SMALL_UBATCH); ``compare_with_sequential``
-checks the tokens and reports the max |Δlogit| of the first generated token.
+Compared with the same rows run one by one warm (run_prompt): bit for bit equal for suffixes
+under 64 tokens; above, llama.cpp's own numerics move with the cells' place in the cache (see
+SMALL_UBATCH). ``compare_with_sequential`` compares the greedy tokens and reports the max
+|Δlogit| of the first generated token.
 """
 from __future__ import annotations
 
@@ -28,11 +29,14 @@ from .template import Template
 
 PREFIX_SEQ = 0
 # llama.cpp's CPU backend computes a ubatch of fewer than 64 tokens on another path than one of
-# 64 or more (measured on this build, tiny f32 and SmolLM2 Q4_1 alike): the same token's logits
-# differ by up to ~0.6 across the two. Below 64 they are bit-identical whatever else is in the
-# ubatch; from 64 on (a tiled attention) they also depend, in the last bits (~1e-5), on which
-# cells hold the sequence, which differs between any two runs anyway. So no token may change
-# side: then forked rows equal one-by-one runs exactly below 64, and to the last bits above.
+# 64 or more; the same token's logits differ by up to ~0.6 across the two (measured on this
+# build, tiny f32 model and SmolLM2 Q4_1 alike). Below 64 they are bit-identical whatever else
+# is in the ubatch and wherever the cells lie. From 64 on (tiled attention) they also depend on
+# where the sequence's cells lie in the cache, modulo 256: moving the same prompt by one cell
+# moved SmolLM2's logits by up to 0.53 (tiny model: 2e-5), by 256 cells not at all. A forked
+# row's suffix necessarily lies elsewhere than in its one-by-one run, so: no token may change
+# side (then rows below 64 tokens are exact), and rows of 64 or more differ as any two runs at
+# different places in the cache do; compare_with_sequential reports it.
 SMALL_UBATCH = 64
 
 

@@ -8,10 +8,10 @@ With ``LLAMA_KV_CACHE_DEBUG=3`` in the environment when a context is created, ev
     "\\n" + each cell's position or '.', left-aligned in 5 characters, 64 a line + "\\n"
     find_slot: stream[0] min[0] =     0, max[0] =    39      (one line per non-empty sequence)
 
-That is the cache *before* the ubatch lands. ``TrackedContext`` feeds each map to the
-``CellMirror`` for checking, then applies the ubatch itself, so the mirror is current after
-every call. A sequence id above 9 takes two characters and makes the map ambiguous: such a map
-is refused (the view then shows ranges). The log callback is process-wide, so a listener only
+That is the cache *before* the ubatch lands. ``TrackedContext`` applies every operation and
+ubatch to the ``CellMirror`` itself, so the mirror is current after every call, and checks it
+against the logged map (see TrackedContext._take_record). A sequence id above 9 takes two
+characters and makes the map ambiguous: such a map is refused (the view then shows ranges). The log callback is process-wide, so a listener only
 accepts lines logged on the thread of a call it is waiting for.
 """
 from __future__ import annotations

@@ -20,6 +20,7 @@ from .native import SEQ_STATE_VERSION, ContextParams, NativeModel, kv_bytes_per_
 from .prefix_state import PrefixState
 from .prefix_store import PrefixStore
 from .prompt_tokens import PromptTokenizer
+from .seq_payload import in_position_order
 from .task_state import TaskState
 from .template import FilledPrompt, Template
 
@@ -302,7 +303,7 @@ class Engine:
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
                                 f"state cannot describe; trim it to {len(self.resident[seq])} tokens first")
         return PrefixState(
-            tokens=tuple(self.resident[seq]), data=self.ctx.state_get(seq),
+            tokens=tuple(self.resident[seq]), data=in_position_order(self.ctx.state_get(seq)),
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
             type_k=self.info.type_k, type_v=self.info.type_v, seq_state_version=SEQ_STATE_VERSION,
             template_sha256=template.sha256 if template else "", text=text)

@@ -287,6 +287,10 @@ class NativeContext:
         self.params = params
         self.n_ctx = L.llama_n_ctx(ptr)
         self.mem = L.llama_get_memory(ptr)
+        if not self.mem:  # an encoder-only (embedding) model has no KV cache to prime
+            L.llama_free(ptr)
+            raise ContextError(f"{model.meta('general.name') or 'this model'} has no KV cache "
+                               "(an embedding or encoder-only model?); load a text generation model")
         self.batch = L.llama_batch_init(n_batch, 0, params.n_seq_max)
         self._batch_cap = n_batch
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog
 
 from ..engine import BenchResult, BenchRow, EngineConfig
-from ..prefix_sweep import SweepPoint
+from ..engine.prefix_sweep import SweepPoint
 from ..workspace import SUFFIX as PROJECT_SUFFIX, Workspace, WorkspaceError
 
 log = logging.getLogger("kvprimer.ui")

@@ -15,7 +15,7 @@ from PySide6.QtCore import QObject, Signal
 from ..engine import (GenerationConfig, MissingValuesError, PrefixState, RunReport,
                       TextDelta, bench_rows, run_prompt)
 from ..engine.kv_engine import common_prefix
-from ..prefix_sweep import prefix_sweep
+from ..engine.prefix_sweep import prefix_sweep
 
 if TYPE_CHECKING:
     from .main_window import MainWindow

@@ -13,8 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from .engine import Engine, KvPrimerError, TaskState, Template
-from .engine.kv_engine import common_prefix
+from .errors import KvPrimerError
+from .kv_engine import Engine, common_prefix
+from .task_state import TaskState
+from .template import Template
 
 SHARES = (0.125, 0.25, 0.5, 0.75, 1.0)
 
