@@ -14,7 +14,6 @@ from pathlib import Path
 from . import __version__
 from .engine import (Engine, EngineConfig, GenerationConfig, KvPrimerError, PrefixState,
                      TaskState, Template, bench_rows, read_rows, run_prompt)
-from .engine.errors import TemplateError
 from .engine.native import KV_TYPES
 from .engine.task_state import Progress
 from .kv_commands import cmd_bench_forked, cmd_kv
@@ -126,19 +125,7 @@ def _engine(args) -> Engine:
 
 
 def read_template(path: str) -> Template:
-    p = Path(path)
-    try:
-        source = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TemplateError(f"no template file at {p}") from None
-    except UnicodeDecodeError:
-        raise TemplateError(f"{p.name} is not UTF-8 text") from None
-    except OSError as e:
-        raise TemplateError(f"cannot read {p}: {e.strerror}") from None
-    try:
-        return Template.parse(source)
-    except TemplateError as e:
-        raise TemplateError(f"{p.name}: {e}") from None
+    return Template.load(path)
 
 
 def _progress_printer() -> TaskState:

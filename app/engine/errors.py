@@ -14,10 +14,11 @@ class TemplateError(KvPrimerError):
 
 
 class TemplateSyntaxError(TemplateError):
-    def __init__(self, message: str, line: int, column: int):
+    def __init__(self, message: str, line: int, column: int, source_name: str = "template"):
+        self.message = message
         self.line = line
         self.column = column
-        super().__init__(f"template line {line}, column {column}: {message}")
+        super().__init__(f"{source_name} line {line}, column {column}: {message}")
 
 
 class MissingValuesError(TemplateError):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import StateFileError
+from .user_files import open_user_file
 from .seq_payload import check_seq_payload
 
 MAGIC = b"KVPSTATE"
@@ -132,14 +133,7 @@ class PrefixState:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PrefixState":
         path = Path(path)
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            raise StateFileError(f"no state file at {path}") from None
-        except IsADirectoryError:
-            raise StateFileError(f"{path} is a folder, not a state file") from None
-        except OSError as e:
-            raise StateFileError(f"cannot read {path}: {e.strerror}") from None
+        f = open_user_file(path, StateFileError, "state file")
         with f:
             return cls._read(f, os.fstat(f.fileno()).st_size, path.name)
 

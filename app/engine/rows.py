@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RowsError
+from .user_files import read_user_text
 
 MAX_ROWS_BYTES = 256 * 1024 * 1024
 
@@ -24,22 +25,7 @@ class Row:
 
 def read_rows(path: str | Path, placeholders: list[str] | None = None) -> list[Row]:
     p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_ROWS_BYTES:
-            raise RowsError(f"{p.name} is {size:,} bytes; rows files are limited to 256 MiB")
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise RowsError(f"no rows file at {p}") from None
-    except IsADirectoryError:
-        raise RowsError(f"{p} is a folder, not a rows file") from None
-    except OSError as e:
-        raise RowsError(f"cannot read {p}: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise RowsError(f"{p.name} line {line}: not UTF-8 text; save the file as UTF-8") from None
+    text = read_user_text(p, RowsError, "rows file", MAX_ROWS_BYTES)
     if p.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         rows = parse_jsonl(text, p.name)
     else:

@@ -11,10 +11,13 @@ more often a forgotten ``>`` than literal text.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .errors import MissingValuesError, TemplateSyntaxError
+from .errors import MissingValuesError, TemplateError, TemplateSyntaxError
+from .user_files import read_user_text
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _PLACEHOLDER_AT = re.compile(r"<([A-Za-z_][A-Za-z0-9_-]*)(>?)")
@@ -60,6 +63,16 @@ class Template:
     @classmethod
     def parse(cls, source: str) -> "Template":
         return cls(source, tuple(_parse(source)))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Template":
+        """Read and parse a template file; errors name the file."""
+        p = Path(path)
+        source = read_user_text(p, TemplateError, "template file")
+        try:
+            return cls.parse(source)
+        except TemplateSyntaxError as e:
+            raise TemplateSyntaxError(e.message, e.line, e.column, p.name) from None
 
     @property
     def placeholders(self) -> list[str]:
