@@ -100,6 +100,7 @@ def test_fill_prime_save_load_run_cold_and_warm(qtbot, make_window, tmp_path):
     with qtbot.waitSignal(w.jobs.state_changed, timeout=20000):
         w.actions_by_text["Prime prefix"].trigger()
     primed = w.jobs.state
+    qtbot.waitUntil(lambda: w.editor.counts is not None, timeout=20000)  # counted by a debounced job
     assert primed.n_tokens == w.editor.counts.prefix
 
     path = tmp_path / "states" / "hello.kvstate"

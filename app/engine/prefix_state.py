@@ -199,6 +199,23 @@ def _type_ids(type_k: str, type_v: str) -> tuple[int, int] | None:
     return None
 
 
+def read_state_meta(path: str | os.PathLike) -> dict:
+    """A .kvstate's metadata from its first few KB, for listing a folder of states quickly;
+    ``{"error": reason}`` when unreadable. The full check happens on load."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size)
+            if len(head) < _HEADER.size:
+                return {"error": "truncated"}
+            magic, _version, meta_len, _body, _digest = _HEADER.unpack(head)
+            if magic != MAGIC or meta_len > MAX_META:
+                return {"error": "not a KV Primer state"}
+            meta = json.loads(f.read(meta_len).decode("utf-8"))
+            return meta if isinstance(meta, dict) else {"error": "unreadable metadata"}
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return {"error": "unreadable metadata"}
+
+
 def _swapped(toks: array) -> bytes:  # pragma: no cover - big-endian hosts only
     t = array("i", toks)
     t.byteswap()

@@ -70,6 +70,10 @@ class EngineWorker(QObject):
         return e.info if e else None
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def busy(self) -> bool:
         return bool(self._jobs)
 

@@ -15,7 +15,8 @@ from PySide6.QtWidgets import (QDialog, QFileDialog, QGroupBox, QHeaderView, QMa
                                QMessageBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QVBoxLayout)
 
-from ..engine import EngineConfig, ModelInfo
+from ..engine import EngineConfig, ModelInfo, TemplateError
+from ..engine.user_files import read_user_text
 from ..engine.prefix_state import SUFFIX as STATE_SUFFIX
 from ..resources_path import examples_dir
 from ..workspace import SUFFIX as PROJECT_SUFFIX, Autosaver, autosave_path
@@ -261,10 +262,10 @@ class MainWindow(ProjectMixin, QMainWindow):
 
     # ---- template and examples
     def open_template(self, path: str | Path) -> bool:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            self.show_error(f"cannot open {path}: {getattr(e, 'strerror', None) or e}")
+        try:  # syntax errors are not refused here: the editor marks them where they are
+            text = read_user_text(path, TemplateError, "template file")
+        except TemplateError as e:
+            self.show_error(str(e))
             return False
         self.editor.set_text(text, str(path))
         self.mark_dirty()

@@ -7,7 +7,6 @@ types); its one-line reason is shown here when it refuses.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from pathlib import Path
 
@@ -17,25 +16,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHea
                                QLabel, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
-from ..engine.prefix_state import _HEADER, MAGIC, MAX_META, SUFFIX
+from ..engine.prefix_state import SUFFIX
+from ..engine.prefix_state import read_state_meta as state_meta
 
 COLUMNS = ["name", "model", "tokens", "size", "created", "template"]
-
-
-def state_meta(path: Path) -> dict:
-    """The metadata of a .kvstate file, or {"error": reason} (the full check happens on load)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_HEADER.size)
-            if len(head) < _HEADER.size:
-                return {"error": "truncated"}
-            magic, _version, meta_len, _body, _digest = _HEADER.unpack(head)
-            if magic != MAGIC or meta_len > MAX_META:
-                return {"error": "not a KV Primer state"}
-            meta = json.loads(f.read(meta_len).decode("utf-8"))
-            return meta if isinstance(meta, dict) else {"error": "unreadable metadata"}
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {"error": "unreadable metadata"}
 
 
 def _size(n: float) -> str:

@@ -163,7 +163,7 @@ class TemplateEditor(QWidget):
 
     # ---- token counts (a worker job)
     def request_counts(self) -> None:
-        if self.template is None or self.worker.info is None or self.worker._closed:
+        if self.template is None or self.worker.info is None or self.worker.closed:
             self._show_status()
             return
         if self._counting:
@@ -192,7 +192,7 @@ class TemplateEditor(QWidget):
 
     def _finish_count(self, again: bool) -> None:
         self._counting = False
-        if again and not self.worker._closed:
+        if again and not self.worker.closed:
             QTimer.singleShot(0, self.request_counts)
 
 
