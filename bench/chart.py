@@ -32,8 +32,9 @@ def render_chart(res: dict, path: Path) -> Path:
     font = QFont("DejaVu Sans", 10)
     p.setFont(font)
     m = res["machine"]
-    title = (f"KV Primer bench: {res['model']['name']}, RAG example ({res['workload']['prefix_tokens']}"
-             f"-token prefix), {m['nproc']} cores {m['cpu_model']}, {m['date_utc']}")
+    n = res["workload"]["prefix_tokens"]
+    title = (f"KV Primer bench: {res['model']['name']}, RAG example ({n}-token prefix), "
+             f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}")
     p.drawText(QRectF(20, 8, W - 40, 24), Qt.AlignmentFlag.AlignLeft, title)
     _bars(p, res, QRectF(20, 50, 780, H - 70))
     if res.get("sweep"):

@@ -38,7 +38,10 @@ def run_sweep(ours: OurPaths, full: PrefixState, work: Workload, points, repeats
                 f"limit {lim.ms:.0f}, warm {w.ms:.0f} ms")
         out.append(_point(n, len(r.suffix), cold, warm, limit, sorted(evaluated),
                           len(state_n.data)))
-    same_row = lambda name: [s["ms"] for s in main_paths[name] if s["row"] == row.number]  # noqa: E731
+
+    def same_row(name):
+        return [s["ms"] for s in main_paths[name] if s["row"] == row.number]
+
     if same_row("cold"):
         out.append(_point(row.boundary, len(row.suffix), same_row("cold"),
                           same_row("warm_memory"), same_row("limit"),
