@@ -25,6 +25,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-q8", action="store_true", help="skip the q8_0 KV runs")
     ap.add_argument("--no-kv-bench", action="store_true",
                     help="skip issue 4's bench/kv_bench.py figures (debug-log cost, forked runs)")
+    ap.add_argument("--no-soak", action="store_true", help="skip the 1,000-run memory soak")
+    ap.add_argument("--no-stalls", action="store_true",
+                    help="skip the GUI responsiveness measure (event-loop stalls while priming)")
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
     ap.add_argument("--chart", type=Path, default=HERE / "results.png")
     return ap.parse_args(argv)
@@ -71,6 +74,31 @@ def issue4_hook(results: dict, args) -> None:
         print(f"bench: bench/kv_bench.py failed: {e}", file=sys.stderr)
 
 
+def extras_hook(results: dict, args) -> None:
+    """The soak (issue 6: RSS flat over 1,000 warm runs) and the window's event-loop stalls while
+    the default model primes the RAG prefix (issue 3: goal under 50 ms)."""
+    if not args.no_soak:
+        from .soak import soak
+
+        r = soak(100 if args.quick else 1000)
+        results["soak"] = {"runs": r.runs, "rss_start_mib": r.rss_start / (1 << 20),
+                           "rss_end_mib": r.rss_end / (1 << 20), "growth_mib": r.growth / (1 << 20),
+                           "seconds": r.seconds}
+    if not args.no_stalls:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        from app.ui.responsiveness import measure_prime_stalls
+
+        try:
+            results["gui_stalls"] = st = measure_prime_stalls(n_threads=args.threads or 0)
+            print(f"GUI event loop while priming {st['prefix_tokens']} tokens ({st['prime_s']} s): "
+                  f"max stall {st['max_stall_ms']} ms, p99 {st['p99_stall_ms']} ms, "
+                  f"{st['stalls_over_50ms']} stalls over 50 ms")
+        except RuntimeError as e:
+            results["gui_stalls"] = {"error": str(e)}
+            print(f"bench: GUI stall measure failed: {e}", file=sys.stderr)
+    _write(results, args.out)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from .chart import render_chart
@@ -86,6 +114,7 @@ def main(argv=None) -> int:
         _write(results, args.out)
         print("\nissue 4 (bench/kv_bench.py):\n" + json.dumps(results["kv_bench"], indent=1,
                                                             default=_json_default))
+    extras_hook(results, args)
     print(f"\nwrote {args.out} and {args.chart}")
     return 0 if results["same_suffix_tokens"]["ok"] else 1
 

@@ -156,35 +156,50 @@ class PrefixState:
             what = "truncated" if expected > size else "longer than its header says"
             raise StateFileError(f"{name} is {what} ({size:,} bytes, header declares {expected:,})")
         meta_raw = f.read(meta_len)
-        body = f.read(body_len)
+        meta = _parse_meta(meta_raw)
         h = hashlib.sha256(meta_raw)
-        h.update(body)
+        sizes_ok = meta is not None and meta["n_tokens"] > 0 and \
+            meta["n_tokens"] * 4 + meta["data_bytes"] == body_len
+        if sizes_ok:
+            # Read tokens and KV data as two objects: slicing one body would copy 40 MB again.
+            tok_bytes, data = f.read(4 * meta["n_tokens"]), f.read(meta["data_bytes"])
+            h.update(tok_bytes)
+            h.update(data)
+        else:
+            h.update(f.read(body_len))
         if h.digest() != digest:
             raise StateFileError(f"{name} is corrupt: checksum mismatch")
-        try:
-            meta = json.loads(meta_raw.decode("utf-8"))
-            n_tokens, data_bytes = meta["n_tokens"], meta["data_bytes"]
-            if not all(type(v) is int for v in (n_tokens, data_bytes)):  # not 1.5, not true
-                raise TypeError
-            fields = {k: meta[k] for k in ("model_sha256", "model_name", "type_k", "type_v",
-                                           "template_sha256")}
-            if not all(isinstance(v, str) for v in fields.values()):
-                raise TypeError
-            seq_version = int(meta["seq_state_version"])
-            created = float(meta["created"])
-            text = str(meta.get("text", ""))
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            raise StateFileError(f"{name} is corrupt: unreadable metadata") from None
-        if n_tokens <= 0 or n_tokens * 4 + data_bytes != body_len:
+        if meta is None:
+            raise StateFileError(f"{name} is corrupt: unreadable metadata")
+        if not sizes_ok:
             raise StateFileError(f"{name} is corrupt: its token count does not match its size")
         toks = array("i")
-        toks.frombytes(body[: 4 * n_tokens])
+        toks.frombytes(tok_bytes)
         if sys.byteorder != "little":  # pragma: no cover
             toks.byteswap()
         if min(toks) < 0:
             raise StateFileError(f"{name} is corrupt: it holds a negative token id")
-        return cls(tokens=tuple(toks), data=body[4 * n_tokens:], seq_state_version=seq_version,
-                   created=created, text=text, **fields)
+        return cls(tokens=tuple(toks), data=data, seq_state_version=meta["seq_state_version"],
+                   created=meta["created"], text=meta["text"], **meta["fields"])
+
+
+def _parse_meta(raw: bytes) -> dict | None:
+    """The metadata fields with their types checked, or None."""
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+        n_tokens, data_bytes = meta["n_tokens"], meta["data_bytes"]
+        if not all(type(v) is int for v in (n_tokens, data_bytes)):  # not 1.5, not true
+            return None
+        fields = {k: meta[k] for k in ("model_sha256", "model_name", "type_k", "type_v",
+                                       "template_sha256")}
+        if not all(isinstance(v, str) for v in fields.values()):
+            return None
+        return {"n_tokens": n_tokens, "data_bytes": data_bytes, "fields": fields,
+                "seq_state_version": int(meta["seq_state_version"]),
+                "created": float(meta["created"]), "text": str(meta.get("text", ""))}
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError, AttributeError,
+            OverflowError):
+        return None
 
 
 # ggml type ids by name, as in native.KV_TYPES (kept here so that reading a file needs no
