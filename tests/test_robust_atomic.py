@@ -24,6 +24,28 @@ from app.workspace import Workspace, WorkspaceError
 BIG = 4 << 20  # 4 MiB of KV bytes: the data write is not over in an instant
 
 
+class BigWriteHook:
+    """Wraps the temp file a save writes: ``on_big(file, chunk)`` runs at the first large write
+    (the KV data), so a failure or a kill lands in the middle of the data."""
+
+    def __init__(self, f, on_big):
+        self.f, self.on_big, self.fired = f, on_big, False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+    def write(self, chunk):
+        if len(chunk) > 1 << 16 and not self.fired:
+            self.fired = True
+            self.on_big(self.f, chunk)
+        return self.f.write(chunk)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
 def state(gen: int) -> PrefixState:
     return PrefixState(tokens=(1, 2, gen), data=bytes([gen % 256]) * BIG, model_sha256="ab" * 32,
                        model_name="tiny", type_k="f16", type_v="f16", seq_state_version=3,
@@ -56,27 +78,12 @@ def _patch_in_child(hook: str, signal_w: int) -> None:
     if hook == "mid-write":
         real_fdopen = os.fdopen
 
-        class HalfWriter:
-            def __init__(self, f):
-                self.f = f
+        def half_then_stop(f, chunk):
+            f.write(chunk[:len(chunk) // 2])
+            f.flush()
+            stop()
 
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return self.f.__exit__(*exc)
-
-            def write(self, chunk):
-                if len(chunk) > 1 << 16:
-                    self.f.write(chunk[:len(chunk) // 2])
-                    self.f.flush()
-                    stop()
-                return self.f.write(chunk)
-
-            def __getattr__(self, name):
-                return getattr(self.f, name)
-
-        os.fdopen = lambda *a, **k: HalfWriter(real_fdopen(*a, **k))
+        os.fdopen = lambda *a, **k: BigWriteHook(real_fdopen(*a, **k), half_then_stop)
     elif hook == "before-fsync":
         os.fsync = stop
     elif hook == "before-rename":
@@ -187,26 +194,11 @@ def test_disk_full_in_the_middle_of_the_data(tmp_path, monkeypatch):
     state(1).save(p)
     real_fdopen = os.fdopen
 
-    class Filling:
-        def __init__(self, f):
-            self.f = f
+    def fill_disk(f, chunk):
+        f.write(chunk[:1000])
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self.f.__exit__(*exc)
-
-        def write(self, chunk):
-            if len(chunk) > 1 << 16:
-                self.f.write(chunk[:1000])
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return self.f.write(chunk)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-    monkeypatch.setattr(os, "fdopen", lambda *a, **k: Filling(real_fdopen(*a, **k)))
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: BigWriteHook(real_fdopen(*a, **k), fill_disk))
     s2 = state(2)
     with pytest.raises(StateFileError, match="No space left on device; the state is still in memory"):
         s2.save(p)
