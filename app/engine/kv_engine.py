@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import Cancelled, ContextError, ContextOverflowError, KvPrimerError, StateFileError
+from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .model_files import check_gguf_file, default_model_path, model_fingerprint
 from .kv_debug_log import TrackedContext
 from .kv_view import KvCacheView, build_view
