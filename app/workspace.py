@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .engine.errors import KvPrimerError
-from .engine.prefix_state import atomic_write
+from .engine.user_files import atomic_write
 
 FORMAT = 1
 SUFFIX = ".kvproj"
@@ -58,11 +58,7 @@ class Workspace:
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
-        try:
-            atomic_write(path, (self.to_json().encode("utf-8"),))
-        except KvPrimerError as e:  # the writer words it for state files; keep its reason
-            raise WorkspaceError(str(e).replace("the state is still in memory", "the project is "
-                                                "still open")) from None
+        atomic_write(path, (self.to_json().encode("utf-8"),), WorkspaceError, "project")
 
     @classmethod
     def load(cls, path: str | Path) -> "Workspace":
@@ -106,7 +102,7 @@ class Autosaver:
         if text == self._last:
             return False
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, (text.encode("utf-8"),))
+        atomic_write(self.path, (text.encode("utf-8"),), WorkspaceError, "project")
         self._last = text
         return True
 

@@ -100,3 +100,21 @@ def test_failed_save_keeps_previous_file(tmp_path, monkeypatch):
         make(text="new").save(p)
     assert p.read_bytes() == before
     assert [f.name for f in tmp_path.iterdir()] == ["a.kvstate"]
+
+
+def test_temp_files_of_killed_saves_are_cleaned_up_but_live_ones_kept(tmp_path):
+    import time
+
+    from app.engine.user_files import STALE_TEMP_S
+    stale = tmp_path / ".a.kvstate.abc123.tmp"
+    live = tmp_path / ".a.kvstate.def456.tmp"
+    other = tmp_path / ".b.kvstate.xyz.tmp"
+    for f in (stale, live, other):
+        f.write_bytes(b"half")
+    old = time.time() - STALE_TEMP_S - 5
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    s = make()
+    s.save(tmp_path / "a.kvstate")
+    assert not stale.exists() and live.exists() and other.exists()
+    assert PrefixState.load(tmp_path / "a.kvstate") == s

@@ -183,7 +183,7 @@ def test_full_disk_and_read_only_folder_for_real(tiny_fs):
     assert sorted(f.name for f in full.iterdir()) == ["a.kvstate"]  # the temp file is gone
     with pytest.raises(StateFileError, match="Read-only file system"):
         small.save(ro / "a.kvstate")
-    with pytest.raises(WorkspaceError, match="No space left on device.*project is still open"):
+    with pytest.raises(WorkspaceError, match="No space left on device.*project is still in memory"):
         project(1).save(full / "p.kvproj")
     big.save(full.parent / "elsewhere.kvstate")  # still in memory: saved elsewhere
     assert PrefixState.load(full.parent / "elsewhere.kvstate") == big

@@ -21,14 +21,13 @@ import json
 import os
 import struct
 import sys
-import tempfile
 import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import StateFileError
-from .user_files import open_user_file
+from .user_files import atomic_write, open_user_file
 from .seq_payload import check_seq_payload
 
 MAGIC = b"KVPSTATE"
@@ -127,7 +126,7 @@ class PrefixState:
         h.update(self.data)
         body_len = len(tok_bytes) + len(self.data)
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(meta), body_len, h.digest())
-        _atomic_write(path, (header, meta, tok_bytes, self.data))
+        atomic_write(path, (header, meta, tok_bytes, self.data), StateFileError, "state")
         return len(header) + len(meta) + body_len
 
     @classmethod
@@ -235,38 +234,3 @@ def _swapped(toks: array) -> bytes:  # pragma: no cover - big-endian hosts only
     t = array("i", toks)
     t.byteswap()
     return t.tobytes()
-
-
-def _atomic_write(path: Path, chunks) -> None:
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except FileNotFoundError:
-        raise StateFileError(f"cannot save to {path}: the folder {folder} does not exist") from None
-    except OSError as e:
-        raise StateFileError(f"cannot save to {path}: {e.strerror}; choose another folder") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for c in chunks:
-                f.write(c)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise StateFileError(f"cannot save to {path}: {e.strerror}; the state is still in memory, "
-                             "save it elsewhere") from None
-    try:  # make the rename itself durable
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
-atomic_write = _atomic_write
