@@ -32,8 +32,7 @@ def probe_restore(engine: Engine, state: PrefixState, path: Path, n: int = 5, se
 
     def set_in_place():
         ctx.seq_rm(seq)
-        ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data(ctx.ptr, ptr, len(data), seq) != len(data):
+        if not ctx.state_set(data, seq):  # the engine's call: the bytes passed in place
             raise RuntimeError("llama_state_seq_set_data rejected the state")
 
     def set_after_copy():

@@ -18,6 +18,7 @@ from app.engine import Engine, EngineConfig
 from app.engine.errors import ModelError
 from app.engine.model_files import GGML_BLOCKS, check_gguf_file
 from app.engine.native import NativeModel
+from tests.tiny_model import write_unknown_arch_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,16 +90,7 @@ def test_duplicate_vocabulary_entries_are_refused_not_aborted(tiny_model, tmp_pa
 
 
 def test_unknown_architecture_message_quotes_llama_cpp(tmp_path):
-    import gguf
-    import numpy as np
-
-    p = tmp_path / "odd.gguf"
-    w = gguf.GGUFWriter(str(p), "no-such-arch")
-    w.add_tensor("x.weight", np.zeros(4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    p = write_unknown_arch_model(tmp_path / "odd.gguf")
     with pytest.raises(ModelError, match="unknown model architecture") as e:
         Engine(EngineConfig(model_path=str(p), n_ctx=64, n_threads=1))
     assert "\n" not in str(e.value)

@@ -6,6 +6,7 @@ import logging
 
 from app.engine import EngineConfig, Template
 from app.ui.engine_worker import EngineWorker
+from tests.tiny_model import write_unknown_arch_model
 
 TPL = Template.parse("hello world of the answer. " * 4 + "<q>")
 
@@ -29,15 +30,7 @@ def test_native_and_python_failures_become_messages_and_log_lines(qtbot, tiny_mo
         assert w.info is None
 
         # llama.cpp refuses a model our checks let through; its own words reach the log
-        import gguf
-        import numpy as np
-        odd = tmp_path / "odd.gguf"
-        gw = gguf.GGUFWriter(str(odd), "no-such-arch")
-        gw.add_tensor("x.weight", np.zeros(4, dtype=np.float32))
-        gw.write_header_to_file()
-        gw.write_kv_data_to_file()
-        gw.write_tensors_to_file()
-        gw.close()
+        odd = write_unknown_arch_model(tmp_path / "odd.gguf")
         caplog.clear()
         load(qtbot, w, odd, outcomes)
         assert "unknown model architecture" in outcomes[1]

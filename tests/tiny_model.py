@@ -70,6 +70,20 @@ def write_tiny_model(path: Path, *, n_embd: int = 128, n_layer: int = 2, n_head:
     return path
 
 
+def write_unknown_arch_model(path: Path) -> Path:
+    """A well-formed GGUF of an architecture llama.cpp does not know: it passes our own checks,
+    and llama.cpp refuses it with its own words."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "no-such-arch")
+    w.add_tensor("x.weight", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 if __name__ == "__main__":  # python tests/tiny_model.py OUT.gguf
     import sys
 

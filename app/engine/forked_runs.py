@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ContextError, KvPrimerError
+from .errors import KvPrimerError
 from .kv_engine import Engine, common_prefix
 from .native import NativeSampler
 from .prefix_state import PrefixState
@@ -145,18 +145,6 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
     return out
 
 
-def _decode(engine: Engine, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
-    """One llama_decode over several sequences, keeping engine.resident in step."""
-    try:
-        engine.ctx.decode(entries)
-    except ContextError:
-        for seq in {e[2][0] for e in entries}:
-            engine._resync(seq)
-        raise
-    for tok, _pos, seqs, _lg in entries:
-        engine.resident[seqs[0]].append(tok)
-
-
 def _evaluate_suffixes(engine, rows, prompts, samplers, task, out, exact) -> list[int]:
     """Decode every row's suffix; return each row's first sampled token."""
     nb = engine.config.n_batch
@@ -176,7 +164,7 @@ def _evaluate_suffixes(engine, rows, prompts, samplers, task, out, exact) -> lis
     for group in decodes:
         batch = [e for piece in group for e in _entries(prompts, piece)]
         task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
-        _decode(engine, [(t, p, (r.seq,), last) for t, p, r, last in batch])
+        engine.decode([(t, p, (r.seq,), last) for t, p, r, last in batch])
         out.prompt_decodes += 1
         for i, (_t, _p, r, last) in enumerate(batch):
             if last:
@@ -226,7 +214,7 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
             break
         # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
         task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
-        _decode(engine, [(pending[r.index], len(engine.resident[r.seq]), (r.seq,), True) for r in step])
+        engine.decode([(pending[r.index], len(engine.resident[r.seq]), (r.seq,), True) for r in step])
         out.gen_decodes += 1
         for i, r in enumerate(step):
             pending[r.index] = samplers[r.index].sample(engine.ctx, i)

@@ -152,17 +152,23 @@ class Engine:
         for a, b in zip(cuts, cuts[1:]):
             task.check(kept_tokens=len(self.resident[seq]))
             last = b == len(tokens) and want_logits
-            entries = [(tokens[i], start + i, (seq,), last and i == b - 1) for i in range(a, b)]
-            try:
-                self.ctx.decode(entries)
-            except ContextError:
-                self._resync(seq)
-                raise
-            self.resident[seq].extend(tokens[a:b])
+            self.decode([(tokens[i], start + i, (seq,), last and i == b - 1) for i in range(a, b)])
             task.report(stage, b, len(tokens))
         if want_logits and tokens:
             logits = self.ctx.logits(-1)
         return logits
+
+    def decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+        """One llama_decode of (token, position, (seq,), wants logits) entries, possibly for
+        several sequences, each entry appending its token to its sequence's resident tokens."""
+        try:
+            self.ctx.decode(entries)
+        except ContextError:
+            for seq in {e[2][0] for e in entries}:
+                self._resync(seq)
+            raise
+        for tok, _pos, seqs, _logits in entries:
+            self.resident[seqs[0]].append(tok)
 
     def _resync(self, seq: int) -> None:
         """After a failed decode, trust llama.cpp's own position range."""

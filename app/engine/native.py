@@ -25,6 +25,13 @@ _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
 
+
+
+def _bytes_ptr(data: bytes):
+    """A uint8 pointer to a bytes object's own buffer (no copy); ``data`` must outlive the call."""
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+
+
 log = logging.getLogger("kvprimer.llama")
 
 # ggml type name -> (ggml type id, bytes per block, elements per block)
@@ -360,8 +367,7 @@ class NativeContext:
         # released: zero-filling a ctypes array and copying it to bytes held the GIL for
         # ~100 ms per 40 MB under load, freezing the window at the end of every prime.
         data = _new_bytes(None, size)
-        ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        n = L.llama_state_seq_get_data(self.ptr, ptr, size, seq)
+        n = L.llama_state_seq_get_data(self.ptr, _bytes_ptr(data), size, seq)
         if n != size:
             raise ContextError(f"llama.cpp copied {n} of {size} state bytes")
         return data
@@ -369,8 +375,7 @@ class NativeContext:
     def state_set(self, data: bytes, seq: int) -> bool:
         # Point llama.cpp at the bytes object's own buffer (it only reads it): copying a
         # 40 MB state into a ctypes array first would cost as much as the restore itself.
-        ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        n = L.llama_state_seq_set_data(self.ptr, ptr, len(data), seq)
+        n = L.llama_state_seq_set_data(self.ptr, _bytes_ptr(data), len(data), seq)
         return n == len(data) and n > 0
 
 

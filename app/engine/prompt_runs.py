@@ -113,16 +113,18 @@ def run_prompt(engine: Engine, template: Template, values: dict[str, str], *,
     if not tokens:
         raise KvPrimerError("the filled prompt is empty; nothing to evaluate")
     engine.check_fits(len(tokens))
-    static = common_prefix(engine.tokenize(template.prefix_prompt()), tokens)
+    def static() -> int:  # tokens the template's static prefix shares with this prompt
+        return common_prefix(engine.tokenize(template.prefix_prompt()), tokens)
+
     if warm:
         if state is None:
             # A stored state is worth restoring only if it covers this template's static prefix.
             match = engine.store.longest_prefix(tokens)
-            state = match.state if match and match.common_tokens >= static else engine.prime(template, seq, task)
+            state = match.state if match and match.common_tokens >= static() else engine.prime(template, seq, task)
         engine.check_state(state)
         boundary = common_prefix(state.tokens, tokens)
     else:
-        boundary = static
+        boundary = static()
     boundary = min(boundary, len(tokens) - 1)  # evaluate at least one token, for its logits
     report = RunReport(prompt_tokens=len(tokens), prefix_tokens=state.n_tokens if state else 0,
                        reused_tokens=boundary, evaluated_tokens=len(tokens) - boundary,
