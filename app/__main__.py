@@ -52,7 +52,7 @@ async def screenshot_scenario(window, out: Path) -> str:
     if window.worker.info is None:
         errs = window.errors.messages("error")
         raise KvPrimerError(errs[-1] if errs else "the model did not load")
-    window.fillings.table.selectRow(0)
+    window.session.set_selection([0], 0)
     job = window.jobs.run("both", oneshot=False)  # cold and warm; the one-shot run is extra
     if job is None:
         raise KvPrimerError(window.errors.messages("error")[-1])
@@ -62,24 +62,22 @@ async def screenshot_scenario(window, out: Path) -> str:
     # save the primed prefix so that the States library shows what a saved state looks like
     window.jobs.save_state(window.library.folder / "rag.kvstate")
     await until_idle(window.worker)
-    window.kv_dock.raise_()
     await asyncio.sleep(0.3)  # let the docks repaint after the last job
     img = window.grab()
     if not img.save(str(out)):
         raise KvPrimerError(f"cannot write the screenshot to {out}; check the folder exists")
-    from app.ui.prompt_jobs import run_summary
-
-    last = window.run_panel.reports[-1][1]
-    return f"wrote {out} ({img.width()}×{img.height()}); " + run_summary(last)
+    return f"wrote {out} ({img.width()}×{img.height()}); " + window.session.runs[-1].summary()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.version:
-        from app.cli import version_text
+        from app.versions import version_text
 
         print(version_text())
         return 0
+    from app.desktop_check import exit_if_xcb_libs_missing
+    exit_if_xcb_libs_missing()  # before Qt, which would abort on a missing xcb library
 
     import qasync
     from PySide6.QtWidgets import QApplication
@@ -124,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # one line for the user, as the CLI does
                 print(f"kvprimer-gui: error: {e}", file=sys.stderr)
                 code = 1
-            window.dirty = False
+            window.session.mark_clean()
             window.close()
         tmp.cleanup()
         return code

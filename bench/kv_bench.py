@@ -1,4 +1,4 @@
-"""Issue 4's figures: what the KV debug view costs, and forked batches vs one-by-one warm runs.
+"""What the KV debug view costs, and forked batches vs one-by-one warm runs.
 
     from bench.kv_bench import run, debug_log_cost, forked_vs_sequential
     run(quick=False) -> {"debug_log_cost": {...}, "forked": {...}}

@@ -26,10 +26,10 @@ import llama_cpp as L
 from llama_cpp import Llama, LlamaDiskCache, LlamaRAMCache
 from llama_cpp.llama import LlamaState
 
+from app.engine.ggml_types import KV_TYPES
+
 from .ours import Sample
 from .workload import RowTokens
-
-GGML_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0}
 
 
 class LlamaPaths:
@@ -39,7 +39,7 @@ class LlamaPaths:
         # (it asks for flash attention AUTO, which is on for this CPU backend).
         self.llm = Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch,
                          n_ubatch=n_batch, n_threads=n_threads, n_threads_batch=n_threads,
-                         flash_attn=True, type_k=GGML_TYPES[type_kv], type_v=GGML_TYPES[type_kv],
+                         flash_attn=True, type_k=KV_TYPES[type_kv].id, type_v=KV_TYPES[type_kv].id,
                          verbose=False)
         self.counted = 0
         inner = self.llm.eval

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .stats import goal_met, pairwise_ratio
 
-GOALS = {  # upper bounds, from issue 5
+GOALS = {  # upper bounds the project sets itself
     "warm_vs_limit": 1.05,
     "warm_vs_llamacpp_ram": 0.5,
     "warm_vs_llamacpp_disk": 0.3,

@@ -1,6 +1,6 @@
 """Where a warm start's fixed cost goes: reading the .kvstate file, engine.restore, and the bare
-llama_state_seq_set_data call under it (fed the bytes in place, and after a copy into a ctypes
-array, as app/engine/native.py did at first). Figures for the lead, not goals."""
+llama_state_seq_set_data call under it, fed the bytes in place and after a copy into a ctypes
+array (what the copy would cost the engine). Figures to explain the warm path, not goals."""
 from __future__ import annotations
 
 import ctypes

@@ -3,18 +3,23 @@
     kvprimer                      opens the window (app.__main__.main)
     kvprimer --screenshot X.png   the window's own options go to the window
     kvprimer --version            versions of KV Primer, llama-cpp-python and llama.cpp
-    kvprimer info|prime|run|bench|demo ...   the `kvprimer` command line (app.cli)
+    kvprimer info|prime|run|...   the `kvprimer` command line (app.cli); its commands are read
+                                  from the CLI's own list, so none is left to the window
 """
 from __future__ import annotations
 
 import sys
 
-CLI_COMMANDS = {"info", "prime", "run", "bench", "demo"}
+
+def wants_cli(argv: list[str]) -> bool:
+    from app.cli.parser import COMMAND_NAMES
+
+    return bool(argv) and (argv[0] in COMMAND_NAMES or argv[0] == "--version")
 
 
 def main() -> int:
     argv = sys.argv[1:]
-    if argv and (argv[0] in CLI_COMMANDS or argv[0] == "--version"):
+    if wants_cli(argv):
         from app.cli import main as cli_main
 
         return cli_main(argv)

@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import app.ui  # noqa: E402,F401  (applies the guard against PySide6 6.12.0's emit refcount bug)
-from tests.tiny_model import write_tiny_model  # noqa: E402
+from tests.tiny_model import ARCHITECTURES, write_arch_model, write_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,6 +30,13 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def other_tiny_model(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models2") / "tiny-other.gguf", seed=99)
+
+
+@pytest.fixture(scope="session")
+def arch_models(tmp_path_factory) -> dict[str, Path]:
+    """One tiny model per architecture in tests.tiny_model.ARCHITECTURES, by name."""
+    root = tmp_path_factory.mktemp("arch-models")
+    return {a: write_arch_model(root / f"tiny-{a}.gguf", a) for a in ARCHITECTURES}
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The engine is the whole brain and imports no Qt: the CLI and the window share it."""
+"""The engine is the whole brain and imports no Qt: the CLI and the window share it. No import
+cycle in app/ or bench/, modules of a readable size, bench/ without Qt at import."""
 import ast
 import subprocess
 import sys
@@ -28,3 +29,118 @@ def test_importing_engine_and_cli_loads_no_qt():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=ENGINE.parent.parent)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---- the shape of the code: no import cycle, modules of a readable size ------------------------
+
+ROOT = ENGINE.parent.parent
+PACKAGES = ("app", "bench")
+MAX_LINES = 400
+# modules over MAX_LINES today, with their length when listed: each must shrink, none may grow
+OVER_MAX_LINES = {"app/engine/native.py": 413}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in PACKAGES:
+        for src in (ROOT / pkg).rglob("*.py"):
+            parts = list(src.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join(parts)] = src
+    return mods
+
+
+def _imports(name: str, src: Path, mods: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports anywhere in its source (lazy and type-only imports
+    included: a cycle through them is still two modules that cannot be understood apart)."""
+    is_pkg = src.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(src.read_text(), filename=str(src))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # `from pkg import sub` imports the submodule; `from mod import name` the module
+            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module
+                       for a in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t in mods and t != name)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_import_graph_sees_relative_and_lazy_imports():
+    mods = _modules()
+    graph = {m: _imports(m, src, mods) for m, src in mods.items()}
+    assert "app.engine.native" in graph["app.engine.kv_engine"]  # from .native import ...
+    assert "app.cli.parser" in graph["app.cli"]  # from .parser import ... in a package
+    assert "app.engine" in graph["app.cli.run_commands"]  # from ..engine import ...
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_in_app_or_bench():
+    mods = _modules()
+    graph = {m: _imports(m, src, mods) for m, src in mods.items()}
+    cycles = _cycles(graph)
+    assert cycles == [], "modules that import each other (directly or round a circle): " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_modules_stay_readable_in_size():
+    sizes = {str(src.relative_to(ROOT)): len(src.read_text().splitlines())
+             for src in (ROOT / "app").rglob("*.py")}
+    over = {p: n for p, n in sizes.items() if n > MAX_LINES and n > OVER_MAX_LINES.get(p, 0)}
+    assert over == {}, f"modules over {MAX_LINES} lines (split them by concern): {over}"
+    assert all(sizes.get(p, 0) > MAX_LINES for p in OVER_MAX_LINES), "a listed module shrank: unlist it"
+
+
+def test_bench_loads_the_window_code_only_for_its_gui_measure():
+    """bench/ runs without Qt: only the function that measures the window's stalls imports app.ui."""
+    for src in (ROOT / "bench").rglob("*.py"):
+        tree = ast.parse(src.read_text(), filename=str(src))
+        for node in tree.body:  # module level: runs on import
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for n in names:
+                assert not n.startswith("app.ui") and n.split(".")[0] not in QT, f"{src.name} imports {n}"

@@ -2,7 +2,7 @@
 import threading
 
 from app.engine import EngineConfig, Template
-from app.ui.engine_worker import EngineWorker
+from app.ui.engine_worker import EngineWorker, JobKind
 
 TPL = Template.parse("hello world of the answer and question. " * 20 + "<q>")
 
@@ -20,7 +20,7 @@ def test_load_run_and_outcome_on_gui_thread(qtbot, tiny_model):
             return engine.prime(TPL, task=task).n_tokens
 
         with qtbot.waitSignal(w.job_finished, timeout=10000):
-            w.submit("prime", job, on_done=lambda r: results.append((r, threading.current_thread())))
+            w.submit(JobKind.PRIME, job, on_done=lambda r: results.append((r, threading.current_thread())))
         assert threads[0].startswith("kvprimer-llama")
         assert results[0][0] > 100 and results[0][1] is threading.main_thread()
     finally:
@@ -39,8 +39,9 @@ def test_new_job_cancels_the_running_one_and_errors_are_messages(qtbot, tiny_mod
             return engine.prime(TPL, task=task)
 
         outcomes = []
-        first = w.submit("slow", slow, on_cancelled=lambda j: outcomes.append("cancelled"))
-        second = w.submit("bad", lambda e, t: e.load_state("/nonexistent.kvstate"),
+        first = w.submit(JobKind.TASK, slow, label="slow",
+                         on_cancelled=lambda j: outcomes.append("cancelled"))
+        second = w.submit(JobKind.LOAD_STATE, lambda e, t: e.load_state("/nonexistent.kvstate"),
                           on_error=outcomes.append)
         gate.set()
         qtbot.waitUntil(lambda: len(outcomes) == 2, timeout=10000)

@@ -3,7 +3,7 @@ import pytest
 from PySide6.QtGui import QColor
 
 from app.engine import EngineConfig, Template
-from app.ui.engine_worker import EngineWorker
+from app.ui.engine_worker import EngineWorker, JobKind
 from app.ui.kv_dock import EMPTY, KvCacheDock, seq_color
 
 TPL = Template.parse("hello world of the answer and question. " * 8 + "<q>")
@@ -42,7 +42,7 @@ def test_grid_shows_primed_cells_forks_hatched_and_trim_changes_it(qtbot, dock):
     assert dock.view.used_cells == 0
     assert pixel(dock, 0) == QColor(EMPTY)
     n = {}
-    dock.worker.submit("prime", lambda e, t: n.setdefault("p", e.prime(TPL, task=t).n_tokens))
+    dock.worker.submit(JobKind.PRIME, lambda e, t: n.setdefault("p", e.prime(TPL, task=t).n_tokens))
     qtbot.waitUntil(lambda: dock.view.used_cells == n.get("p"), timeout=10000)
     P = n["p"]
     assert cell_colours(dock, 0) == {seq_color(0).name()}
@@ -76,7 +76,7 @@ def test_grid_shows_primed_cells_forks_hatched_and_trim_changes_it(qtbot, dock):
 
 
 def test_refused_operation_shows_its_message(qtbot, dock):
-    dock.worker.submit("fill", lambda e, t: (e.evaluate([5, 6, 7, 8], 0), e.fork(0, 1)))
+    dock.worker.submit(JobKind.TASK, lambda e, t: (e.evaluate([5, 6, 7, 8], 0), e.fork(0, 1)))
     qtbot.waitUntil(lambda: dock.view.seq(1) is not None, timeout=10000)
     dock.select_seq(1)
     dock.shift_delta.setValue(5)
@@ -86,7 +86,7 @@ def test_refused_operation_shows_its_message(qtbot, dock):
 
 @pytest.mark.parametrize("dock", [False], indirect=True)
 def test_ranges_fallback_is_said_and_no_map_is_drawn(qtbot, dock):
-    dock.worker.submit("fill", lambda e, t: e.evaluate([5, 6, 7, 8], 0))
+    dock.worker.submit(JobKind.TASK, lambda e, t: e.evaluate([5, 6, 7, 8], 0))
     qtbot.waitUntil(lambda: dock.view.seq(0) is not None, timeout=10000)
     assert dock.view.source == "ranges"
     assert "no cell map" in dock.note.text().lower() and dock.note.isVisible()
@@ -105,7 +105,7 @@ def test_views_arrive_while_a_job_still_runs(qtbot, dock):
         gate.wait(10)  # hold the job open until the dock has shown the cells
         e.evaluate([5, 6], 0)
 
-    dock.worker.submit("prime", job)
+    dock.worker.submit(JobKind.PRIME, job)
     try:
         qtbot.waitUntil(lambda: (dock.view.used_cells or 0) >= 32, timeout=10000)
         assert dock.worker.busy  # shown live, not after the job

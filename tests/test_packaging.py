@@ -55,6 +55,9 @@ def test_wheel_contains_the_resources_and_both_commands(wheel):
     assert "app/resources/examples/rag.tmpl" in names
     assert {"app/resources/icon.svg", "app/resources/icon.png", "app/resources_path.py"} <= names
     assert re.search(r"^kvprimer = app\.cli:main$", entry_points, re.M)
+    missing = [p for p in (ROOT / "app").rglob("*.py")
+               if p.relative_to(ROOT).as_posix() not in names]
+    assert not missing, f"not in the wheel (add the package to pyproject.toml): {missing}"
     assert re.search(r"^kvprimer-gui = app\.__main__:main$", entry_points, re.M)
 
 

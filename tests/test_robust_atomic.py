@@ -19,7 +19,7 @@ import pytest
 
 from app.engine.errors import StateFileError
 from app.engine.prefix_state import PrefixState
-from app.workspace import Workspace, WorkspaceError
+from app.engine.project_file import ProjectFile as Workspace, ProjectFileError as WorkspaceError
 
 BIG = 4 << 20  # 4 MiB of KV bytes: the data write is not over in an instant
 

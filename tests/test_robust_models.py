@@ -16,7 +16,8 @@ import pytest
 
 from app.engine import Engine, EngineConfig
 from app.engine.errors import ModelError
-from app.engine.model_files import GGML_BLOCKS, check_gguf_file
+from app.engine.ggml_types import GGML_BLOCKS
+from app.engine.model_files import check_gguf_file
 from app.engine.native import NativeModel
 from tests.tiny_model import write_unknown_arch_model
 
@@ -142,3 +143,28 @@ def test_header_fuzz_never_crashes_the_process(tiny_model):
     last = [ln for ln in r.stdout.splitlines() if ln.startswith("case")][-1:]
     assert r.returncode == 0, f"crashed at {last}: {r.stderr[-800:]}"
     assert "'refused': " in r.stdout and "'loaded': " in r.stdout
+
+
+def test_fingerprint_cache_is_written_whole_and_reused(tiny_model, tmp_path, monkeypatch):
+    import hashlib
+    import json
+
+    from app.engine import model_files
+
+    cache = tmp_path / "cache" / "fingerprints.json"
+    monkeypatch.setattr(model_files, "_cache_file", lambda: cache)
+    digest = model_files.model_fingerprint(tiny_model)
+    assert digest == hashlib.sha256(Path(tiny_model).read_bytes()).hexdigest()
+    assert list(json.loads(cache.read_text()).values()) == [digest]
+    assert [p.name for p in cache.parent.iterdir()] == ["fingerprints.json"]  # no temp left
+    cache.write_text(json.dumps({k: "cached" for k in json.loads(cache.read_text())}))
+    assert model_files.model_fingerprint(tiny_model) == "cached"
+
+
+def test_an_unwritable_fingerprint_cache_only_costs_time(tiny_model, tmp_path, monkeypatch):
+    from app.engine import model_files
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(model_files, "_cache_file", lambda: blocker / "fingerprints.json")
+    assert len(model_files.model_fingerprint(tiny_model)) == 64

@@ -14,14 +14,15 @@ import struct
 import tracemalloc
 from dataclasses import replace
 
+import llama_cpp as L
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from app.engine import Engine, EngineConfig, StateFileError
 from app.engine.errors import ContextError
-from app.engine.native import KV_TYPES
-from app.engine.prefix_state import _HEADER, _KV_TYPE_IDS, PrefixState
+from app.engine.ggml_types import KV_TYPES
+from app.engine.prefix_state import _HEADER, PrefixState
 from app.engine.seq_payload import check_seq_payload
 from tests.tiny_model import write_tiny_model
 
@@ -213,8 +214,11 @@ def test_metadata_of_the_wrong_kind_is_refused(good, tmp_path):
             load_bytes(tmp_path, raw + m + body)
 
 
-def test_kv_type_ids_agree_with_native():
-    assert _KV_TYPE_IDS == {name: t[0] for name, t in KV_TYPES.items()}
+def test_kv_type_ids_agree_with_llama_cpp():
+    for t in KV_TYPES.values():
+        if t.name != "bf16":  # llama-cpp-python has no GGML_TYPE_BF16
+            assert getattr(L, f"GGML_TYPE_{t.name.upper()}") == t.id, t.name
+    assert KV_TYPES["bf16"].id == L.GGML_TYPE_IQ1_M + 1  # ggml.h: IQ1_M = 29, BF16 = 30
 
 
 # ---- the payload: valid checksum, bad KV bytes, all the way to llama.cpp -------------------
@@ -379,7 +383,7 @@ def test_warm_equals_cold_after_the_cache_was_fragmented(tiny_model):
     # Another sequence comes and goes while a second template reuses the first one's resident
     # prefix: the primed cells end up out of order. With the snapshot in position order the
     # warm run is exact again (with flash attention, q8_0 here; the f16 path without it still
-    # differs in the last bits, see the report on issue 6).
+    # differs in the last bits).
     from app.engine import GenerationConfig, Template, run_prompt
 
     base = "<|im_start|>system\nyou are a helpful assistant. " + "hello world of the answer. " * 8

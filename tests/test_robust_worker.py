@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from app.engine import EngineConfig, Template
-from app.ui.engine_worker import EngineWorker
+from app.ui.engine_worker import EngineWorker, JobKind
 from tests.tiny_model import write_unknown_arch_model
 
 TPL = Template.parse("hello world of the answer. " * 4 + "<q>")
@@ -41,14 +41,14 @@ def test_native_and_python_failures_become_messages_and_log_lines(qtbot, tiny_mo
         assert load(qtbot, w, tiny_model, outcomes).outcome == "done"
         caplog.clear()
         with qtbot.waitSignal(w.job_finished, timeout=10000):
-            w.submit("buggy", lambda e, t: {}["missing"], on_error=outcomes.append)
+            w.submit(JobKind.TASK, lambda e, t: {}["missing"], label="buggy", on_error=outcomes.append)
         assert outcomes[2].startswith("internal error in buggy: KeyError") and "\n" not in outcomes[2]
         assert any("Traceback" in r.getMessage() for r in caplog.records if r.name == "kvprimer.ui")
 
         # and the engine still works
         results = []
         with qtbot.waitSignal(w.job_finished, timeout=10000):
-            w.submit("prime", lambda e, t: e.prime(TPL, task=t).n_tokens, on_done=results.append)
+            w.submit(JobKind.PRIME, lambda e, t: e.prime(TPL, task=t).n_tokens, on_done=results.append)
         assert results and results[0] > 10
     finally:
         w.shutdown()
@@ -72,7 +72,7 @@ def test_reload_and_shutdown_while_a_job_runs(qtbot, tiny_model, other_tiny_mode
 
     try:
         assert load(qtbot, w, tiny_model, outcomes).outcome == "done"
-        job = w.submit("prime", prime_and_pause, on_cancelled=lambda j: outcomes.append("cancelled"))
+        job = w.submit(JobKind.PRIME, prime_and_pause, on_cancelled=lambda j: outcomes.append("cancelled"))
         assert reached.wait(10), (job.error, job.cancelled)
         # loading another model cancels the prime; the old engine is closed on the worker thread
         with qtbot.waitSignal(w.engine_changed, timeout=10000) as sig:
@@ -83,7 +83,7 @@ def test_reload_and_shutdown_while_a_job_runs(qtbot, tiny_model, other_tiny_mode
         # closing the window mid-job: cancel, wait, free the context; nothing raises
         reached.clear()
         gate.clear()
-        slow = w.submit("prime again", prime_and_pause)
+        slow = w.submit(JobKind.PRIME, prime_and_pause, label="prime again")
         assert reached.wait(10), (slow.error, slow.cancelled, slow.future)
         threading.Timer(0.0, gate.set).start()
         w.shutdown(wait=True)

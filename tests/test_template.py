@@ -86,3 +86,15 @@ def test_render_then_parse_keeps_the_text(parts):
            and isinstance(parts[i + 1], Placeholder) for i, p in enumerate(parts)):
         return  # a literal backslash right before a placeholder cannot be written (documented)
     assert t.fill(values).text == expect
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="<>\\ab_-1 |/\n", max_size=40))
+def test_placeholder_pattern_finds_what_the_parser_reads(source):
+    from app.engine.template import PLACEHOLDER_RE
+
+    try:
+        parsed = [p.name for p in Template.parse(source).parts if isinstance(p, Placeholder)]
+    except TemplateSyntaxError:
+        return  # an unclosed <name: the editor highlights the closed ones only
+    assert [m.group(1) for m in PLACEHOLDER_RE.finditer(source)] == parsed

@@ -1,54 +1,143 @@
-"""The panels on their own (no model needed), and the Qt-free workspace file."""
+"""The panels on their own over a session (no model needed)."""
 from __future__ import annotations
 
-import pytest
+from PySide6.QtCore import Qt
 
-from app.engine import EngineConfig, Template
+from app.engine import BenchResult, BenchRow, EngineConfig, Template
+from app.engine.session import Session
 from app.ui.fillings_panel import FillingsPanel
+from app.ui.rows_model import RowsModel
 from app.ui.states_library import StatesLibrary, state_meta
 from app.ui.template_editor import TemplateHighlighter
-from app.workspace import Autosaver, Workspace, WorkspaceError
+
+
+def fillings(qtbot, template: str) -> FillingsPanel:
+    s = Session()
+    s.set_template(template)
+    p = FillingsPanel(s)
+    qtbot.addWidget(p)
+    return p
 
 
 def test_paste_from_a_spreadsheet_skips_the_header(qtbot):
-    p = FillingsPanel()
-    qtbot.addWidget(p)
-    p.set_placeholders(["q", "r"])
+    p = fillings(qtbot, "<q> <r>")
+    s = p.session
     assert p.paste("q\tr\nwhat\tthis\nwhy\tthat\r\n") == 2
-    assert p.rows() == [{"q": "what", "r": "this"}, {"q": "why", "r": "that"}]
+    assert s.rows == [{"q": "what", "r": "this"}, {"q": "why", "r": "that"}]
     p.table.selectRow(0)
+    assert s.selection == [0]
     p.duplicate_rows()
-    assert p.rows()[-1] == {"q": "what", "r": "this"} and len(p.rows()) == 3
+    assert s.rows[-1] == {"q": "what", "r": "this"} and len(s.rows) == 3
     p.table.selectRow(1)
     p.delete_rows()
-    assert [r["q"] for r in p.rows()] == ["what", "what"]
-    # the form edits the current row
+    assert [r["q"] for r in s.rows] == ["what", "what"]
+    # the form edits the current row, and shows the row the session selects
     p.table.selectRow(0)
     p.fields["r"].setPlainText("edited")
-    assert p.rows()[0] == {"q": "what", "r": "edited"}
+    assert s.rows[0] == {"q": "what", "r": "edited"}
+    s.set_selection([1], 1)
+    assert p.fields["r"].toPlainText() == "this"
+    assert [i.row() for i in p.table.selectionModel().selectedRows()] == [1]
+
+
+def test_typing_into_an_empty_table_starts_its_first_row(qtbot):
+    p = fillings(qtbot, "<q> <r>")
+    qtbot.keyClicks(p.fields["q"], "hi")
+    assert p.session.rows == [{"q": "hi", "r": ""}] and p.count_label.text() == "1 rows"
+
+
+def test_rows_model_shows_and_edits_the_session(qtbot):
+    s = Session()
+    s.set_template("<q> <r>")
+    s.set_rows([{"q": "what\nnow", "r": "this"}])
+    m = RowsModel(s)
+    reset, changed = [], []
+    m.modelReset.connect(lambda: reset.append(1))
+    m.dataChanged.connect(lambda a, b: changed.append((a.row(), a.column())))
+    assert (m.rowCount(), m.columnCount()) == (1, 2)
+    assert m.headerData(1, Qt.Horizontal) == "<r>" and m.headerData(0, Qt.Vertical) == "1"
+    assert m.data(m.index(0, 0)) == "what now" and m.data(m.index(0, 0), Qt.EditRole) == "what\nnow"
+    assert m.setData(m.index(0, 1), "that") and s.value(0, "r") == "that"
+    assert changed == [(0, 1)]
+    s.set_value(0, "q", "who")
+    assert changed[-1] == (0, 0) and m.data(m.index(0, 0)) == "who"
+    s.add_rows([{"q": "x"}])
+    s.set_template("<r> <q> <z>")
+    assert len(reset) == 2 and (m.rowCount(), m.columnCount()) == (2, 3)
+    assert m.data(m.index(1, 1)) == "x"
 
 
 def test_import_rows_checks_columns_against_placeholders(qtbot, tmp_path, examples):
-    p = FillingsPanel()
-    qtbot.addWidget(p)
+    p = fillings(qtbot, "<c1> <c2> <c3> <question>")
     errors = []
     p.error.connect(errors.append)
-    p.set_placeholders(["c1", "c2", "c3", "question"])
     assert p.import_file(str(examples / "rag-rows.csv")) >= 2
-    assert p.rows()[0]["question"]
+    assert p.session.rows[0]["question"] and p.model.rowCount() == len(p.session.rows)
     bad = tmp_path / "bad.csv"
     bad.write_text("c1,c2,nope,question\na,b,c,d\n")
     assert p.import_file(str(bad)) == 0
     assert "column 'nope' is not a placeholder" in errors[0] or "no column 'c3'" in errors[0]
 
 
-def test_changing_placeholders_keeps_the_values_of_kept_columns(qtbot):
-    p = FillingsPanel()
-    qtbot.addWidget(p)
-    p.set_placeholders(["a", "b"])
-    p.set_rows([{"a": "1", "b": "2"}])
-    p.set_placeholders(["b", "c"])
-    assert p.rows() == [{"b": "2", "c": ""}]
+def test_changing_placeholders_rebuilds_the_form(qtbot):
+    p = fillings(qtbot, "<a> <b>")
+    p.session.set_rows([{"a": "1", "b": "2"}])
+    p.session.set_template("<b> <c>")
+    assert list(p.fields) == ["b", "c"] and p.fields["b"].toPlainText() == "2"
+    assert p.session.rows == [{"b": "2", "c": ""}]
+
+
+def test_bench_view_headers_have_units_and_show_the_session(qtbot, tmp_path):
+    from app.ui.bench_view import BenchView
+
+    s = Session()
+    v = BenchView(s)
+    qtbot.addWidget(v)
+    headers = [v.table.horizontalHeaderItem(c).text() for c in range(v.table.columnCount())]
+    assert "cold (ms)" in headers and "max |Δlogit|" in headers and "prefix (tokens)" in headers
+    assert not any("_" in h for h in headers)
+    rows = [BenchRow(row=i, cold_ms=900.0, warm_ms=80.0, cold_ms_min=880.0, cold_ms_max=950.0,
+                     warm_ms_min=70.0, warm_ms_max=90.0, speedup=11.25, tokens_equal=True)
+            for i in range(1, 9)]
+    s.set_bench(BenchResult(model={}, rows=rows, repeat=3))
+    assert v.table.rowCount() == 8 and v.chart.bar_count == 16
+    assert v.table.item(0, headers.index("speedup (×)")).text() == "×11.2"
+    assert "median speedup ×11.2" in v.summary.text()
+    s.set_options(repeat=5)
+    assert v.repeat.value() == 5
+    v.repeat.setValue(4)
+    assert s.options.repeat == 4
+
+
+def test_chart_labels_fit_or_shorten_and_stay_unique(qtbot):
+    from PySide6.QtGui import QFontMetrics
+
+    from app.ui.charts import TtftBar, bar_labels
+
+    bars = [TtftBar.single(r, 900.0, 80.0) for r in (1, 2, 1)]
+    fm = QFontMetrics(qtbot_font())
+    wide = bar_labels(bars, 3000, fm)
+    assert wide[0] == "row 1 ×11.2" and len(set(wide)) == 3
+    narrow = bar_labels(bars, 3 * (fm.horizontalAdvance("1") + 8), fm)
+    assert narrow[0] == "1" and narrow[1] == "2" and narrow[2].strip("\u200b") == "1"
+    assert len(set(narrow)) == 3
+
+
+def qtbot_font():
+    from PySide6.QtGui import QFont
+
+    return QFont()
+
+
+def test_editor_prefix_label_says_what_is_shaded(qtbot):
+    from app.ui.template_editor import TokenCounts, prefix_label, source_prefix_chars
+
+    tpl = Template.parse("intro \\<x> text\nline two <c1> and <question>")
+    assert source_prefix_chars(tpl) == len("intro \\<x> text\nline two ")
+    assert prefix_label(tpl, TokenCounts(1761), True) == \
+        "static prefix: 1,761 tokens (shaded) · placeholders <c1> <question>"
+    assert "counting" in prefix_label(tpl, None, True)
+    assert "no placeholders" in prefix_label(Template.parse("all static"), None, False)
 
 
 def test_highlighter_marks_placeholders_and_special_tokens(qtbot):
@@ -79,24 +168,6 @@ def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
     lib.select(tmp_path / "two.kvstate")
     lib.delete_selected()
     assert lib.paths == [] and not (tmp_path / "two.kvstate").exists()
-
-
-def test_workspace_round_trip_and_bad_files(tmp_path):
-    ws = Workspace(template="a <b>", rows=[{"b": "x"}], placeholders=["b"],
-                   settings={"engine": {"n_ctx": 512}}, results=[{"kind": "run", "speedup": 3.0}])
-    ws.save(tmp_path / "p.kvproj")
-    assert Workspace.load(tmp_path / "p.kvproj") == ws
-    (tmp_path / "bad.kvproj").write_text("{not json")
-    with pytest.raises(WorkspaceError, match="not a KV Primer project"):
-        Workspace.load(tmp_path / "bad.kvproj")
-    with pytest.raises(WorkspaceError, match="no project file"):
-        Workspace.load(tmp_path / "none.kvproj")
-    saver = Autosaver(tmp_path / "auto" / "autosave.kvproj")
-    assert saver.pending_restore() is None
-    assert saver.write(ws) and not saver.write(ws)  # unchanged: not written again
-    assert saver.pending_restore() == ws
-    saver.discard()
-    assert saver.pending_restore() is None
 
 
 def test_model_panel_builds_the_config(qtbot):

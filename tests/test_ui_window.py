@@ -13,6 +13,7 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QPushButton
 
 from app.engine import EngineConfig, PrefixState, Template
+from app.ui.engine_worker import JobKind
 from app.ui.main_window import MainWindow
 
 PREFIX = "<|im_start|>system\nYou are a helpful assistant. " + "hello world of the answer. " * 20
@@ -95,11 +96,11 @@ def test_fill_prime_save_load_run_cold_and_warm(qtbot, make_window, tmp_path):
     assert list(w.fillings.fields) == ["question", "topic"]
     qtbot.keyClicks(w.fillings.fields["question"], "what is it")
     qtbot.keyClicks(w.fillings.fields["topic"], "the world")
-    assert w.fillings.rows() == [{"question": "what is it", "topic": "the world"}]
+    assert w.session.rows == [{"question": "what is it", "topic": "the world"}]
 
-    with qtbot.waitSignal(w.jobs.state_changed, timeout=20000):
-        w.actions_by_text["Prime prefix"].trigger()
-    primed = w.jobs.state
+    w.actions_by_text["Prime prefix"].trigger()
+    qtbot.waitUntil(lambda: w.session.state is not None, timeout=20000)
+    primed = w.session.state
     qtbot.waitUntil(lambda: w.editor.counts is not None, timeout=20000)  # counted by a debounced job
     assert primed.n_tokens == w.editor.counts.prefix
 
@@ -110,11 +111,12 @@ def test_fill_prime_save_load_run_cold_and_warm(qtbot, make_window, tmp_path):
     assert w.library.paths == [path]
     assert w.library.table.item(0, 2).text() == f"{primed.n_tokens:,}"
 
-    w.jobs.set_state(None)
+    w.session.set_state(None)
     w.library.select(path)
-    with qtbot.waitSignal(w.jobs.state_changed, timeout=20000):
-        w.library.load_selected()
-    assert w.jobs.state.tokens == primed.tokens and "loaded hello.kvstate" in w.library.message.text()
+    w.library.load_selected()
+    qtbot.waitUntil(lambda: w.session.state is not None, timeout=20000)
+    assert w.session.state.tokens == primed.tokens and "loaded hello.kvstate" in w.library.message.text()
+    assert w.session.state_ref.path == str(path)
 
     w.fillings.table.selectRow(0)
     qtbot.mouseClick(w.run_panel.findChild(QPushButton, "run_both"), Qt.LeftButton)
@@ -122,7 +124,7 @@ def test_fill_prime_save_load_run_cold_and_warm(qtbot, make_window, tmp_path):
     assert w.run_panel.table.rowCount() == 2  # one line per path
     paths = {w.run_panel.table.item(r, 1).text() for r in range(2)}
     assert paths == {"cold", "warm"}
-    number, report = w.run_panel.reports[-1]
+    number, report = w.session.runs[-1].row, w.session.runs[-1].report
     assert number == 1 and report.reused_tokens == primed.n_tokens
     assert report.equivalence.tokens_equal and w.run_panel.verdict.text().startswith("PASS")
     assert w.run_panel.chart.bar_count == 2
@@ -136,7 +138,7 @@ def test_cancel_a_prime(qtbot, make_window):
     seen = []
 
     def on_progress(job, p):
-        if job.name == "prime" and p.done > 0 and not seen:
+        if job.kind is JobKind.PRIME and p.done > 0 and not seen:
             seen.append(p)
             w.actions_by_text["Cancel job"].trigger()
 
@@ -144,7 +146,7 @@ def test_cancel_a_prime(qtbot, make_window):
     job = w.jobs.prime()
     idle(qtbot, w)
     assert seen and job.outcome == "cancelled"
-    assert w.jobs.state is None
+    assert w.session.state is None
     assert "prime cancelled" in w.errors.messages()[-1]
     assert "prime" in w.status.last_text and "tok/s" in w.status.last_text
     assert w.status.bar.isHidden()
@@ -161,9 +163,8 @@ def test_loading_a_corrupt_state_shows_the_reason_and_the_app_carries_on(qtbot, 
     assert "broken.kvstate is truncated" in w.library.message.text()
     assert any("broken.kvstate is truncated" in m for m in w.errors.messages("error"))
     w.editor.set_text(TPL)
-    with qtbot.waitSignal(w.jobs.state_changed, timeout=20000):
-        w.jobs.prime()
-    assert w.jobs.state is not None
+    w.jobs.prime()
+    qtbot.waitUntil(lambda: w.session.state is not None, timeout=20000)
 
 
 def test_state_for_another_model_is_refused(qtbot, make_window, other_tiny_model, tmp_path):
@@ -178,7 +179,7 @@ def test_state_for_another_model_is_refused(qtbot, make_window, other_tiny_model
     foreign.save(tmp_path / "states" / "foreign.kvstate")
     w.jobs.load_state(tmp_path / "states" / "foreign.kvstate")
     idle(qtbot, w)
-    assert "model" in w.library.message.text() and w.jobs.state is None
+    assert "model" in w.library.message.text() and w.session.state is None
 
 
 def test_close_during_a_job_cancels_it_cleanly(qtbot, make_window, tmp_path):
@@ -186,7 +187,7 @@ def test_close_during_a_job_cancels_it_cleanly(qtbot, make_window, tmp_path):
     w.editor.set_text(LONG_TPL)
     idle(qtbot, w)
     started = []
-    w.worker.progress.connect(lambda job, p: started.append(p) if job.name == "prime" else None)
+    w.worker.progress.connect(lambda job, p: started.append(p) if job.kind is JobKind.PRIME else None)
     job = w.jobs.prime()
     qtbot.waitUntil(lambda: bool(started))
     w.close()
@@ -199,11 +200,12 @@ def test_close_during_a_job_cancels_it_cleanly(qtbot, make_window, tmp_path):
 def test_benchmark_and_sweep_fill_the_charts_and_export(qtbot, make_window, tmp_path):
     w = make_window()
     w.editor.set_text(SHORT_TPL)
-    w.fillings.set_rows([{"question": "what", "topic": "it"}, {"question": "why", "topic": "that"}])
+    w.session.set_rows([{"question": "what", "topic": "it"}, {"question": "why", "topic": "that"}])
     job = w.jobs.bench(2)
     idle(qtbot, w, 60000)
     assert job.outcome == "done"
-    assert [r.row for r in w.bench.result.rows] == [1, 2]
+    assert [r.row for r in w.session.bench.rows] == [1, 2]
+    assert w.central_tabs.currentWidget() is w.bench
     assert w.bench.chart.bar_count == 4 and w.bench.table.rowCount() == 2
     assert "median speedup" in w.bench.summary.text()
     job = w.jobs.sweep()
@@ -222,8 +224,9 @@ def test_benchmark_and_sweep_fill_the_charts_and_export(qtbot, make_window, tmp_
     assert b"<svg" in files[-1].read_bytes()[:400]
     # results travel in the project file and come back as charts
     assert w.save_project(tmp_path / "p.kvproj")
-    w.bench.chart.set_rows([])
-    w.bench.sweep.set_points([])
+    w.session.set_bench(None)
+    w.session.set_sweep([])
+    assert w.bench.chart.bar_count == 0
     assert w.open_project(tmp_path / "p.kvproj")
     assert w.bench.chart.bar_count == 4 and len(w.bench.sweep.points) == len(pts)
 
@@ -232,7 +235,7 @@ def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_
     answers = Answers(unsaved="cancel")
     w = make_window(load=False, ask=answers)
     w.editor.set_text("intro <a>")
-    w.fillings.set_rows([{"a": "one"}, {"a": "two"}])
+    w.session.set_rows([{"a": "one"}, {"a": "two"}])
     w.mark_dirty()
     w.close()
     assert answers.asked == ["unsaved"] and not w.closing and not w.worker._closed
@@ -240,7 +243,7 @@ def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_
     assert w.save_project(proj) and not w.dirty
     w.editor.set_text("other <b>")
     assert w.open_project(proj)
-    assert w.editor.text() == "intro <a>" and w.fillings.rows() == [{"a": "one"}, {"a": "two"}]
+    assert w.editor.text() == "intro <a>" and w.session.rows == [{"a": "one"}, {"a": "two"}]
     assert not w.open_project(tmp_path / "missing.kvproj")
     assert "no project file" in w.errors.messages("error")[-1]
     w.editor.set_text("changed <a>")
@@ -252,13 +255,13 @@ def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_
 def test_autosave_is_offered_back_after_a_crash(qtbot, make_window, tmp_path):
     crashed = make_window(load=False)
     crashed.editor.set_text("unsaved work <x>")
-    crashed.fillings.set_rows([{"x": "1"}])
+    crashed.session.set_rows([{"x": "1"}])
     crashed.autosave()
     assert (tmp_path / "autosave" / "autosave.kvproj").is_file()
     answers = Answers(restore="yes")
     again = make_window(load=False, ask=answers, offer_restore=True, open_example=True)
     assert answers.asked == ["restore"]
-    assert again.editor.text() == "unsaved work <x>" and again.fillings.rows() == [{"x": "1"}]
+    assert again.editor.text() == "unsaved work <x>" and again.session.rows == [{"x": "1"}]
 
 
 def test_layout_and_recent_models_are_kept_in_settings(qtbot, make_window, tiny_model, tmp_path):
@@ -334,7 +337,7 @@ def test_dropped_files_open_by_type(qtbot, make_window, examples):
     assert w.editor.path == str(examples / "few-shot.tmpl")
     drop(examples / "few-shot-rows.csv")
     expected = sum(1 for line in open(examples / "few-shot-rows.csv") if line.strip()) - 1
-    assert len(w.fillings.rows()) == expected > 0
+    assert len(w.session.rows) == expected > 0
 
 
 def test_screenshot_mode_fails_with_one_line_when_the_model_is_missing(tmp_path):
@@ -345,3 +348,66 @@ def test_screenshot_mode_fails_with_one_line_when_the_model_is_missing(tmp_path)
     assert r.returncode == 1 and not (tmp_path / "x.png").exists()
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("kvprimer-gui: error:")]
     assert len(errors) == 1 and str(tmp_path / "none.gguf") in errors[0]  # the engine's reason
+
+
+def test_actions_follow_the_worker_state(qtbot, make_window):
+    import threading
+
+    w = make_window(load=False)
+    engine_actions = ["Prime prefix", "Run cold + warm", "Benchmark rows", "Load state"]
+    assert not any(w.actions_by_text[a].isEnabled() for a in engine_actions)  # no model yet
+    assert not w.run_panel.run_buttons[0].isEnabled() and not w.bench.run_button.isEnabled()
+    w.load_model(w.config)
+    qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=10000)
+    assert all(w.actions_by_text[a].isEnabled() for a in engine_actions)
+    assert not w.actions_by_text["Save state"].isEnabled()  # nothing primed
+    assert not w.actions_by_text["Cancel job"].isEnabled()
+
+    gate = threading.Event()
+    job = w.worker.submit(JobKind.TASK, lambda e, t: gate.wait(10), label="hold")
+    try:
+        assert not any(w.actions_by_text[a].isEnabled() for a in engine_actions)
+        assert not w.run_panel.run_buttons[0].isEnabled() and not w.bench.sweep_button.isEnabled()
+        assert w.actions_by_text["Cancel job"].isEnabled()
+        w.actions_by_text["Run cold + warm"].trigger()  # disabled: nothing is started
+        assert not job.task.cancelled and not w.errors.messages("error")
+    finally:
+        gate.set()
+    idle(qtbot, w)
+    assert all(w.actions_by_text[a].isEnabled() for a in engine_actions)
+    # background work (token counts, KV views) leaves the actions enabled
+    w.editor.set_text(TPL)
+    assert w.actions_by_text["Prime prefix"].isEnabled()
+    w.jobs.prime()
+    qtbot.waitUntil(lambda: w.session.state is not None, timeout=20000)
+    idle(qtbot, w)
+    assert w.actions_by_text["Save state"].isEnabled()
+
+
+def test_runs_are_the_sessions_and_come_back_with_the_project(qtbot, make_window, tmp_path):
+    w = make_window()
+    w.editor.set_text(SHORT_TPL)
+    w.session.set_rows([{"question": "what", "topic": "it"}, {"question": "why", "topic": "that"}])
+    w.session.set_selection([0, 1])
+    job = w.jobs.run("both", oneshot=False)
+    idle(qtbot, w, 60000)
+    assert job.outcome == "done" and [r.row for r in w.session.runs] == [1, 2]
+    assert w.run_panel.table.rowCount() == 4 and w.run_panel.chart.bar_count == 4
+    assert "same output" in w.status.currentMessage() or w.errors.messages()[-1].startswith("run:")
+    assert w.save_project(tmp_path / "runs.kvproj")
+    w.session.clear_runs()
+    assert w.run_panel.table.rowCount() == 0
+    assert w.open_project(tmp_path / "runs.kvproj")
+    assert [r.row for r in w.session.runs] == [1, 2] and w.run_panel.table.rowCount() == 4
+    assert w.session.runs[0].report.warm.text == w.run_panel.outputs["warm"].toPlainText() or \
+        w.session.runs[1].report.warm.text == w.run_panel.outputs["warm"].toPlainText()
+
+
+def test_first_start_shows_the_kv_cache_beside_the_model_panel(qtbot, make_window):
+    w = make_window(load=False)
+    w.show()
+    qtbot.waitExposed(w)
+    assert w.kv_dock.isVisible() and w.model_panel.isVisible()
+    assert not w.tabifiedDockWidgets(w.kv_dock)
+    assert w.dockWidgetArea(w.kv_dock) == w.dockWidgetArea(w.model_panel)
+    assert w.kv_dock.geometry().top() >= w.model_panel.geometry().bottom()

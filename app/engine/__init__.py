@@ -6,29 +6,30 @@
     state = engine.prime(tpl)                             # evaluate the static prefix once
     state.save("rag.kvstate")
     report = run_prompt(engine, tpl, {"question": "..."}, state=state)
-    print(report.speedup, report.equivalence)
+    print(report.reuse_text(), report.speedup, report.verdict.describe())
 
 This package imports no Qt: the CLI and the window both call it.
 """
 from .bench_rows import BenchResult, BenchRow, bench_rows
-from .errors import (Cancelled, ContextError, ContextOverflowError, KvPrimerError,
+from .errors import (CacheError, Cancelled, ContextError, ContextOverflowError, KvPrimerError,
                      MissingValuesError, ModelError, RowsError, StateFileError, StoreError,
                      TemplateError, TemplateSyntaxError)
 from .kv_engine import Engine, EngineConfig, ModelInfo
 from .model_files import default_model_path
 from .prefix_state import PrefixState
-from .prefix_store import PrefixStore
-from .prompt_runs import (Equivalence, GenerationConfig, PathResult, RunReport, TextDelta,
-                          run_prompt)
+from .prompt_runs import (REUSE_MODES, GenerationConfig, PathResult, RunReport, TextDelta,
+                          report_dict, run_prompt)
+from .radix_cache import CacheLimits
+from .verdict import Verdict
 from .rows import Row, read_rows
 from .task_state import Progress, TaskState
 from .template import FilledPrompt, Template
 
 __all__ = [
     "BenchResult", "BenchRow", "bench_rows", "Cancelled", "ContextError", "ContextOverflowError",
-    "KvPrimerError", "MissingValuesError", "ModelError", "RowsError", "StateFileError",
+    "CacheError", "CacheLimits", "KvPrimerError", "MissingValuesError", "ModelError", "RowsError", "StateFileError",
     "StoreError", "TemplateError", "TemplateSyntaxError", "Engine", "EngineConfig", "ModelInfo",
-    "default_model_path", "PrefixState", "PrefixStore", "Equivalence", "GenerationConfig",
-    "PathResult", "RunReport", "TextDelta", "run_prompt", "Row", "read_rows", "Progress",
+    "default_model_path", "PrefixState", "REUSE_MODES", "GenerationConfig",
+    "PathResult", "RunReport", "TextDelta", "report_dict", "run_prompt", "Verdict", "Row", "read_rows", "Progress",
     "TaskState", "FilledPrompt", "Template",
 ]

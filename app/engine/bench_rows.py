@@ -1,8 +1,12 @@
-"""Benchmark rows cold versus warm: the figures behind `kvprimer bench` and the Benchmark view.
+"""Benchmark rows cold versus warm, per reuse mode: the figures behind `kvprimer bench` and the
+Benchmark view.
 
-The prefix is primed once (not timed as part of any row). Each row is run ``repeat`` times on
-both paths; the one-shot comparison runs on the first repeat only (it is deterministic).
-A row that fails (too long, bad values) is reported with its error; the others still run.
+The static prefix is primed once (not timed as part of any row). For each reuse mode the cache
+starts holding only the static prefix, and the rows run in file order, each able to reuse what
+earlier rows of that mode left (chain, compose). One cold run per row serves every mode whose
+warm history used the same batch starts (the normal case); the one-shot cold run, which
+measures the model's own batch-grouping noise, runs once per row. A row that fails (too long,
+bad values) is reported with its error; the others still run.
 """
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from .errors import Cancelled, KvPrimerError
-from .kv_engine import Engine
+from .generation import GenerationConfig
 from .prefix_state import PrefixState
-from .prompt_runs import GenerationConfig, run_prompt
+from .prompt_runs import REUSE_MODES, run_prompt
 from .rows import Row
 from .task_state import TaskState
 from .template import Template
@@ -21,9 +25,12 @@ from .template import Template
 @dataclass
 class BenchRow:
     row: int
+    reuse: str = "prefix"
     prefix_tokens: int = 0
     suffix_tokens: int = 0
     reused_tokens: int = 0
+    reused_by_source: list[dict] = field(default_factory=list)
+    hit_tier: str = ""
     evaluated_tokens: int = 0
     cold_ms: float = 0.0
     warm_ms: float = 0.0
@@ -32,12 +39,17 @@ class BenchRow:
     warm_ms_min: float = 0.0
     warm_ms_max: float = 0.0
     restore_ms: float = 0.0
+    build_ms: float = 0.0
     speedup: float = 0.0
+    equivalence: str = ""
     tokens_equal: bool = False
     first_diff: int | None = None
     max_logit_diff: float = 0.0
-    oneshot_tokens_equal: bool | None = None
-    oneshot_max_logit_diff: float | None = None
+    kl_divergence: float = 0.0
+    top1_agree: float = 0.0
+    noise_max_logit_diff: float | None = None
+    noise_kl_divergence: float | None = None
+    note: str = ""
     state_bytes: int = 0
     error: str | None = None
 
@@ -47,78 +59,113 @@ class BenchResult:
     model: dict
     rows: list[BenchRow] = field(default_factory=list)
     repeat: int = 1
+    modes: tuple[str, ...] = ("prefix",)
+    recompute: int = 0
     cancelled: bool = False
 
     def summary(self) -> dict:
-        ok = [r for r in self.rows if r.error is None]
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
-        return {
-            "rows": len(self.rows),
-            "failed_rows": len(self.rows) - len(ok),
-            "speedup_median": med([r.speedup for r in ok]),
-            "cold_ms_median": med([r.cold_ms for r in ok]),
-            "warm_ms_median": med([r.warm_ms for r in ok]),
-            "restore_ms_median": med([r.restore_ms for r in ok]),
-            "all_tokens_equal": all(r.tokens_equal for r in ok) if ok else None,
-            "max_logit_diff": max((r.max_logit_diff for r in ok), default=None),
-            "oneshot_max_logit_diff": max((r.oneshot_max_logit_diff or 0.0 for r in ok), default=None),
-            "repeat": self.repeat,
-            "cancelled": self.cancelled,
-        }
+        out: dict = {"rows": len({r.row for r in self.rows}), "repeat": self.repeat,
+                     "modes": list(self.modes), "recompute": self.recompute,
+                     "cancelled": self.cancelled,
+                     "failed_rows": sum(1 for r in self.rows if r.error is not None)}
+        for mode in self.modes:
+            ok = [r for r in self.rows if r.error is None and r.reuse == mode]
+            out[mode] = {
+                "rows": len(ok),
+                "warm_ms_median": med([r.warm_ms for r in ok]),
+                "cold_ms_median": med([r.cold_ms for r in ok]),
+                "speedup_median": med([r.speedup for r in ok]),
+                "reused_tokens_median": med([r.reused_tokens for r in ok]),
+                "evaluated_tokens_median": med([r.evaluated_tokens for r in ok]),
+                "build_ms_total": sum(r.build_ms for r in ok),
+                "all_tokens_equal": all(r.tokens_equal for r in ok) if ok else None,
+                "max_logit_diff": max((r.max_logit_diff for r in ok), default=None),
+                "kl_divergence_max": max((r.kl_divergence for r in ok), default=None),
+                "top1_agree_mean": (statistics.fmean(r.top1_agree for r in ok) if ok else None),
+                "equivalence": {w: sum(1 for r in ok if r.equivalence == w)
+                                for w in ("bit-identical", "within-noise", "diverged")},
+            }
+        first = out.get(self.modes[0], {}) if self.modes else {}
+        # the one-mode figures as before, for readers of older JSON
+        out.update({k: first.get(k) for k in ("warm_ms_median", "cold_ms_median",
+                                              "speedup_median", "all_tokens_equal",
+                                              "max_logit_diff")})
+        return out
 
     def as_dict(self) -> dict:
-        return {"model": self.model, "rows": [asdict(r) for r in self.rows], "summary": self.summary()}
+        return {"model": self.model, "rows": [asdict(r) for r in self.rows],
+                "summary": self.summary()}
 
 
-def bench_rows(engine: Engine, template: Template, rows: list[Row], *, repeat: int = 1,
-               state: PrefixState | None = None, gen: GenerationConfig = GenerationConfig(max_tokens=8),
+def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
+               modes: tuple[str, ...] | list[str] = ("prefix",), recompute: int = 0,
+               state: PrefixState | None = None,
+               gen: GenerationConfig = GenerationConfig(max_tokens=8),
                task: TaskState | None = None) -> BenchResult:
     task = task or TaskState()
     if repeat < 1:
         raise KvPrimerError("--repeat must be at least 1")
-    result = BenchResult(model=engine.info.as_dict(), repeat=repeat)
-    if state is None:
-        state = engine.prime(template, task=task)
-    total = len(rows) * repeat
+    modes = tuple(modes)
+    bad = [m for m in modes if m not in REUSE_MODES]
+    if bad or not modes:
+        raise KvPrimerError(f"unknown reuse mode {', '.join(bad) or '(none)'}; use one or more of "
+                            f"{', '.join(REUSE_MODES)}, comma-separated")
+    result = BenchResult(model=engine.info.as_dict(), repeat=repeat, modes=modes,
+                         recompute=recompute)
+    prefix = engine.cache.adopt(state, "saved state") if state else engine.prime_node(template, task)
+    colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by the modes
+    total = len(rows) * repeat * len(modes)
     task.report("bench", 0, total)
+    done = 0
     try:
-        for k, row in enumerate(rows):
-            result.rows.append(_bench_one(engine, template, row, repeat, state, gen, task))
-            task.report("bench", (k + 1) * repeat, total)
-            task.partial(result)
+        for mode in modes:
+            engine.cache.retain(prefix)
+            for row in rows:
+                result.rows.append(_bench_one(engine, template, row, mode, repeat, state,
+                                              recompute, gen, task, colds.setdefault(row.number, {})))
+                done += repeat
+                task.report("bench", done, total)
+                task.partial(result)
     except Cancelled:
         result.cancelled = True
     return result
 
 
-def _bench_one(engine, template, row, repeat, state, gen, task) -> BenchRow:
-    out = BenchRow(row=row.number, prefix_tokens=state.n_tokens, state_bytes=state.nbytes)
-    colds, warms, restores = [], [], []
+def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task, colds) -> BenchRow:
+    out = BenchRow(row=row.number, reuse=mode, state_bytes=state.nbytes if state else 0)
+    warms, restores = [], []
+    before = engine.cache.generation + 1
     try:
         for r in range(repeat):
-            rep = run_prompt(engine, template, row.values, state=state, oneshot=(r == 0), gen=gen,
-                             task=task)
-            colds.append(rep.cold.ttft_ms)
+            # later repeats of a row reuse only what was cached before its first repeat
+            rep = run_prompt(engine, template, row.values, reuse=mode, state=state, gen=gen,
+                             recompute=recompute, task=task, cold_cache=colds,
+                             reuse_before=before)
             warms.append(rep.warm.ttft_ms)
             restores.append(rep.warm.restore_ms)
             if r == 0:
-                eq = rep.equivalence
-                out.suffix_tokens = rep.prompt_tokens - rep.reused_tokens
-                out.reused_tokens = rep.reused_tokens
-                out.evaluated_tokens = rep.evaluated_tokens
-                out.tokens_equal = eq.tokens_equal
-                out.first_diff = eq.first_diff
-                out.max_logit_diff = eq.max_logit_diff
-                out.oneshot_tokens_equal = eq.oneshot_tokens_equal
-                out.oneshot_max_logit_diff = eq.oneshot_max_logit_diff
+                first = rep
     except Cancelled:
         raise
     except KvPrimerError as e:
         out.error = str(e)
         return out
-    out.cold_ms, out.warm_ms = statistics.median(colds), statistics.median(warms)
-    out.cold_ms_min, out.cold_ms_max = min(colds), max(colds)
+    v = first.verdict
+    colds_ms = sorted(c.ttft_ms for k, c in colds.items() if k[0] == "cold")
+    out.prefix_tokens = first.prefix_tokens
+    out.suffix_tokens = first.prompt_tokens - first.prefix_tokens
+    out.reused_tokens, out.evaluated_tokens = first.reused_tokens, first.evaluated_tokens
+    out.reused_by_source = [{"source": s, "tokens": n} for s, n in first.sources]
+    out.hit_tier, out.build_ms, out.note = first.hit_tier, first.build_ms, first.note
+    out.cold_ms = first.cold.ttft_ms
+    out.cold_ms_min, out.cold_ms_max = colds_ms[0], colds_ms[-1]
+    out.warm_ms = statistics.median(warms)
     out.warm_ms_min, out.warm_ms_max = min(warms), max(warms)
     out.restore_ms = statistics.median(restores)
     out.speedup = out.cold_ms / out.warm_ms if out.warm_ms > 0 else 0.0
+    out.equivalence, out.tokens_equal, out.first_diff = v.equivalence, v.tokens_equal, v.first_diff
+    out.max_logit_diff, out.kl_divergence, out.top1_agree = (v.max_logit_diff, v.kl_divergence,
+                                                             v.top1_agree)
+    out.noise_max_logit_diff, out.noise_kl_divergence = v.noise_max_logit_diff, v.noise_kl_divergence
     return out

@@ -59,6 +59,10 @@ class StoreError(KvPrimerError):
     """The in-memory prefix store cannot hold an entry."""
 
 
+class CacheError(KvPrimerError):
+    """The radix cache cannot hold, find or restore a cached prompt."""
+
+
 class RowsError(KvPrimerError):
     """A CSV or JSONL file of rows is unreadable or does not fit the template."""
 

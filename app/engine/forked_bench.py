@@ -13,7 +13,7 @@ from .errors import KvPrimerError
 from .forked_runs import compare_with_sequential, run_forked
 from .kv_engine import Engine
 from .prefix_state import PrefixState
-from .prompt_runs import GenerationConfig
+from .generation import GenerationConfig
 from .rows import Row
 from .task_state import TaskState
 from .template import Template
@@ -72,9 +72,8 @@ def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
     task = task or TaskState()
     if k < 1:
         raise KvPrimerError("--fork must be at least 1")
-    if state is None:
-        state = engine.prime(template, 0, task)
-    result = ForkedBenchResult(k=k, prefix_tokens=state.n_tokens)
+    node = engine.prime_node(template, task) if state is None else engine.cache.adopt(state, "saved state")
+    result = ForkedBenchResult(k=k, prefix_tokens=node.depth)
     for start in range(0, len(rows), k):
         chunk = rows[start:start + k]
         values = [r.values for r in chunk]

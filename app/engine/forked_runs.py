@@ -1,7 +1,7 @@
 """Forked batch runs: one primed prefix, k rows evaluated and generated together.
 
-The prefix lives in sequence 0. Each row gets its own sequence (1..k), forked from 0 with
-seq_cp, so the prefix cells are shared, not copied. The k suffixes go into one llama_decode
+The prefix lives in the radix cache. Each row gets its own working sequence, forked from the
+prefix's node with seq_cp, so the prefix cells are shared, not copied. The k suffixes go into one llama_decode
 (several when they do not fit in n_batch: a row longer than n_batch is cut where a one-by-one
 run would cut it, and see SMALL_UBATCH), and then every generation step decodes one token for
 each unfinished row in a single batch.
@@ -13,7 +13,6 @@ SMALL_UBATCH). ``compare_with_sequential`` compares the greedy tokens and report
 """
 from __future__ import annotations
 
-import codecs
 import time
 from dataclasses import dataclass, field
 
@@ -23,20 +22,14 @@ from .errors import KvPrimerError
 from .kv_engine import Engine, common_prefix
 from .native import NativeSampler
 from .prefix_state import PrefixState
-from .prompt_runs import GenerationConfig, run_prompt
+from .batch_plan import EXACT_CHUNK, batch_starts, batches
+from .generation import GenerationConfig, TextStream
+from .prompt_segments import prompt_segments
+from .prompt_runs import run_prompt
 from .task_state import TaskState
 from .template import Template
 
-PREFIX_SEQ = 0
-# llama.cpp's CPU backend computes a ubatch of fewer than 64 tokens on another path than one of
-# 64 or more; the same token's logits differ by up to ~0.6 across the two (measured on this
-# build, tiny f32 model and SmolLM2 Q4_1 alike). Below 64 they are bit-identical whatever else
-# is in the ubatch and wherever the cells lie. From 64 on (tiled attention) they also depend on
-# where the sequence's cells lie in the cache, modulo 256: moving the same prompt by one cell
-# moved SmolLM2's logits by up to 0.53 (tiny model: 2e-5), by 256 cells not at all. A forked
-# row's suffix necessarily lies elsewhere than in its one-by-one run, so: no token may change
-# side (then rows below 64 tokens are exact), and rows of 64 or more differ as any two runs at
-# different places in the cache do; compare_with_sequential reports it.
+# a decode of fewer tokens than this takes llama.cpp's small-batch path (batch_plan.py)
 SMALL_UBATCH = 64
 
 
@@ -98,42 +91,42 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
     k = len(values)
     if k == 0:
         raise KvPrimerError("no rows to run")
-    if k > engine.config.n_seq_max - 1:
-        raise KvPrimerError(f"{k} rows need {k + 1} sequences but the context has "
-                            f"{engine.config.n_seq_max}; run at most {engine.config.n_seq_max - 1} "
-                            "rows per forked batch")
+    cap = engine.config.n_seq_max // 2
+    if k > cap:
+        raise KvPrimerError(f"{k} rows need {k} working sequences beside the cache's; run at "
+                            f"most {cap} rows per forked batch")
     prompts = [engine.tokenize(template.fill(v)) for v in values]
     for i, toks in enumerate(prompts):
         if not toks:
             raise KvPrimerError(f"row {i + 1}: the filled prompt is empty; nothing to evaluate")
         engine.check_fits(len(toks))
-    for i in range(k):  # the rows' old cells go first: the prefix may need the room
-        engine.clear_seq(PREFIX_SEQ + 1 + i)
-    if state is None:
-        state = engine.prime(template, PREFIX_SEQ, task)
-    elif engine.resident[PREFIX_SEQ] != list(state.tokens) or PREFIX_SEQ in engine.moved:
-        engine.restore(state, PREFIX_SEQ)
+    node = (engine.prime_node(template, task) if state is None
+            else engine.cache.adopt(state, "saved state"))
+    prefix = node.tokens()
     rows = []
     for i, toks in enumerate(prompts):
-        b = min(common_prefix(state.tokens, toks), len(toks) - 1)
-        rows.append(ForkedRow(i, PREFIX_SEQ + 1 + i, len(toks), b, len(toks) - b))
+        b = min(common_prefix(prefix, toks), len(toks) - 1)
+        rows.append(ForkedRow(i, -1, len(toks), b, len(toks) - b))
     max_new = [max(1, min(gen.max_tokens, engine.ctx.n_ctx - r.prompt_tokens - 1)) for r in rows]
-    need = state.n_tokens + sum(r.evaluated_tokens + m for r, m in zip(rows, max_new))
+    need = len(prefix) + sum(r.evaluated_tokens + m for r, m in zip(rows, max_new))
     if need > engine.ctx.n_ctx:
         raise KvPrimerError(f"these {k} rows need up to {need} KV cells but the context has "
                             f"{engine.ctx.n_ctx}; run fewer rows per batch or raise --ctx-size")
-    out = ForkedBatch(prefix_tokens=state.n_tokens, rows=rows)
-
-    t0 = time.perf_counter()
+    engine.cache.ensure_free_cells(need - len(prefix))
+    out = ForkedBatch(prefix_tokens=len(prefix), rows=rows)
     for r in rows:
-        engine.fork(PREFIX_SEQ, r.seq)
-        engine.trim(r.seq, r.reused_tokens)
-    t1 = time.perf_counter()
-    out.fork_ms = (t1 - t0) * 1000
+        r.seq = engine.cache.take_work_seq()
 
     samplers = [NativeSampler(gen.temperature, gen.top_p, gen.seed) for _ in rows]
     try:
-        first = _evaluate_suffixes(engine, rows, prompts, samplers, task, out, exact)
+        t0 = time.perf_counter()
+        for r in rows:
+            engine.fork(node.seq, r.seq, upto=r.reused_tokens)
+        t1 = time.perf_counter()
+        out.fork_ms = (t1 - t0) * 1000
+        marks = [[seg.start for seg in prompt_segments(engine.tokenize, template, v, toks)]
+                 for v, toks in zip(values, prompts)]
+        first = _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact)
         out.prompt_ms = (time.perf_counter() - t1) * 1000
         out.ttft_ms = (time.perf_counter() - t0) * 1000
         t2 = time.perf_counter()
@@ -142,28 +135,28 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
     finally:
         for s in samplers:
             s.close()
+        for r in rows:
+            engine.cache.give_back(r.seq)
     return out
 
 
-def _evaluate_suffixes(engine, rows, prompts, samplers, task, out, exact) -> list[int]:
+def _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact) -> list[int]:
     """Decode every row's suffix; return each row's first sampled token."""
     nb = engine.config.n_batch
-    # pieces of at most n_batch tokens per row, cut where a one-by-one run cuts them
-    pieces = [(r, a, min(a + nb, len(prompts[r.index])))
-              for r in rows for a in range(r.reused_tokens, len(prompts[r.index]), nb)]
-    # large pieces share decodes up to n_batch, small ones only below SMALL_UBATCH tokens, so
-    # every token is computed on the path its one-by-one run takes (a row's large pieces all
-    # come before its small last piece, so each row still goes in order)
-    large = [p for p in pieces if p[2] - p[1] >= SMALL_UBATCH]
-    small = [p for p in pieces if p[2] - p[1] < SMALL_UBATCH]
-    decodes = (_pack(large, nb) + _pack(small, min(nb, SMALL_UBATCH - 1)) if exact
-               else _pack(pieces, nb))
+    # each row cut where its one-by-one warm run cuts it (batch_plan.py): pieces under
+    # SMALL_UBATCH tokens, so packing several rows' pieces in one decode keeps every token on
+    # the path its one-by-one run takes
+    pieces = [(r, a, b) for r in rows
+              for a, b in batches(batch_starts(r.reused_tokens, len(prompts[r.index]),
+                                               EXACT_CHUNK, marks[r.index]),
+                                  len(prompts[r.index]))]
+    decodes = _pack(pieces, min(nb, SMALL_UBATCH - 1)) if exact else _pack(pieces, nb)
     first = [0] * len(rows)
     total, done = sum(r.evaluated_tokens for r in rows), 0
     task.report("fork", 0, total)
     for group in decodes:
         batch = [e for piece in group for e in _entries(prompts, piece)]
-        task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
+        task.check()
         engine.decode([(t, p, (r.seq,), last) for t, p, r, last in batch])
         out.prompt_decodes += 1
         for i, (_t, _p, r, last) in enumerate(batch):
@@ -196,8 +189,9 @@ def _entries(prompts, piece):
 
 
 def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
-    decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in rows]
-    texts: list[list[str]] = [[] for _ in rows]
+    """Generation for k rows at once: one decode per step holds every unfinished row's token
+    (the single-sequence loop is generation.generate; the text streams are shared)."""
+    streams = [TextStream(engine.model) for _ in rows]
     pending = {r.index: first[r.index] for r in rows}
     while pending:
         step = []
@@ -205,7 +199,7 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
             r = rows[idx]
             r.tokens.append(tok)
             if not engine.model.is_eog(tok):
-                texts[idx].append(decoders[idx].decode(engine.model.piece(tok, special=False)))
+                streams[idx].add(tok)
             if engine.model.is_eog(tok) or len(r.tokens) >= max_new[idx]:
                 del pending[idx]
             else:
@@ -213,31 +207,24 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
         if not step:
             break
         # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
-        task.check(kept_tokens=len(engine.resident[PREFIX_SEQ]))
+        task.check()
         engine.decode([(pending[r.index], len(engine.resident[r.seq]), (r.seq,), True) for r in step])
         out.gen_decodes += 1
         for i, r in enumerate(step):
             pending[r.index] = samplers[r.index].sample(engine.ctx, i)
-    for r, d, t in zip(rows, decoders, texts):
-        t.append(d.decode(b"", final=True))
-        r.text = "".join(t)
+    for r, stream in zip(rows, streams):
+        r.text = stream.text()
 
 
 def compare_with_sequential(engine: Engine, template: Template, values: list[dict[str, str]],
-                            batch: ForkedBatch, state: PrefixState,
+                            batch: ForkedBatch, state: PrefixState | None,
                             gen: GenerationConfig = GenerationConfig(),
                             task: TaskState | None = None) -> list[ForkComparison]:
-    """Run the same rows one by one warm (restore, suffix, generate) and compare."""
-    seq = PREFIX_SEQ + 1  # a row sequence: the prefix in sequence 0 stays as it is
-    for r in batch.rows:  # free the forked rows' cells: a restore needs contiguous room
-        engine.clear_seq(r.seq)
-    longest = max(r.evaluated_tokens for r in batch.rows) + gen.max_tokens
-    if 2 * state.n_tokens + longest > engine.ctx.n_ctx:
-        engine.clear_seq(PREFIX_SEQ)  # no room for two prefixes; run_forked restores it
+    """Run the same rows one by one warm (fork the prefix, suffix, generate) and compare."""
     out = []
     for r in batch.rows:
-        rep = run_prompt(engine, template, values[r.index], state=state, cold=False, warm=True,
-                         oneshot=False, gen=gen, seq=seq, task=task)
+        rep = run_prompt(engine, template, values[r.index], reuse="prefix", state=state,
+                         cold=False, oneshot=False, keep=False, gen=gen, task=task)
         w = rep.warm
         ms = w.ttft_ms + w.gen_ms  # restore + suffix + every token, as ForkedBatch.total_ms
         diff = float(np.max(np.abs(w.first_logits - r.first_logits)))

@@ -11,7 +11,8 @@ With ``LLAMA_KV_CACHE_DEBUG=3`` in the environment when a context is created, ev
 That is the cache *before* the ubatch lands. ``TrackedContext`` applies every operation and
 ubatch to the ``CellMirror`` itself, so the mirror is current after every call, and checks it
 against the logged map (see TrackedContext._take_record). A sequence id above 9 takes two
-characters and makes the map ambiguous: such a map is refused (the view then shows ranges). The log callback is process-wide, so a listener only
+characters and makes the map ambiguous: while such a sequence holds cells the map is not
+read, and the mirror (which applies every operation itself) is shown unchecked. The log callback is process-wide, so a listener only
 accepts lines logged on the thread of a call it is waiting for.
 """
 from __future__ import annotations
@@ -177,6 +178,11 @@ class TrackedContext(NativeContext):
 
     def _take_record(self) -> RawRecord | None:
         rec = self.log.last_record()
+        if rec is not None and _has_wide_ids(self.mirror.owners):
+            # llama.cpp prints ids above 9 with two characters: its map cannot be read, but the
+            # mirror, which applies every operation itself, stays as trustworthy as it was
+            self._unchecked = None
+            return rec
         if rec is None:
             if self.debug_log:
                 self.mirror.distrust(self._NO_MAP)
@@ -198,6 +204,8 @@ class TrackedContext(NativeContext):
             return
         rec, pos, owners = self._unchecked
         self._unchecked = None
+        if _has_wide_ids(owners):
+            return
         m = rec.parse(self.mirror.size)
         if m is None:
             self.mirror.distrust(self._NO_MAP)
@@ -264,6 +272,11 @@ class TrackedContext(NativeContext):
         if not self.debug_log:
             self.mirror.distrust("the KV debug log is off")
         self._changed()
+
+
+def _has_wide_ids(owners: np.ndarray) -> bool:
+    """Does any cell belong to a sequence above 9 (two characters in llama.cpp's map)?"""
+    return bool(np.any(owners >> np.uint64(10)))
 
 
 def _cache_size(ctx: NativeContext) -> int:

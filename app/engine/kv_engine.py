@@ -1,24 +1,30 @@
 """The engine: one model, one context with several sequences, and what each sequence holds.
 
 Everything the CLI and the window do goes through ``Engine``. It keeps, for every sequence,
-the exact token ids resident in the KV cache, so it can reuse a resident prefix, trim a
-sequence before evaluating a different suffix, and say what a state contains.
+the exact token ids resident in the KV cache; the radix cache (``engine.cache``) keeps what was
+primed or run in those sequences, and the cold reference (``engine.cold``) evaluates prompts
+from scratch in a context of its own, to prove warm runs equal.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .batch_plan import EXACT_CHUNK, batch_starts, batches
+from .cold_reference import ColdReference
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .model_files import check_gguf_file, default_model_path, model_fingerprint
+from .model_traits import ModelTraits, read_traits
 from .kv_debug_log import TrackedContext
 from .kv_view import KvCacheView, build_view
+from .llama_state_file import check_rows_fit, read_any_state
 from .native import SEQ_STATE_VERSION, ContextParams, NativeModel, kv_bytes_per_token
 from .prefix_state import PrefixState
-from .prefix_store import PrefixStore
+from .radix_cache import CacheLimits, RadixCache
+from .radix_tree import RadixNode
 from .prompt_tokens import PromptTokenizer
 from .seq_payload import in_position_order
 from .task_state import TaskState
@@ -33,9 +39,10 @@ class EngineConfig:
     n_threads: int = 0
     type_k: str = "f16"
     type_v: str = "f16"
-    n_seq_max: int = 8
-    store_bytes: int = 1 << 30
+    n_seq_max: int = 64  # sequence 0 is the user's, the radix cache uses the rest
+    cache: CacheLimits = CacheLimits()
     kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
+    n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp's -ngl); -1: all of them
 
 
 @dataclass(frozen=True)
@@ -59,23 +66,17 @@ class ModelInfo:
     type_k: str
     type_v: str
     kv_bytes_per_token: int
+    traits: ModelTraits  # what the architecture means for caching
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class EvalStats:
-    tokens: int = 0
-    seconds: float = 0.0
-    batches: list[int] = field(default_factory=list)
+        return {**self.__dict__, "traits": self.traits.as_dict()}
 
 
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()):
         self.config = config
         path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
-        self.model = NativeModel(path)
+        self.model = NativeModel(path, config.n_gpu_layers)
         try:
             self.ctx = TrackedContext(self.model, ContextParams(
                 config.n_ctx, config.n_batch, config.n_threads, config.type_k, config.type_v,
@@ -88,11 +89,11 @@ class Engine:
             path=str(path), sha256=model_fingerprint(path), n_ctx=self.ctx.n_ctx,
             n_batch=config.n_batch, n_seq_max=config.n_seq_max, type_k=config.type_k,
             type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
+            traits=read_traits(self.model, self.ctx, path),
             **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
                                      "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                      "file_bytes")})
         self.tokenizer = PromptTokenizer(self.model)
-        self.store = PrefixStore(config.store_bytes)
         # token ids resident in each sequence, position i holding resident[seq][i]
         self.resident: dict[int, list[int]] = {s: [] for s in range(config.n_seq_max)}
         # sequences that also hold shifted or divided cells beyond resident[seq] (see shift())
@@ -100,9 +101,13 @@ class Engine:
         self._kv_listeners: list = []
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
+        self.cold = ColdReference(self)
+        self.cache = RadixCache(self, config.cache)
 
     # ---- lifetime
     def close(self) -> None:
+        self.cache.close()
+        self.cold.close()
         self.ctx.close()
         self.model.close()
 
@@ -116,8 +121,10 @@ class Engine:
     def tokenize(self, prompt: FilledPrompt) -> list[int]:
         return self.tokenizer.tokenize(prompt)
 
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.model.piece(t) for t in tokens).decode("utf-8", "replace")
+    @property
+    def n_swa(self) -> int:
+        """The sliding-window size (0: every layer attends to the whole context)."""
+        return self.info.traits.n_swa
 
     def check_fits(self, n_tokens: int) -> None:
         if n_tokens >= self.ctx.n_ctx:
@@ -130,12 +137,15 @@ class Engine:
 
     # ---- evaluation
     def evaluate(self, tokens: list[int], seq: int = 0, task: TaskState | None = None,
-                 stage: str = "eval", want_logits: bool = True, split_at: int | None = None):
-        """Append ``tokens`` to sequence ``seq`` in batches of n_batch; return the last logits.
+                 stage: str = "eval", want_logits: bool = True, chunk: int | None = None,
+                 marks: list[int] = (), at_mark=None):
+        """Append ``tokens`` to sequence ``seq``; return the last logits (or None).
 
-        ``split_at`` starts a new batch at that index, so that two runs can be given the same
-        batch boundaries (llama.cpp's numerics depend on them). Cancelling between batches
-        leaves the sequence holding exactly the tokens evaluated so far.
+        Batches hold at most ``chunk`` tokens (default n_batch) and also start at every
+        absolute position in ``marks``, where ``at_mark(position)`` is called once the tokens
+        before it are in (the radix cache forks nodes there). The batch starts used are left
+        in ``self.last_starts``. Cancelling between batches leaves the sequence holding
+        exactly the tokens evaluated so far.
         """
         self._check_seq(seq)
         if seq in self.moved:
@@ -143,20 +153,22 @@ class Engine:
                                 f"{len(self.resident[seq])} tokens or clear it before evaluating")
         task = task or TaskState()
         start = len(self.resident[seq])
-        self.check_fits(start + len(tokens))
-        nb = self.config.n_batch
-        cuts = sorted({0, len(tokens), *(range(0, len(tokens), nb) if split_at is None else
-                                          [*range(0, split_at, nb), *range(split_at, len(tokens), nb)])})
-        logits = None
+        end = start + len(tokens)
+        self.check_fits(end)
+        starts = batch_starts(start, end, min(chunk or self.config.n_batch, self.config.n_batch),
+                              marks)
+        self.last_starts = starts
         task.report(stage, 0, len(tokens))
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in batches(starts, end):
             task.check(kept_tokens=len(self.resident[seq]))
-            last = b == len(tokens) and want_logits
-            self.decode([(tokens[i], start + i, (seq,), last and i == b - 1) for i in range(a, b)])
-            task.report(stage, b, len(tokens))
-        if want_logits and tokens:
-            logits = self.ctx.logits(-1)
-        return logits
+            if at_mark is not None and a in marks:
+                at_mark(a)
+            self.decode([(tokens[i - start], i, (seq,), want_logits and i == end - 1)
+                         for i in range(a, b)])
+            task.report(stage, b - start, len(tokens))
+        if at_mark is not None and end in marks:
+            at_mark(end)
+        return self.ctx.logits(-1) if want_logits and tokens else None
 
     def decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
         """One llama_decode of (token, position, (seq,), wants logits) entries, possibly for
@@ -200,17 +212,66 @@ class Engine:
             self.resident[seq] = self.resident[seq][:keep]
             self.moved.discard(seq)
 
-    def fork(self, src: int, dst: int) -> None:
-        """Make ``dst`` hold what ``src`` holds; the cells are shared, nothing is copied."""
+    def fork(self, src: int, dst: int, upto: int | None = None) -> None:
+        """Make ``dst`` hold what ``src`` holds (its first ``upto`` tokens); the cells are
+        shared, nothing is copied."""
         self._check_seq(src)
         self._check_seq(dst)
         if src == dst:
             return
         self.clear_seq(dst)
-        self.ctx.seq_cp(src, dst)
-        self.resident[dst] = list(self.resident[src])
-        if src in self.moved:
-            self.moved.add(dst)
+        if upto is None or upto >= len(self.resident[src]):
+            self.ctx.seq_cp(src, dst)
+            self.resident[dst] = list(self.resident[src])
+            if src in self.moved:
+                self.moved.add(dst)
+        elif upto > 0:
+            self.ctx.seq_cp(src, dst, 0, upto)
+            self.resident[dst] = self.resident[src][:upto]
+
+    def cells_of(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
+        """A state of only the cells of ``seq`` at positions p0..p1-1 (through ``scratch``)."""
+        self.ctx.seq_rm(scratch)
+        self.ctx.seq_cp(seq, scratch, p0, p1)
+        try:
+            return in_position_order(self.ctx.state_get(scratch))
+        finally:
+            self.ctx.seq_rm(scratch)
+
+    def add_cells(self, data: bytes, seq: int, scratch: int, tokens: list[int]) -> bool:
+        """Put a state of cells (from ``cells_of``) into ``seq`` beside what it holds, which
+        then holds ``tokens``. False when llama.cpp refuses the state."""
+        self.ctx.seq_rm(scratch)
+        if not self.ctx.state_set(data, scratch):
+            self.ctx.seq_rm(scratch)
+            return False
+        self.ctx.seq_cp(scratch, seq)
+        self.ctx.seq_rm(scratch)
+        self.resident[seq] = list(tokens)
+        return True
+
+    def place_cells(self, src: int, p0: int, p1: int, dst: int, delta: int, scratch: int,
+                    tokens: list[int]) -> None:
+        """Append the cells of ``src`` at positions p0..p1-1 to ``dst``, moved by ``delta``
+        (shared when not moved; otherwise copied through ``scratch``, then seq_add, which makes
+        the next decode re-rotate their K). ``tokens`` are the tokens they hold."""
+        if len(self.resident[dst]) != p0 + delta:
+            raise KvPrimerError("cells must be placed right after what the sequence holds")
+        if delta == 0:
+            self.ctx.seq_cp(src, dst, p0, p1)
+        else:
+            data = self.cells_of(src, p0, p1, scratch)
+            if not self.ctx.state_set(data, scratch):
+                self.ctx.seq_rm(scratch)
+                raise ContextError("llama.cpp refused a module's cells; clear the cache")
+            self.ctx.seq_add(scratch, p0, p1, delta)
+            self.ctx.seq_cp(scratch, dst)
+            self.ctx.seq_rm(scratch)
+        self.resident[dst].extend(tokens)
+
+    def used_cells(self) -> int:
+        """Cells holding some sequence's tokens, by the engine's own account of every operation."""
+        return self.ctx.mirror.used
 
     def keep_only(self, seq: int) -> None:
         """Drop every other sequence; cells ``seq`` shared with them become its own."""
@@ -318,6 +379,8 @@ class Engine:
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         state.check_payload(self.info.n_vocab)
+        if state.origin == "llama.cpp":  # no model identity: at least the rows must fit
+            check_rows_fit(state, self.info.n_layer, self.info.kv_bytes_per_token)
 
     def restore(self, state: PrefixState, seq: int = 0) -> float:
         """Put a saved state into ``seq``; returns seconds taken. The context is unchanged on error."""
@@ -344,26 +407,43 @@ class Engine:
 
     def load_state(self, path: str | Path) -> PrefixState:
         """Read and validate a .kvstate file against this model and context (does not restore)."""
-        state = PrefixState.load(path)
+        state = read_any_state(path)  # ours or llama.cpp's sequence-state file
         self.check_state(state)
         return state
 
-    def prime(self, template: Template, seq: int = 0, task: TaskState | None = None,
-              keep_in_store: bool = True) -> PrefixState:
-        """Evaluate the template's static prefix into ``seq`` and snapshot it."""
-        prompt = template.prefix_prompt()
-        tokens = self.tokenize(prompt)
+    def prime_node(self, template: Template, task: TaskState | None = None) -> RadixNode:
+        """The radix cache's node holding the template's static prefix, evaluated if needed.
+
+        Into an empty cache the prefix goes in plain n_batch batches from cell 0, as a cold
+        run places it; otherwise in small batches, whose results do not depend on where the
+        cells land (batch_plan.py).
+        """
+        tokens = self.tokenize(template.prefix_prompt())
         if not tokens:
             raise KvPrimerError("the template has no static prefix (it starts with a placeholder); "
                                 "nothing to prime")
         self.check_fits(len(tokens))
-        common = _common_prefix(self.resident[seq], tokens)
-        self.trim(seq, common)
-        self.evaluate(tokens[common:], seq, task, stage="prime", want_logits=False)
-        state = self.snapshot(seq, template, template.static_prefix)
-        if keep_in_store:
-            self.store.put(state)
-        return state
+        hit = self.cache.lookup(tokens)
+        if hit.reused == len(tokens) and hit.node.depth == len(tokens):
+            self.cache.touch(hit.node)
+            return hit.node
+        chunk = None if self.used_cells() == 0 else EXACT_CHUNK
+        self.cache.ensure_free_cells(len(tokens) - hit.reused)
+        work = self.cache.take_work_seq()
+        try:
+            self.cache.fork_into(hit, work)
+            self.evaluate(tokens[hit.reused:], work, task, stage="prime", want_logits=False,
+                          chunk=chunk)
+            starts = [*(hit.node.all_cuts() if hit.node else []), *self.last_starts]
+            return self.cache.add(work, "static prefix", starts, template.sha256, hit.approx)
+        finally:
+            self.cache.give_back(work)
+
+    def prime(self, template: Template, task: TaskState | None = None) -> PrefixState:
+        """Prime the template's static prefix into the radix cache and return its state (to
+        save to a file)."""
+        node = self.prime_node(template, task)
+        return self.snapshot(node.seq, template, template.static_prefix)
 
 
 def _common_prefix(a, b) -> int:

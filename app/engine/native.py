@@ -19,6 +19,7 @@ import numpy as np
 import llama_cpp as L
 
 from .errors import ContextError, ModelError
+from .ggml_types import KV_TYPES, kv_bytes_per_token  # noqa: F401  (kv_engine imports it from here)
 
 # bytes of a given size, not initialised, for a C call to fill before anyone else sees them
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -33,19 +34,6 @@ def _bytes_ptr(data: bytes):
 
 
 log = logging.getLogger("kvprimer.llama")
-
-# ggml type name -> (ggml type id, bytes per block, elements per block)
-KV_TYPES: dict[str, tuple[int, int, int]] = {
-    "f32": (L.GGML_TYPE_F32, 4, 1),
-    "f16": (L.GGML_TYPE_F16, 2, 1),
-    "bf16": (30, 2, 1),
-    "q8_0": (L.GGML_TYPE_Q8_0, 34, 32),
-    "q4_0": (L.GGML_TYPE_Q4_0, 18, 32),
-    "q4_1": (L.GGML_TYPE_Q4_1, 20, 32),
-    "q5_0": (L.GGML_TYPE_Q5_0, 22, 32),
-    "q5_1": (L.GGML_TYPE_Q5_1, 24, 32),
-    "iq4_nl": (L.GGML_TYPE_IQ4_NL, 18, 32),
-}
 
 SEQ_STATE_VERSION = int(L.LLAMA_STATE_SEQ_VERSION)
 
@@ -130,11 +118,27 @@ def _llama_build() -> str:
 # ---- model ----------------------------------------------------------------------------------
 
 
+GPU_OFFLOAD_MISSING = ("this llama-cpp-python build has no GPU offload; reinstall it with GPU "
+                       "support (see README) or drop -ngl")
+
+
+def check_gpu_layers(n_gpu_layers: int) -> None:
+    """Raise ModelError unless ``n_gpu_layers`` (llama.cpp's -ngl) can be honoured: a CPU-only
+    build would silently run everything on the CPU."""
+    if n_gpu_layers < -1:
+        raise ModelError(f"-ngl must be 0 (CPU only), a layer count, or -1 (all layers), "
+                         f"not {n_gpu_layers}")
+    if n_gpu_layers != 0 and not L.llama_supports_gpu_offload():
+        raise ModelError(GPU_OFFLOAD_MISSING)
+
+
 class NativeModel:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, n_gpu_layers: int = 0):
+        check_gpu_layers(n_gpu_layers)
         ensure_backend()
         params = L.llama_model_default_params()
-        params.n_gpu_layers = 0
+        # -1 is "all layers" (llama-cpp-python's convention); llama.cpp caps a count at the layers
+        params.n_gpu_layers = 1 << 30 if n_gpu_layers == -1 else n_gpu_layers
         params.use_mmap = True
         last_problem()
         ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
@@ -273,10 +277,13 @@ class NativeContext:
         p.n_batch = n_batch
         p.n_ubatch = n_batch
         p.n_seq_max = params.n_seq_max
+        # llama.cpp reserves its graph for one output per sequence: with more sequences than
+        # batch tokens the default (n_batch outputs) fails an assertion and aborts
+        p.n_outputs_max = max(n_batch, params.n_seq_max)
         p.n_threads = threads
         p.n_threads_batch = threads
-        p.type_k = KV_TYPES[params.type_k][0]
-        p.type_v = KV_TYPES[params.type_v][0]
+        p.type_k = KV_TYPES[params.type_k].id
+        p.type_v = KV_TYPES[params.type_v].id
         # A quantized V cache needs flash attention; AUTO turns it on where it is supported.
         p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_AUTO
         p.kv_unified = True  # one cell pool shared by all sequences, so seq_cp shares cells
@@ -377,16 +384,6 @@ class NativeContext:
         # 40 MB state into a ctypes array first would cost as much as the restore itself.
         n = L.llama_state_seq_set_data(self.ptr, _bytes_ptr(data), len(data), seq)
         return n == len(data) and n > 0
-
-
-def kv_bytes_per_token(facts: dict, type_k: str, type_v: str) -> int:
-    """Bytes one token's K and V rows take over all layers."""
-    def row(n: int, t: str) -> int:
-        _, block_bytes, block = KV_TYPES[t]
-        return n // block * block_bytes
-    k = row(facts["n_head_kv"] * facts["head_dim_k"], type_k)
-    v = row(facts["n_head_kv"] * facts["head_dim_v"], type_v)
-    return facts["n_layer"] * (k + v)
 
 
 class NativeSampler:

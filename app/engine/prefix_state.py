@@ -11,6 +11,9 @@ no KV type: loading it under another model fails late or not at all. Layout (lit
     56  M   meta: UTF-8 JSON (model fingerprint, KV types, llama.cpp's seq-state version, ...)
     56+M B  body: the token ids (int32 each), then llama_state_seq_get_data's bytes
 
+llama_state_file.py reads llama.cpp's own per-sequence file into a PrefixState with
+``origin == "llama.cpp"`` and no model identity; ``Engine.load_state`` takes either file.
+
 Every field is checked before any byte reaches llama.cpp. Writes are atomic: a temp file in the
 same folder, fsync, then rename, so a crash leaves the old file or none, never half of one.
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import StateFileError
+from .ggml_types import KV_TYPES
 from .user_files import atomic_write, open_user_file
 from .seq_payload import check_seq_payload
 
@@ -35,6 +39,8 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQ32s")
 MAX_META = 64 * 1024
 SUFFIX = ".kvstate"
+NO_IDENTITY_NOTE = ("llama.cpp state files carry no model identity: only token count, token ids "
+                    "and row sizes were checked")
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,9 @@ class PrefixState:
     template_sha256: str = ""
     created: float = field(default_factory=time.time)
     text: str = ""  # the prefix text, for people looking at the file
+    # "kvprimer" (our file or a live snapshot) or "llama.cpp" (its per-sequence file, which
+    # carries no model fingerprint: model_sha256 is empty and only the layout can be checked)
+    origin: str = "kvprimer"
 
     def __post_init__(self):
         if not self.tokens:
@@ -57,6 +66,13 @@ class PrefixState:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def warning(self) -> str:
+        """What the user should know before trusting this state, or ''."""
+        if self.origin == "llama.cpp":
+            return NO_IDENTITY_NOTE
+        return ""
 
     @property
     def nbytes(self) -> int:
@@ -79,25 +95,32 @@ class PrefixState:
     def check_compatible(self, model_sha256: str, type_k: str, type_v: str, seq_state_version: int,
                          n_ctx: int) -> None:
         """Raise StateFileError naming what differs from the loaded model and context."""
-        if self.model_sha256 != model_sha256:
+        if self.origin == "llama.cpp":
+            # no fingerprint to compare; its version decides how the rest is laid out
+            self._check_version(seq_state_version)
+        elif self.model_sha256 != model_sha256:
             raise StateFileError(
                 f"this state was made with another model ({self.model_name}, fingerprint "
                 f"{self.model_sha256[:12]}…); load that model or prime the prefix again"
             )
-        if (self.type_k, self.type_v) != (type_k, type_v):
+        # a llama.cpp state whose layout we cannot read has no types: check_payload says why
+        if self.type_k and (self.type_k, self.type_v) != (type_k, type_v):
             raise StateFileError(
                 f"this state has KV types {self.type_k}/{self.type_v} but the context uses "
                 f"{type_k}/{type_v}; set -ctk {self.type_k} -ctv {self.type_v} or prime again"
             )
-        if self.seq_state_version != seq_state_version:
-            raise StateFileError(
-                f"this state was written by llama.cpp seq-state version {self.seq_state_version}, "
-                f"this build reads version {seq_state_version}; prime the prefix again"
-            )
+        self._check_version(seq_state_version)
         if self.n_tokens >= n_ctx:
             raise StateFileError(
                 f"this state holds {self.n_tokens} tokens but the context has {n_ctx} cells; "
                 f"raise --ctx-size above {self.n_tokens}"
+            )
+
+    def _check_version(self, seq_state_version: int) -> None:
+        if self.seq_state_version != seq_state_version:
+            raise StateFileError(
+                f"this state was written by llama.cpp seq-state version {self.seq_state_version}, "
+                f"this build reads version {seq_state_version}; prime the prefix again"
             )
 
     def check_payload(self, n_vocab: int) -> None:
@@ -115,6 +138,10 @@ class PrefixState:
 
     def save(self, path: str | os.PathLike) -> int:
         """Write atomically; returns the file size in bytes."""
+        if self.origin != "kvprimer":
+            raise StateFileError("a state read from a llama.cpp file has no model identity to "
+                                 "save in a .kvstate; restore it and prime again, or save it "
+                                 "in llama.cpp's format")
         path = Path(path)
         meta = json.dumps(self.meta(), sort_keys=True).encode("utf-8")
         toks = array("i", self.tokens)
@@ -142,7 +169,8 @@ class PrefixState:
             raise StateFileError(f"{name} is truncated or not a KV Primer state ({size} bytes)")
         magic, version, meta_len, body_len, digest = _HEADER.unpack(f.read(_HEADER.size))
         if magic != MAGIC:
-            raise StateFileError(f"{name} is not a KV Primer state file (wrong magic)")
+            raise StateFileError(f"{name} is neither a KV Primer state nor a llama.cpp sequence "
+                                 "state (wrong magic)")
         if version != FORMAT_VERSION:
             raise StateFileError(
                 f"{name} has state format version {version}; this KV Primer reads version "
@@ -201,15 +229,12 @@ def _parse_meta(raw: bytes) -> dict | None:
         return None
 
 
-# ggml type ids by name, as in native.KV_TYPES (kept here so that reading a file needs no
-# llama.cpp; test_robust_state checks that the two agree)
-_KV_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-                "iq4_nl": 20, "bf16": 30}
+_KV_TYPE_IDS = {name: t.id for name, t in KV_TYPES.items()}
 
 
 def _type_ids(type_k: str, type_v: str) -> tuple[int, int] | None:
-    if type_k in _KV_TYPE_IDS and type_v in _KV_TYPE_IDS:
-        return _KV_TYPE_IDS[type_k], _KV_TYPE_IDS[type_v]
+    if type_k in KV_TYPES and type_v in KV_TYPES:
+        return KV_TYPES[type_k].id, KV_TYPES[type_v].id
     return None
 
 

@@ -36,7 +36,7 @@ class SweepPoint:
 def _timed_eval(engine: Engine, tokens: list[int], seq: int, task: TaskState, stage: str,
                 split_at: int | None = None) -> float:
     t0 = time.perf_counter()
-    engine.evaluate(tokens, seq, task, stage=stage, split_at=split_at)
+    engine.evaluate(tokens, seq, task, stage=stage, marks=[split_at] if split_at else [])
     return (time.perf_counter() - t0) * 1000
 
 

@@ -1,88 +1,53 @@
-"""Running a filled prompt cold and warm, and proving the two equivalent.
+"""Running a filled prompt warm and cold, and proving the two equivalent.
 
-Cold: clear the sequence, evaluate every token. Warm: restore the prefix state, drop what of it
-the prompt does not share, evaluate only the rest. Both then generate with the same sampler.
-
-llama.cpp's logits depend on how tokens are grouped into batches, so the cold path starts a new
-batch at the same token where the warm path starts evaluating: then cold and warm agree bit for
-bit (max |Δlogit| = 0). A third, one-shot cold run (plain batches from token 0) is compared too
-and reported apart, so the batch-grouping effect is visible for what it is, not a cache error.
+Warm: find what the radix cache already holds of the prompt (``reuse``: the static prefix only,
+the deepest cached prompt — ``chain`` —, or the static prefix with composed modules), fork it
+into a working sequence, evaluate only the rest, generate. Cold: the same prompt from scratch in
+the cold reference context, with the batch starts the warm run's history used, so an exact
+cache gives bit-identical logits; a one-shot cold run (plain batches) measures the model's own
+batch-grouping noise. The verdict (verdict.py) weighs the warm run against both.
 """
 from __future__ import annotations
 
-import codecs
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
+from .batch_plan import EXACT_CHUNK
+from .cold_reference import PathResult
 from .errors import KvPrimerError
-from .kv_engine import Engine, common_prefix
-from .native import NativeSampler
+from .generation import GenerationConfig, TextDelta, generate
+from .module_compose import compose_into, plan_modules
 from .prefix_state import PrefixState
+from .prompt_segments import prompt_segments
 from .task_state import TaskState
 from .template import Template
+from .verdict import Verdict, compare_runs, judge
 
+REUSE_MODES = ("prefix", "chain", "compose")
+KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
 
-@dataclass(frozen=True)
-class GenerationConfig:
-    max_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    """Streamed through TaskState.partial while a path generates."""
-    mode: str
-    text: str
-
-
-@dataclass
-class PathResult:
-    mode: str  # "cold", "warm" or "oneshot"
-    reused_tokens: int
-    evaluated_tokens: int
-    restore_ms: float
-    prompt_ms: float  # evaluating the prompt tokens
-    ttft_ms: float  # restore + evaluation + first token sampled
-    gen_ms: float
-    tokens: list[int]
-    text: str
-    first_logits: np.ndarray = field(repr=False)
-
-    @property
-    def tokens_per_s(self) -> float:
-        n = max(len(self.tokens) - 1, 0)  # the first token belongs to time-to-first-token
-        return n / (self.gen_ms / 1000) if self.gen_ms > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class Equivalence:
-    tokens_equal: bool
-    first_diff: int | None  # first generated position where cold and warm differ
-    max_logit_diff: float  # at the first generated position
-    oneshot_tokens_equal: bool | None = None
-    oneshot_max_logit_diff: float | None = None
-
-    @property
-    def exact(self) -> bool:
-        return self.tokens_equal and self.max_logit_diff == 0.0
+__all__ = ["GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
+           "run_prompt", "report_dict"]
 
 
 @dataclass
 class RunReport:
     prompt_tokens: int
-    prefix_tokens: int  # tokens in the prefix state used (0 when none)
+    prefix_tokens: int  # the template's static prefix, in this prompt's tokens
+    reuse: str
     reused_tokens: int
     evaluated_tokens: int
     tokenize_ms: float
-    state_bytes: int
+    sources: tuple[tuple[str, int], ...] = ()  # what was reused: ("static prefix", 1761), …
+    hit_tier: str = ""  # where the reused prompt was found: resident, ram, file
+    build_ms: float = 0.0  # compose: evaluating modules seen for the first time
+    state_bytes: int = 0
     cold: PathResult | None = None
     warm: PathResult | None = None
     oneshot: PathResult | None = None
-    equivalence: Equivalence | None = None
+    verdict: Verdict | None = None
+    note: str = ""  # why the reused cells may not be exact, when they may not
+    plan: list[int] = field(default_factory=list, repr=False)  # the warm history's batch starts
 
     @property
     def speedup(self) -> float | None:
@@ -90,22 +55,53 @@ class RunReport:
             return self.cold.ttft_ms / self.warm.ttft_ms
         return None
 
-
-def compare(a: PathResult, b: PathResult) -> tuple[bool, int | None, float]:
-    diff = float(np.max(np.abs(a.first_logits - b.first_logits)))
-    first = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None)
-    if first is None and len(a.tokens) != len(b.tokens):
-        first = min(len(a.tokens), len(b.tokens))
-    return first is None, first, diff
+    def reuse_text(self) -> str:
+        """What the run reused, for people: "static prefix 1,761 + <c1> = … 19 · evaluated 24"."""
+        parts = " + ".join(f"{name} {n:,}" for name, n in self.sources) or "nothing"
+        where = f" (from {self.hit_tier})" if self.hit_tier not in ("", "resident") else ""
+        return f"{parts}{where} · evaluated {self.evaluated_tokens:,}"
 
 
-def run_prompt(engine: Engine, template: Template, values: dict[str, str], *,
+def report_dict(rep: RunReport) -> dict:
+    """A run as plain data (JSON), for the CLI, the project file and the window alike."""
+    def path(p: PathResult | None):
+        if p is None:
+            return None
+        return {"reused_tokens": p.reused_tokens, "evaluated_tokens": p.evaluated_tokens,
+                "restore_ms": p.restore_ms, "prompt_ms": p.prompt_ms, "ttft_ms": p.ttft_ms,
+                "gen_ms": p.gen_ms, "tokens_per_s": p.tokens_per_s, "tokens": p.tokens,
+                "text": p.text}
+    v = rep.verdict
+    return {"prompt_tokens": rep.prompt_tokens, "prefix_tokens": rep.prefix_tokens,
+            "reuse": rep.reuse, "reused_tokens": rep.reused_tokens,
+            "reused_by_source": [{"source": s, "tokens": n} for s, n in rep.sources],
+            "hit_tier": rep.hit_tier, "evaluated_tokens": rep.evaluated_tokens,
+            "tokenize_ms": rep.tokenize_ms, "build_ms": rep.build_ms,
+            "state_bytes": rep.state_bytes, "speedup": rep.speedup,
+            "cold": path(rep.cold), "warm": path(rep.warm), "oneshot": path(rep.oneshot),
+            "verdict": None if v is None else {**asdict(v), "text": v.describe()}}
+
+
+def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str = "chain",
                state: PrefixState | None = None, cold: bool = True, warm: bool = True,
-               oneshot: bool = True, gen: GenerationConfig = GenerationConfig(), seq: int = 0,
-               task: TaskState | None = None) -> RunReport:
-    """Run one filled prompt on the chosen paths; see the module docstring."""
+               oneshot: bool = True, gen: GenerationConfig = GenerationConfig(),
+               recompute: int = 0, keep: bool = True, task: TaskState | None = None,
+               cold_cache: dict | None = None, reuse_before: int | None = None) -> RunReport:
+    """Run one filled prompt on the chosen paths (see the module docstring).
+
+    ``state``: a saved prefix state to reuse (restored once into the cache). ``keep``: cache
+    the prompt's segments for later runs (chain). ``recompute``: compose mode evaluates the
+    first k tokens of each module in context. ``cold_cache``: cold runs already made for this
+    prompt, by batch starts (a benchmark runs one cold run for several modes).
+    ``reuse_before``: reuse only cache nodes older than this cache generation (a benchmark's
+    repeats must not reuse what the row's own first run cached).
+    """
+    if reuse not in REUSE_MODES:
+        raise KvPrimerError(f"unknown reuse mode '{reuse}'; use one of {', '.join(REUSE_MODES)}")
     if not (cold or warm):
         raise KvPrimerError("choose cold, warm or both")
+    if recompute < 0:
+        raise KvPrimerError(f"--recompute must be 0 or more, not {recompute}")
     task = task or TaskState()
     t0 = time.perf_counter()
     tokens = engine.tokenize(template.fill(values))
@@ -113,83 +109,95 @@ def run_prompt(engine: Engine, template: Template, values: dict[str, str], *,
     if not tokens:
         raise KvPrimerError("the filled prompt is empty; nothing to evaluate")
     engine.check_fits(len(tokens))
-    def static() -> int:  # tokens the template's static prefix shares with this prompt
-        return common_prefix(engine.tokenize(template.prefix_prompt()), tokens)
-
-    if warm:
-        if state is None:
-            # A stored state is worth restoring only if it covers this template's static prefix.
-            match = engine.store.longest_prefix(tokens)
-            state = match.state if match and match.common_tokens >= static() else engine.prime(template, seq, task)
-        engine.check_state(state)
-        boundary = common_prefix(state.tokens, tokens)
-    else:
-        boundary = static()
-    boundary = min(boundary, len(tokens) - 1)  # evaluate at least one token, for its logits
-    report = RunReport(prompt_tokens=len(tokens), prefix_tokens=state.n_tokens if state else 0,
-                       reused_tokens=boundary, evaluated_tokens=len(tokens) - boundary,
-                       tokenize_ms=tokenize_ms, state_bytes=state.nbytes if state else 0)
+    segments = prompt_segments(engine.tokenize, template, values, tokens)
     max_new = max(1, min(gen.max_tokens, engine.ctx.n_ctx - len(tokens) - 1))
+    report = RunReport(len(tokens), segments[0].end, reuse, 0, len(tokens), tokenize_ms,
+                       state_bytes=state.nbytes if state else 0)
     if warm:
-        report.warm = _warm(engine, state, tokens, boundary, seq, gen, max_new, task)
+        report.warm = _warm(engine, template, values, tokens, segments, reuse, state, gen,
+                            max_new, recompute, keep, task, report, reuse_before)
         task.partial(report)
+    keep_n = min(max_new, KEEP_LOGITS)
+    colds = cold_cache if cold_cache is not None else {}
     if cold:
-        report.cold = _cold(engine, tokens, boundary, seq, gen, max_new, task, "cold")
+        # without a warm run to match, the cold run is the plain one a user would make
+        plan = report.plan if warm else None
+        key = ("cold", tuple(plan or ()), gen, max_new)
+        if key not in colds:
+            colds[key] = engine.cold.run(tokens, plan, gen, max_new, task, "cold", keep_n)
+        report.cold = colds[key]
         task.partial(report)
     if oneshot:
-        report.oneshot = _cold(engine, tokens, None, seq, gen, max_new, task, "oneshot")
-    if cold and warm:
-        eq, first, diff = compare(report.cold, report.warm)
-        o_eq = o_diff = None
+        key = ("oneshot", gen, max_new)
+        if key not in colds:
+            colds[key] = engine.cold.run(tokens, None, gen, max_new, task, "oneshot", keep_n)
+        report.oneshot = colds[key]
+    if report.cold and report.warm:
+        w = compare_runs(report.cold.tokens, report.cold.logits, report.warm.tokens,
+                         report.warm.logits)
+        noise = None
         if report.oneshot:
-            o_eq, _, o_diff = compare(report.oneshot, report.warm)
-        report.equivalence = Equivalence(eq, first, diff, o_eq, o_diff)
+            noise = compare_runs(report.cold.tokens, report.cold.logits, report.oneshot.tokens,
+                                 report.oneshot.logits)
+        report.verdict = judge(w, noise, report.note)
     task.partial(report)
     return report
 
 
-def _cold(engine, tokens, boundary, seq, gen, max_new, task, mode) -> PathResult:
-    engine.clear_seq(seq)
-    t0 = time.perf_counter()
-    logits = engine.evaluate(tokens, seq, task, stage=mode, split_at=boundary)
-    prompt_s = time.perf_counter() - t0
-    return _finish(engine, mode, 0, len(tokens), 0.0, prompt_s, t0, logits, seq, gen, max_new, task)
+def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new, recompute,
+          keep, task, report, before) -> PathResult:
+    cache = engine.cache
+    if state is not None:
+        engine.check_state(state)
+        node = cache.adopt(state, "saved state")
+        hit = cache.lookup(tokens, limit=min(node.depth, len(tokens) - 1))
+    elif reuse == "chain":
+        engine.prime_node(template, task)
+        hit = cache.lookup(tokens, limit=len(tokens) - 1, before=before)
+    else:
+        node = engine.prime_node(template, task)
+        hit = cache.lookup(tokens, limit=min(segments[0].end, node.depth, len(tokens) - 1))
+    compose = reuse == "compose" and state is None
+    if compose:  # modules seen for the first time are built first, timed apart
+        plan = plan_modules(engine, tokens, segments, hit, node, task)
+        report.build_ms = plan.build_ms
+        hit = plan.hit
+    report.note = hit.approx
+    cache.ensure_free_cells(len(tokens) - hit.reused + max_new)
+    work = cache.take_work_seq()
+    try:
+        t0 = time.perf_counter()
+        if compose:
+            c = compose_into(engine, plan, tokens, work, recompute, task)
+            reused, sources = c.reused, c.sources
+            head = [x for x in (hit.node.all_cuts() if hit.node else []) if x < hit.reused]
+            head += c.starts
+            report.note = report.note or "composed modules never attended to each other"
+        else:
+            cache.fork_into(hit, work)
+            reused, sources = hit.reused, hit.sources
+            head = [x for x in (hit.node.all_cuts() if hit.node else []) if x < reused]
+        t1 = time.perf_counter()
+        labels = {s.end: s.label for s in segments}
+        marks = [s.start for s in segments if s.start > reused] + [len(tokens)]
 
+        def remember(pos: int) -> None:
+            if keep and reuse == "chain" and pos in labels:
+                cache.add(work, labels[pos], head + engine.last_starts, template.sha256,
+                          hit.approx)
 
-def _warm(engine, state, tokens, boundary, seq, gen, max_new, task) -> PathResult:
-    engine.clear_seq(seq)
-    t0 = time.perf_counter()
-    restore_s = engine.restore(state, seq)
-    engine.trim(seq, boundary)
-    t1 = time.perf_counter()
-    logits = engine.evaluate(tokens[boundary:], seq, task, stage="warm")
-    prompt_s = time.perf_counter() - t1
-    return _finish(engine, "warm", boundary, len(tokens) - boundary, restore_s, prompt_s, t0,
-                   logits, seq, gen, max_new, task)
-
-
-def _finish(engine, mode, reused, evaluated, restore_s, prompt_s, t0, logits, seq, gen, max_new,
-            task) -> PathResult:
-    out: list[int] = []
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    text: list[str] = []
-    with NativeSampler(gen.temperature, gen.top_p, gen.seed) as sampler:
-        tok = sampler.sample(engine.ctx)
-        t_first = time.perf_counter()
-        while True:
-            out.append(tok)
-            if engine.model.is_eog(tok):
-                break
-            piece = decoder.decode(engine.model.piece(tok, special=False))
-            if piece:
-                text.append(piece)
-                task.partial(TextDelta(mode, piece))
-            if len(out) >= max_new:
-                break
-            task.check(kept_tokens=len(engine.resident[seq]))
-            engine.evaluate([tok], seq, stage="generate")
-            tok = sampler.sample(engine.ctx)
-    t_end = time.perf_counter()
-    text.append(decoder.decode(b"", final=True))
-    return PathResult(mode, reused, evaluated, restore_s * 1000, prompt_s * 1000,
-                      (t_first - t0) * 1000, (t_end - t_first) * 1000, out, "".join(text), logits)
+        engine.evaluate(tokens[reused:], work, task, stage="warm", chunk=EXACT_CHUNK,
+                                 marks=marks, at_mark=remember)
+        prompt_s = time.perf_counter() - t1
+        report.plan = head + engine.last_starts
+        report.reused_tokens, report.sources = reused, sources
+        report.evaluated_tokens = len(tokens) - reused
+        report.hit_tier = hit.tier
+        g = generate(engine.ctx, engine.model,
+                     lambda tok: engine.evaluate([tok], work, stage="generate"),
+                     gen, max_new, task, "warm", min(max_new, KEEP_LOGITS))
+    finally:
+        cache.give_back(work)
+    return PathResult("warm", reused, len(tokens) - reused, (t1 - t0) * 1000, prompt_s * 1000,
+                      (g.t_first - t0) * 1000, (g.t_end - g.t_first) * 1000, g.tokens, g.text,
+                      g.logits, report.plan)

@@ -130,12 +130,3 @@ def check_rows(rows: list[Row], placeholders: list[str], name: str = "rows") -> 
         if extra:
             raise RowsError(f"{name} row {row.number}: column {extra[0]!r} is not a placeholder of "
                             "the template; remove it or add it to the template")
-
-
-def write_csv(rows: list[dict[str, str]], columns: list[str]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-    return out.getvalue()

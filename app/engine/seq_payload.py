@@ -142,6 +142,42 @@ def _block(r: _Reader, n_tokens: int, type_ids, first: bool) -> None:
             r.take(n * row, "V data")
 
 
+def row_layout(data: bytes) -> list[list[tuple[int, int, int, int]]] | None:
+    """Per cache block, per layer: (K type, K bytes per cell, V type, V bytes per cell); None
+    when ``data`` is not a layout we know. For reading a state's KV types and row sizes."""
+    try:
+        r = _Reader(data)
+        if r.u32("magic") != IO_MAGIC:
+            return None
+        r.u32("source sequence")
+        blocks = []
+        while r.off < len(data) and len(blocks) < 2:
+            r.u32("stream count")
+            n = r.u32("cell count")
+            if n == 0:
+                blocks.append([])
+                continue
+            r.take(12 * n, "cells")
+            v_trans, n_layer = r.u32("V layout"), r.u32("layer count")
+            if not 0 < n_layer <= MAX_LAYERS:
+                return None
+            ks = []
+            for _ in range(n_layer):
+                t, row = r.i32("K type"), r.u64("K row size")
+                ks.append((t, row))
+                r.take(n * row, "K data")
+            layers = []
+            for kt, krow in ks:
+                t = r.i32("V type")
+                per_cell = r.u32("V element size") * r.u32("V width") if v_trans else r.u64("V row size")
+                r.take(n * per_cell, "V data")
+                layers.append((kt, krow, t, per_cell))
+            blocks.append(layers)
+        return blocks if r.off == len(data) and blocks else None
+    except _Bad:
+        return None
+
+
 def in_position_order(data: bytes) -> bytes:
     """The same state with its cells sorted by position (``data`` itself when they already are).
 

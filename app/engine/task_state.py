@@ -22,10 +22,6 @@ class Progress:
     elapsed_s: float
 
     @property
-    def fraction(self) -> float:
-        return self.done / self.total if self.total else 1.0
-
-    @property
     def rate(self) -> float:
         return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
 

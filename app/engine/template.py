@@ -20,7 +20,11 @@ from .errors import MissingValuesError, TemplateError, TemplateSyntaxError
 from .user_files import read_user_text
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-_PLACEHOLDER_AT = re.compile(r"<([A-Za-z_][A-Za-z0-9_-]*)(>?)")
+# A whole placeholder, unless a backslash escapes its '<': finds exactly the placeholders the
+# parser reads. The pattern is also valid for Qt's QRegularExpression, so the editor highlights
+# with it instead of keeping its own copy of the rule.
+PLACEHOLDER_RE = re.compile(rf"(?<!\\)<({NAME_RE.pattern})>")
+_PLACEHOLDER_AT = re.compile(rf"<({NAME_RE.pattern})(>?)")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
-"""The Benchmark view and the charts it shares with the Run panel (QtCharts, PySide6-Addons).
+"""The Benchmark view: every row cold and warm, repeated; the prefix-length sweep; exports.
 
-``TtftChart``: cold vs warm time to first token per row, bars at the median with min–max
-whiskers, the speedup under each row's label. ``SweepChart``: time to first token against
-prefix tokens, cold and warm, the suffix-only evaluation as the floor. Jobs are started by the
-main window; this view shows results and exports them.
+It shows the session's benchmark and sweep results (charts from app.ui.charts, a table with
+readable headers) and exports them; jobs are started by the window. The repeats box is the
+session's option.
 """
 from __future__ import annotations
 
@@ -13,180 +12,70 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from PySide6.QtCharts import (QBarCategoryAxis, QBarSeries, QBarSet, QChart, QChartView, QLineSeries,
-                              QValueAxis)
-from PySide6.QtCore import QMargins, QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QPainter, QPen
-from PySide6.QtSvg import QSvgGenerator
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from ..engine import BenchResult, BenchRow
+from ..engine.session import Session, bench_summary
+from .charts import SweepChart, TtftBar, TtftChart, save_chart
 
-COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
-MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has every row
-
-
-def _chart(title: str) -> QChart:
-    c = QChart()
-    c.setTitle(title)
-    c.setAnimationOptions(QChart.NoAnimation)
-    c.legend().setAlignment(Qt.AlignBottom)
-    c.setMargins(QMargins(4, 4, 4, 4))
-    c.setBackgroundRoundness(0)
-    return c
-
-
-class TtftChart(QChartView):
-    def __init__(self, title: str = "Time to first token per row (ms): median, min–max",
-                 parent: QWidget | None = None):
-        super().__init__(_chart(title), parent)
-        self.setRenderHint(QPainter.Antialiasing)
-        self.setMinimumHeight(200)
-        self.rows: list[BenchRow] = []
-
-    @property
-    def bar_count(self) -> int:
-        return sum(s.count() for s in self.chart().series() if isinstance(s, QBarSeries)
-                   for s in s.barSets())
-
-    def set_rows(self, rows: list[BenchRow]) -> None:
-        rows = [r for r in rows if r.error is None][:MAX_BARS]
-        self.rows = rows
-        chart = self.chart()
-        chart.removeAllSeries()
-        for ax in chart.axes():
-            chart.removeAxis(ax)
-        if not rows:
-            return
-        cold, warm = QBarSet("cold"), QBarSet("warm")
-        cold.setColor(COLD)
-        warm.setColor(WARM)
-        cold.append([r.cold_ms for r in rows])
-        warm.append([r.warm_ms for r in rows])
-        bars = QBarSeries()
-        bars.setBarWidth(0.7)
-        bars.append(cold)
-        bars.append(warm)
-        chart.addSeries(bars)
-        cats = QBarCategoryAxis()
-        cats.append([f"row {r.row}  ×{r.speedup:.1f}" for r in rows])
-        top = max(max(r.cold_ms_max, r.cold_ms, r.warm_ms_max) for r in rows) * 1.1 or 1.0
-        y = QValueAxis()
-        y.setRange(0, top)
-        y.setTitleText("ms")
-        y.setLabelFormat("%.0f")
-        y.applyNiceNumbers()
-        chart.addAxis(cats, Qt.AlignBottom)
-        chart.addAxis(y, Qt.AlignLeft)
-        bars.attachAxis(cats)
-        bars.attachAxis(y)
-        # min–max whiskers on a hidden value axis aligned with the categories
-        x = QValueAxis()
-        x.setRange(-0.5, len(rows) - 0.5)
-        x.setVisible(False)
-        chart.addAxis(x, Qt.AlignBottom)
-        offset = 0.7 / 4
-        for i, r in enumerate(rows):
-            for dx, lo, hi in ((-offset, r.cold_ms_min, r.cold_ms_max),
-                               (offset, r.warm_ms_min, r.warm_ms_max)):
-                if hi <= lo:
-                    continue
-                w = QLineSeries()
-                w.setPen(QPen(QColor("#222222"), 1.5))
-                w.append(i + dx, lo)
-                w.append(i + dx, hi)
-                chart.addSeries(w)
-                w.attachAxis(x)
-                w.attachAxis(y)
-                chart.legend().markers(w)[0].setVisible(False)
+# (BenchRow field, header, tooltip)
+BENCH_COLUMNS = [
+    ("row", "row", "The row's number in the rows table"),
+    ("prefix_tokens", "prefix (tokens)", "Tokens in the primed prefix state"),
+    ("suffix_tokens", "suffix (tokens)", "Tokens after the reused prefix: evaluated on each warm run"),
+    ("cold_ms", "cold (ms)", "Time to first token without the cache (median of the repeats)"),
+    ("warm_ms", "warm (ms)", "Time to first token restoring the prefix state (median)"),
+    ("restore_ms", "restore (ms)", "Time to copy the prefix state into the KV cache (median)"),
+    ("speedup", "speedup (×)", "cold ÷ warm"),
+    ("tokens_equal", "same tokens", "The warm run generated exactly the cold run's tokens"),
+    ("max_logit_diff", "max |Δlogit|", "Largest logit difference at the first generated token; "
+                                       "0 means bit-identical"),
+    ("error", "error", "Why the row could not run"),
+]
 
 
-class SweepChart(QChartView):
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(_chart("Time to first token vs prefix length (ms)"), parent)
-        self.setRenderHint(QPainter.Antialiasing)
-        self.setMinimumHeight(200)
-        self.points = []
-
-    def set_points(self, points) -> None:
-        self.points = list(points)
-        chart = self.chart()
-        chart.removeAllSeries()
-        for ax in chart.axes():
-            chart.removeAxis(ax)
-        if not points:
-            return
-        x, y = QValueAxis(), QValueAxis()
-        x.setTitleText("prefix tokens")
-        x.setLabelFormat("%d")
-        y.setTitleText("ms")
-        y.setLabelFormat("%.0f")
-        x.setRange(0, max(p.prefix_tokens for p in points) * 1.05)
-        y.setRange(0, max(max(p.cold_ms, p.warm_ms) for p in points) * 1.1 or 1.0)
-        y.applyNiceNumbers()
-        chart.addAxis(x, Qt.AlignBottom)
-        chart.addAxis(y, Qt.AlignLeft)
-        for name, color, attr, style in (("cold", COLD, "cold_ms", Qt.SolidLine),
-                                         ("warm", WARM, "warm_ms", Qt.SolidLine),
-                                         ("suffix only (floor)", FLOOR, "floor_ms", Qt.DashLine)):
-            s = QLineSeries()
-            s.setName(name)
-            s.setPen(QPen(color, 2, style))
-            s.setPointsVisible(True)
-            for p in points:
-                s.append(p.prefix_tokens, getattr(p, attr))
-            chart.addSeries(s)
-            s.attachAxis(x)
-            s.attachAxis(y)
-
-
-def save_chart(view: QChartView, path: str | Path) -> None:
-    """PNG (or any raster type Qt knows) from the widget; SVG through QSvgGenerator."""
-    path = Path(path)
-    if path.suffix.lower() == ".svg":
-        size = view.size() if view.width() > 10 else QSize(800, 400)
-        gen = QSvgGenerator()
-        gen.setFileName(str(path))
-        gen.setSize(size)
-        gen.setViewBox(QRectF(0, 0, size.width(), size.height()))
-        gen.setTitle(view.chart().title())
-        p = QPainter(gen)
-        try:
-            view.render(p)
-        finally:
-            p.end()
-    else:
-        view.grab().save(str(path))
-
-
-BENCH_COLUMNS = ["row", "prefix_tokens", "suffix_tokens", "cold_ms", "warm_ms", "restore_ms",
-                 "speedup", "tokens_equal", "max_logit_diff", "error"]
+def cell_text(key: str, value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if key == "max_logit_diff":
+        return f"{value:.3g}"
+    if key == "speedup":
+        return f"×{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, int) and key != "row":
+        return f"{value:,}"
+    return str(value)
 
 
 class BenchView(QWidget):
-    run_requested = Signal(int)  # repeats
+    run_requested = Signal()
     sweep_requested = Signal()
     error = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, session: Session, parent: QWidget | None = None):
         super().__init__(parent)
-        self.result: BenchResult | None = None
+        self.session = session
         self.repeat = QSpinBox()
         self.repeat.setRange(1, 50)
-        self.repeat.setValue(3)
+        self.repeat.setValue(session.options.repeat)
         self.repeat.setPrefix("repeats: ")
-        run = QPushButton("Benchmark rows")
-        run.setToolTip("Run every row cold and warm, repeated (Ctrl+B)")
-        run.clicked.connect(lambda: self.run_requested.emit(self.repeat.value()))
-        sweep = QPushButton("Prefix-length sweep")
-        sweep.setToolTip("Time to first token against prefix length, on the current row")
-        sweep.clicked.connect(self.sweep_requested)
+        self.repeat.valueChanged.connect(lambda v: session.set_options(repeat=v))
+        self.run_button = QPushButton("Benchmark rows")
+        self.run_button.setToolTip("Run every row cold and warm, repeated (Ctrl+B)")
+        self.run_button.clicked.connect(self.run_requested)
+        self.sweep_button = QPushButton("Prefix-length sweep")
+        self.sweep_button.setToolTip("Time to first token against prefix length, on the current row")
+        self.sweep_button.clicked.connect(self.sweep_requested)
         exports = [("Export CSV…", self.export_dialog_data), ("Export charts…", self.export_dialog_charts)]
         top = QHBoxLayout()
         top.addWidget(self.repeat)
-        top.addWidget(run)
-        top.addWidget(sweep)
+        top.addWidget(self.run_button)
+        top.addWidget(self.sweep_button)
         top.addStretch(1)
         self.summary = QLabel("No benchmark yet: press “Benchmark rows”.")
         self.summary.setWordWrap(True)
@@ -197,8 +86,13 @@ class BenchView(QWidget):
         self.chart = TtftChart()
         self.sweep = SweepChart()
         self.table = QTableWidget(0, len(BENCH_COLUMNS))
-        self.table.setHorizontalHeaderLabels(BENCH_COLUMNS)
+        self.table.setObjectName("benchTable")
+        for c, (_key, header, tip) in enumerate(BENCH_COLUMNS):
+            item = QTableWidgetItem(header)
+            item.setToolTip(tip)
+            self.table.setHorizontalHeaderItem(c, item)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QTableWidget.NoEditTriggers)
         charts = QSplitter(Qt.Horizontal)
         charts.addWidget(self.chart)
@@ -212,35 +106,38 @@ class BenchView(QWidget):
         lay.addLayout(top)
         lay.addWidget(self.summary)
         lay.addWidget(split, 1)
+        session.events.bench.connect(self._show_result)
+        session.events.sweep.connect(self.sweep.set_points)
+        session.events.options.connect(lambda o: self.repeat.setValue(o.repeat))
+        self._show_result(session.bench)
+        self.sweep.set_points(session.sweep)
 
-    def show_result(self, result: BenchResult) -> None:
-        self.result = result
-        self.chart.set_rows(result.rows)
-        self.table.setRowCount(len(result.rows))
-        for i, r in enumerate(result.rows):
+    def set_can_run(self, on: bool) -> None:
+        self.run_button.setEnabled(on)
+        self.sweep_button.setEnabled(on)
+
+    def _show_result(self, result: BenchResult | None) -> None:
+        rows = result.rows if result else []
+        self.chart.set_bars([TtftBar.from_bench(r) for r in rows if r.error is None])
+        self.table.setRowCount(len(rows))
+        for i, r in enumerate(rows):
             d = asdict(r)
-            for c, k in enumerate(BENCH_COLUMNS):
-                v = d[k]
-                text = f"{v:.1f}" if isinstance(v, float) and k != "max_logit_diff" else \
-                    ("" if v is None else str(v))
-                self.table.setItem(i, c, QTableWidgetItem(text))
-        s = result.summary()
-        if s["speedup_median"]:
-            eq = "all outputs equal" if s["all_tokens_equal"] else "OUTPUTS DIFFER"
-            self.summary.setText(f"median speedup ×{s['speedup_median']:.1f} · cold "
-                                 f"{s['cold_ms_median']:.0f} ms · warm {s['warm_ms_median']:.0f} ms · {eq}"
-                                 + (" · cancelled" if result.cancelled else ""))
-
-    def show_sweep(self, points) -> None:
-        self.sweep.set_points(points)
+            for c, (key, _header, _tip) in enumerate(BENCH_COLUMNS):
+                item = QTableWidgetItem(cell_text(key, d[key]))
+                if key != "error":
+                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                self.table.setItem(i, c, item)
+        self.summary.setText(bench_summary(result) if result else
+                             "No benchmark yet: press “Benchmark rows”.")
 
     # ---- export
     def export_data(self, path: str | Path) -> None:
         path = Path(path)
-        if self.result is None and not self.sweep.points:
+        bench, sweep = self.session.bench, self.session.sweep
+        if bench is None and not sweep:
             raise ValueError("nothing to export yet; run a benchmark first")
-        data = self.result.as_dict() if self.result else {}
-        data["sweep"] = [p.as_dict() for p in self.sweep.points]
+        data = bench.as_dict() if bench else {}
+        data["sweep"] = [p.as_dict() for p in sweep]
         if path.suffix.lower() == ".json":
             path.write_text(json.dumps(data, indent=1))
             return

@@ -1,20 +1,22 @@
 """One worker thread owns the engine (and so the llama context); the GUI thread never calls it.
 
-A job is a plain function ``fn(engine, task)`` (Orange3's task-state pattern): it reports
-progress and partial results through ``task`` and checks ``task`` for cancellation between
-batches. Progress, partial results and the single done/error outcome arrive on the GUI thread
-as Qt signals (emitted from the worker thread, delivered queued). Starting a job while another
-runs cancels the running one; the new one starts when it has stopped, since the pool has one
-thread.
+A job is a plain function ``fn(engine, task)`` (Orange3's task-state pattern) of a known
+``JobKind``: it reports progress and typed partial results through ``task`` and checks ``task``
+for cancellation between batches. Progress, partial results and the single done/error/cancelled
+outcome arrive on the GUI thread as Qt signals (emitted from the worker thread, delivered
+queued); ``_deliver`` is the one place outcomes are dispatched. Starting a job cancels the
+running one unless asked not to; the new one starts when it has stopped, since the pool has one
+thread. Background kinds (token counts, the KV dock's views) never make the worker "working",
+so the window's actions stay enabled while they run.
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Signal
@@ -27,10 +29,30 @@ _ids = itertools.count(1)
 JobFn = Callable[[Engine | None, TaskState], Any]
 
 
+class JobKind(Enum):
+    LOAD_MODEL = "load model"
+    PRIME = "prime"
+    SAVE_STATE = "save state"
+    LOAD_STATE = "load state"
+    RUN = "run"
+    BENCH = "benchmark"
+    SWEEP = "sweep"
+    COUNT_TOKENS = "count tokens"
+    KV_VIEW = "KV view"
+    KV_OP = "KV operation"
+    TASK = "task"  # any other work (tools, tests)
+
+    @property
+    def background(self) -> bool:
+        """Bookkeeping: no progress bar, and the user's actions stay enabled while it runs."""
+        return self in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.KV_OP)
+
+
 @dataclass
 class Job:
-    name: str
+    kind: JobKind
     fn: JobFn = field(repr=False)
+    label: str = ""  # what the user reads ("run both", "prime"); the kind's name by default
     id: int = field(default_factory=lambda: next(_ids))
     task: TaskState = field(default_factory=TaskState, repr=False)
     future: Future | None = field(default=None, repr=False)
@@ -40,6 +62,9 @@ class Job:
     on_done: Callable[[Any], None] | None = field(default=None, repr=False)
     on_error: Callable[[str], None] | None = field(default=None, repr=False)
     on_cancelled: Callable[["Job"], None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.kind.value
 
     @property
     def outcome(self) -> str:
@@ -51,9 +76,9 @@ class EngineWorker(QObject):
     partial = Signal(object, object)  # Job, partial result (TextDelta, RunReport, BenchResult…)
     job_started = Signal(object)  # Job
     job_finished = Signal(object)  # Job: look at .outcome, .result, .error
-    busy_changed = Signal(bool)
+    busy_changed = Signal(bool)  # any job queued or running
+    working_changed = Signal(bool)  # a job that is not background work queued or running
     engine_changed = Signal(object)  # ModelInfo, or None while no model is loaded
-    kv_changed = Signal()  # the KV cache may look different now
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -78,46 +103,39 @@ class EngineWorker(QObject):
         return bool(self._jobs)
 
     @property
-    def current(self) -> Job | None:
-        return self._jobs[0] if self._jobs else None
+    def working(self) -> bool:
+        """A job the user started (not background work) is queued or running."""
+        return any(not j.kind.background for j in self._jobs)
+
+    @property
+    def loading(self) -> bool:
+        return any(j.kind is JobKind.LOAD_MODEL for j in self._jobs)
+
+    @property
+    def ready(self) -> bool:
+        """A model is loaded and no job of the user's runs: engine actions may start."""
+        return self.info is not None and not self.working and not self._closed
 
     # ---- jobs
-    def submit(self, name: str, fn: JobFn, *, on_done=None, on_error=None, on_cancelled=None,
-               cancel_running: bool = True) -> Job:
+    def submit(self, kind: JobKind, fn: JobFn, *, label: str = "", on_done=None, on_error=None,
+               on_cancelled=None, cancel_running: bool = True) -> Job:
         """Run ``fn(engine, task)`` on the worker thread. Callbacks run on the GUI thread."""
         if self._closed:
             raise RuntimeError("the worker is shut down")
         if cancel_running:
             for j in self._jobs:
                 j.task.cancel()
-        job = Job(name, fn, on_done=on_done, on_error=on_error, on_cancelled=on_cancelled)
+        job = Job(kind, fn, label, on_done=on_done, on_error=on_error, on_cancelled=on_cancelled)
         job.task.on_progress = lambda p, j=job: self.progress.emit(j, p)
         job.task.on_partial = lambda r, j=job: self.partial.emit(j, r)
+        was_working = self.working
         self._jobs.append(job)
         if len(self._jobs) == 1:
             self.busy_changed.emit(True)
+        if not was_working and self.working:
+            self.working_changed.emit(True)
         job.future = self._pool.submit(self._call, job)
         return job
-
-    async def run(self, name: str, fn: JobFn, **kw) -> Any:
-        """Await a job from a qasync coroutine; raises KvPrimerError or Cancelled."""
-        loop = asyncio.get_event_loop()
-        fut = loop.create_future()
-
-        def done(r):
-            if not fut.done():
-                fut.set_result(r)
-
-        def error(msg):
-            if not fut.done():
-                fut.set_exception(KvPrimerError(msg))
-
-        def cancelled(_job):
-            if not fut.done():
-                fut.set_exception(Cancelled())
-
-        self.submit(name, fn, on_done=done, on_error=error, on_cancelled=cancelled, **kw)
-        return await fut
 
     def cancel(self) -> None:
         for j in self._jobs:
@@ -135,7 +153,7 @@ class EngineWorker(QObject):
             task.report("load", 1, 1)
             return self._engine.info
 
-        return self.submit("load model", load_job, **kw)
+        return self.submit(JobKind.LOAD_MODEL, load_job, **kw)
 
     def shutdown(self, wait: bool = True) -> None:
         """Cancel what runs, wait for it, free the context on the worker thread."""
@@ -165,19 +183,17 @@ class EngineWorker(QObject):
         except MemoryError:
             job.error = "out of memory; close other sequences or use a smaller context"
         except Exception as e:  # a bug: the user sees a message, the log gets the traceback
-            log.error("job %r failed:\n%s", job.name, traceback.format_exc())
-            job.error = f"internal error in {job.name}: {type(e).__name__}: {e} (details in the log)"
+            log.error("job %r failed:\n%s", job.label, traceback.format_exc())
+            job.error = f"internal error in {job.label}: {type(e).__name__}: {e} (details in the log)"
         self.job_finished.emit(job)
 
     # ---- GUI thread
     def _deliver(self, job: Job) -> None:
+        was_working = self.working
         if job in self._jobs:
             self._jobs.remove(job)
-        if job.name == "load model" and not job.error and not job.cancelled:
-            self.engine_changed.emit(job.result)
-        elif job.name == "load model":
-            self.engine_changed.emit(self.info)
-        self.kv_changed.emit()
+        if job.kind is JobKind.LOAD_MODEL:
+            self.engine_changed.emit(job.result if job.outcome == "done" else self.info)
         try:
             if job.cancelled and job.on_cancelled:
                 job.on_cancelled(job)
@@ -186,6 +202,8 @@ class EngineWorker(QObject):
             elif not job.cancelled and not job.error and job.on_done:
                 job.on_done(job.result)
         finally:
+            if was_working and not self.working:
+                self.working_changed.emit(False)
             if not self._jobs:
                 self.busy_changed.emit(False)
 

@@ -1,26 +1,28 @@
-"""Fillings: a form generated from the template's placeholders and a table of rows.
+"""Fillings: a form generated from the template's placeholders over a table of the session's rows.
 
-The form edits the current row of the table. Rows come from CSV/JSONL files (read and checked
-by app.engine.rows), from the clipboard (tab-separated, as spreadsheets copy), or by hand.
+The form edits the current row. Rows come from CSV/JSONL files (read and checked by
+app.engine.rows), from the clipboard (tab-separated, as spreadsheets copy), or by hand. The
+session holds the rows and the selection; this panel shows them and writes edits back.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QHBoxLayout, QHeaderView,
-                               QLabel, QPlainTextEdit, QPushButton, QSplitter, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget, QScrollArea)
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QHBoxLayout,
+                               QHeaderView, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
+                               QSplitter, QTableView, QVBoxLayout, QWidget)
 
 from ..engine import KvPrimerError, read_rows
-from ..engine.rows import Row
+from ..engine.session import RowsChange, Session
+from .rows_model import RowsModel
 
 
 class FillingsPanel(QWidget):
-    modified = Signal()
     error = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, session: Session, parent: QWidget | None = None):
         super().__init__(parent)
+        self.session = session
         self.placeholders: list[str] = []
         self.fields: dict[str, QPlainTextEdit] = {}
         self._syncing = False
@@ -32,14 +34,16 @@ class FillingsPanel(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setWidget(self.form_box)
 
-        self.table = QTableWidget(0, 0)
+        self.model = RowsModel(session, self)
+        self.table = QTableView()
         self.table.setObjectName("rowsTable")
+        self.table.setModel(self.model)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setWordWrap(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.table.itemSelectionChanged.connect(self._load_form)
-        self.table.itemChanged.connect(self._cell_changed)
+        self.table.selectionModel().selectionChanged.connect(self._view_selection_changed)
+        self.table.selectionModel().currentRowChanged.connect(self._view_selection_changed)
         QShortcut(QKeySequence.Paste, self.table, self.paste, context=Qt.WidgetShortcut)
 
         buttons = QHBoxLayout()
@@ -50,7 +54,7 @@ class FillingsPanel(QWidget):
                                 ("Paste", self.paste, "Paste rows copied from a spreadsheet")):
             b = QPushButton(text)
             b.setToolTip(tip)
-            b.clicked.connect(slot)
+            b.clicked.connect(lambda _=False, slot=slot: slot())
             buttons.addWidget(b)
         buttons.addStretch(1)
         self.count_label = QLabel("")
@@ -69,11 +73,22 @@ class FillingsPanel(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(split)
 
-    # ---- structure
-    def set_placeholders(self, names: list[str]) -> None:
-        if names == self.placeholders:
+        session.events.rows.connect(self._rows_changed)
+        session.events.selection.connect(self._show_selection)
+        self._rows_changed(RowsChange("reset"))
+
+    # ---- the session changed
+    def _rows_changed(self, change: RowsChange) -> None:
+        if change.kind == "values":
+            if change.row == self.session.current:
+                self._load_form(change.name)
             return
-        rows = self.rows()
+        if self.session.placeholders != self.placeholders:
+            self._build_form(self.session.placeholders)
+        self.count_label.setText(f"{self.session.row_count} rows")
+        self._show_selection()
+
+    def _build_form(self, names: list[str]) -> None:
         self.placeholders = list(names)
         while self.form.rowCount():
             self.form.removeRow(0)
@@ -88,95 +103,81 @@ class FillingsPanel(QWidget):
             self.form.addRow(f"<{n}>", f)
         if not names:
             self.form.addRow(QLabel("The template has no placeholders."))
-        self.set_rows(rows)
 
-    def rows(self) -> list[dict[str, str]]:
-        out = []
-        for r in range(self.table.rowCount()):
-            out.append({n: (self.table.item(r, c).text() if self.table.item(r, c) else "")
-                        for c, n in enumerate(self.placeholders)})
-        return out
-
-    def set_rows(self, rows: list[dict[str, str]]) -> None:
+    def _show_selection(self) -> None:
+        """Select in the view what the session has selected, and load the form."""
+        s = self.session
         self._syncing = True
         try:
-            self.table.clear()
-            self.table.setColumnCount(len(self.placeholders))
-            self.table.setHorizontalHeaderLabels(self.placeholders)
-            self.table.setRowCount(0)
-            for values in rows:
-                self._append(values)
+            sm = self.table.selectionModel()
+            sel = QItemSelection()
+            last = max(self.model.columnCount() - 1, 0)
+            for r in s.selection:
+                sel.select(self.model.index(r, 0), self.model.index(r, last))
+            sm.select(sel, QItemSelectionModel.ClearAndSelect | QItemSelectionModel.Rows)
+            if s.current >= 0:
+                sm.setCurrentIndex(self.model.index(s.current, 0), QItemSelectionModel.NoUpdate)
         finally:
             self._syncing = False
-        if rows:
-            self.table.selectRow(0)
         self._load_form()
-        self._count()
 
-    def _append(self, values: dict[str, str]) -> int:
-        r = self.table.rowCount()
-        self.table.insertRow(r)
-        for c, n in enumerate(self.placeholders):
-            self.table.setItem(r, c, QTableWidgetItem(str(values.get(n, ""))))
-        return r
+    def _load_form(self, only: str | None = None) -> None:
+        s = self.session
+        self._syncing = True
+        try:
+            for n, f in self.fields.items():
+                if only is not None and n != only:
+                    continue
+                text = s.value(s.current, n) if 0 <= s.current < s.row_count else ""
+                if f.toPlainText() != text:
+                    f.setPlainText(text)
+        finally:
+            self._syncing = False
 
-    def _count(self) -> None:
-        self.count_label.setText(f"{self.table.rowCount()} rows")
+    # ---- the user changed something
+    def _view_selection_changed(self, *_args) -> None:
+        if self._syncing:
+            return
+        rows = sorted({i.row() for i in self.table.selectionModel().selectedRows()})
+        self.session.set_selection(rows, self.table.currentIndex().row())
 
-    # ---- selection
-    def selected_indexes(self) -> list[int]:
-        return sorted({i.row() for i in self.table.selectionModel().selectedRows()})
-
-    def selected_rows(self) -> list[Row]:
-        """Selected rows (or the current one), numbered as the table shows them (from 1)."""
-        idx = self.selected_indexes()
-        if not idx and self.table.currentRow() >= 0:
-            idx = [self.table.currentRow()]
-        rows = self.rows()
-        return [Row(i + 1, rows[i]) for i in idx]
-
-    def all_rows(self) -> list[Row]:
-        return [Row(i + 1, v) for i, v in enumerate(self.rows())]
+    def _field_changed(self, name: str) -> None:
+        if self._syncing:
+            return
+        s = self.session
+        if s.row_count == 0:  # typing into an empty table starts its first row
+            s.add_rows([{n: f.toPlainText() for n, f in self.fields.items()}])
+            return
+        s.set_value(max(s.current, 0), name, self.fields[name].toPlainText())
 
     # ---- editing
     def add_row(self, values: dict[str, str] | None = None) -> None:
-        r = self._append(values or {})
-        self.table.selectRow(r)
-        self._changed()
+        self.session.add_rows([values or {}])
 
     def duplicate_rows(self) -> None:
-        rows = self.rows()
-        for i in self.selected_indexes():
-            self._append(rows[i])
-        self._changed()
+        s = self.session
+        s.add_rows([s.row_values(i) for i in s.selection])
 
     def delete_rows(self) -> None:
-        for i in reversed(self.selected_indexes()):
-            self.table.removeRow(i)
-        self._changed()
+        self.session.remove_rows(self.session.selection)
 
     def paste(self, text: str | None = None) -> int:
         """Rows of tab-separated cells; a first line naming the placeholders is a header."""
         text = QGuiApplication.clipboard().text() if text is None else text
+        names = self.session.placeholders
         lines = [ln for ln in text.replace("\r\n", "\n").split("\n") if ln.strip()]
-        if lines and [c.strip() for c in lines[0].split("\t")] == self.placeholders:
+        if lines and [c.strip() for c in lines[0].split("\t")] == names:
             lines = lines[1:]
-        for ln in lines:
-            cells = ln.split("\t")
-            self._append(dict(zip(self.placeholders, cells)))
-        if lines:
-            self.table.selectRow(self.table.rowCount() - 1)
-            self._changed()
+        self.session.add_rows([dict(zip(names, ln.split("\t"))) for ln in lines])
         return len(lines)
 
     def import_file(self, path: str) -> int:
         try:
-            rows = read_rows(path, self.placeholders)
+            rows = read_rows(path, self.session.placeholders)
         except KvPrimerError as e:
             self.error.emit(str(e))
             return 0
-        self.set_rows([r.values for r in rows])
-        self.modified.emit()
+        self.session.set_rows([r.values for r in rows])
         return len(rows)
 
     def import_dialog(self) -> None:
@@ -184,48 +185,3 @@ class FillingsPanel(QWidget):
                                               "Rows (*.csv *.tsv *.jsonl *.ndjson);;All files (*)")
         if path:
             self.import_file(path)
-
-    def _changed(self) -> None:
-        self._count()
-        self.modified.emit()
-
-    # ---- form <-> table
-    def _load_form(self) -> None:
-        if self._syncing:
-            return
-        r = self.table.currentRow()
-        self._syncing = True
-        try:
-            for c, n in enumerate(self.placeholders):
-                item = self.table.item(r, c) if r >= 0 else None
-                self.fields[n].setPlainText(item.text() if item else "")
-        finally:
-            self._syncing = False
-
-    def _field_changed(self, name: str) -> None:
-        if self._syncing:
-            return
-        if self.table.rowCount() == 0:  # typing into an empty table starts its first row
-            self._syncing = True
-            try:
-                self._append({n: f.toPlainText() for n, f in self.fields.items()})
-                self.table.selectRow(0)
-            finally:
-                self._syncing = False
-            self._changed()
-            return
-        r = max(self.table.currentRow(), 0)
-        c = self.placeholders.index(name)
-        self._syncing = True
-        try:
-            self.table.setItem(r, c, QTableWidgetItem(self.fields[name].toPlainText()))
-        finally:
-            self._syncing = False
-        self.modified.emit()
-
-    def _cell_changed(self, item: QTableWidgetItem) -> None:
-        if self._syncing:
-            return
-        if item.row() == self.table.currentRow():
-            self._load_form()
-        self.modified.emit()

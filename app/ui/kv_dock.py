@@ -16,14 +16,14 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QGridLayout, QHBoxLayout,
 
 from ..engine.kv_cells import _lowest_bit
 from ..engine.kv_view import KvCacheView
-from .engine_worker import EngineWorker
+from .engine_worker import EngineWorker, JobKind
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#393b79"]
 EMPTY = "#d4d4d4"
 BACKGROUND = "#ffffff"
 REDRAW_MS = 50  # at most ~20 redraws a second
-JOB_PREFIX = "KV "  # the dock's own jobs: no refresh after them (they return a view)
+OWN_KINDS = (JobKind.KV_VIEW, JobKind.KV_OP, JobKind.LOAD_MODEL)  # return a view, or get one
 
 
 def seq_color(seq: int) -> QColor:
@@ -301,22 +301,22 @@ class KvCacheDock(QDockWidget):
             engine.add_kv_listener(emit)
             return engine.kv_view()
 
-        self._submit(JOB_PREFIX + "view: watch", watch, on_done=self._show_now)
+        self._submit(JobKind.KV_VIEW, watch, on_done=self._show_now)
 
     def _job_finished(self, job) -> None:
-        if job.name.startswith(JOB_PREFIX) or job.name == "load model" or self.worker.info is None:
+        if job.kind in OWN_KINDS or self.worker.info is None:
             return
         self.refresh()
 
     def refresh(self) -> None:
         """Ask the worker for a fresh view (after the jobs already queued)."""
-        self._submit(JOB_PREFIX + "view", lambda e, t: e.kv_view() if e else None,
+        self._submit(JobKind.KV_VIEW, lambda e, t: e.kv_view() if e else None,
                      on_done=self._show_now)
 
-    def _submit(self, name, fn, **kw) -> None:
+    def _submit(self, kind: JobKind, fn, **kw) -> None:
         """Queue after what runs (never cancel the user's job); nothing once the worker is shut."""
         try:
-            self.worker.submit(name, fn, cancel_running=False, **kw)
+            self.worker.submit(kind, fn, cancel_running=False, **kw)
         except RuntimeError:
             pass
 
@@ -385,6 +385,6 @@ class KvCacheDock(QDockWidget):
             return engine.kv_view()
 
         self.status.setText(f"{name} sequence {seq}…")
-        self._submit(f"{JOB_PREFIX}{name}", job,
+        self._submit(JobKind.KV_OP, job, label=f"KV {name}",
                      on_done=lambda v: (self.status.setText(f"{name}: done"), self._show_now(v)),
                      on_error=lambda msg: self.status.setText(msg))

@@ -1,8 +1,10 @@
-"""The main window: layout, menus and shortcuts, workspace files, and closing cleanly.
+"""The main window: layout, menus and shortcuts, the model, and closing cleanly.
 
-Widgets show and forward; engine work goes through ``PromptJobs`` to the one worker thread.
-Everything the window writes (settings, states, autosave, log) has an injectable location so
-tests run in temp folders.
+The session (app.engine.session) holds the project; panels observe it and write the user's
+edits to it, never reading each other's widgets. Engine work goes through ``PromptJobs`` to
+the one worker thread; actions are enabled from the worker's state (a model loaded, no job of
+the user's running). Everything the window writes (settings, states, autosave, log) has an
+injectable location so tests run in temp folders.
 """
 from __future__ import annotations
 
@@ -11,19 +13,18 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QDialog, QFileDialog, QGroupBox, QHeaderView, QMainWindow,
-                               QMessageBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
-                               QVBoxLayout)
+from PySide6.QtWidgets import QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget, QVBoxLayout
 
-from ..engine import EngineConfig, ModelInfo, TemplateError
-from ..engine.user_files import read_user_text
+from ..engine import EngineConfig, ModelInfo
 from ..engine.prefix_state import SUFFIX as STATE_SUFFIX
+from ..engine.project_file import Autosaver, autosave_path
+from ..engine.session import Options, Session
 from ..resources_path import examples_dir
-from ..workspace import SUFFIX as PROJECT_SUFFIX, Autosaver, autosave_path
 from .bench_view import BenchView
-from .engine_worker import EngineWorker
+from .engine_worker import EngineWorker, Job, JobKind
 from .error_panel import ErrorPanel
 from .fillings_panel import FillingsPanel
+from .help_dialogs import ask_dialog, show_about, show_shortcuts
 from .kv_dock import KvCacheDock
 from .model_panel import ModelPanel
 from .project_actions import ProjectMixin
@@ -34,6 +35,9 @@ from .status_bar import StatusBar
 from .template_editor import TemplateEditor
 
 MAX_RECENT = 8
+# actions that start engine work: enabled only with a model loaded and no job of the user's running
+ENGINE_ACTIONS = ("Prime prefix", "Load state", "Run cold + warm", "Run cold only",
+                  "Run warm only", "Benchmark rows", "Prefix-length sweep")
 
 
 def default_states_dir() -> Path:
@@ -52,26 +56,25 @@ class MainWindow(ProjectMixin, QMainWindow):
         super().__init__()
         self.setWindowTitle("KV Primer")
         self.setAcceptDrops(True)
-        self.config = config or EngineConfig()
+        self.config = config or EngineConfig()  # the model loaded (or being loaded)
         self.settings = settings or QSettings("kvprimer", "KV Primer")
         # ask(kind, text) -> "save" | "discard" | "cancel" | "yes" | "no"; tests pass a function
-        self.ask = ask or self._ask_dialog
+        self.ask = ask or (lambda kind, text: ask_dialog(self, kind, text))
         self.closing = False
-        self.dirty = False
-        self.project_path = ""
+        self.session = Session(Options(engine=self.config))
         self.worker = EngineWorker(self)
 
-        self.editor = TemplateEditor(self.worker)
-        self.fillings = FillingsPanel()
-        self.run_panel = RunPanel()
-        self.bench = BenchView()
+        self.editor = TemplateEditor(self.worker, self.session)
+        self.fillings = FillingsPanel(self.session)
+        self.run_panel = RunPanel(self.session)
+        self.bench = BenchView(self.session)
         self.errors = ErrorPanel(self, log_path)
         self.errors.install_excepthook()
         self.model_panel = ModelPanel(self.config, self)
         self.library = StatesLibrary(states_dir or default_states_dir(), self,
                                      confirm=lambda text: self.ask("delete", text) == "yes")
         self.kv_dock = KvCacheDock(self.worker, self)
-        self.jobs = PromptJobs(self)
+        self.jobs = PromptJobs(self.worker, self.session, self)
         self._build_layout()
         self.status = StatusBar(self.worker, self)
         self.setStatusBar(self.status)
@@ -85,8 +88,8 @@ class MainWindow(ProjectMixin, QMainWindow):
         restored = offer_restore and self._offer_restore()
         if open_example and not restored:
             self.open_example("rag")
-        self.dirty = False
-        self._update_title()
+        self.session.mark_clean()
+        self._update_actions()
         if load_model:
             self.load_model(self.config)
 
@@ -111,14 +114,13 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.center.addWidget(self.central_tabs)
         self.center.setSizes([380, 420])
         self.setCentralWidget(self.center)
-        self.addDockWidget(Qt.RightDockWidgetArea, self.kv_dock)
+        # the model's settings above the KV cache, both in view from the first start
         self.addDockWidget(Qt.RightDockWidgetArea, self.model_panel)
-        self.tabifyDockWidget(self.model_panel, self.kv_dock)
+        self.splitDockWidget(self.model_panel, self.kv_dock, Qt.Vertical)
         self.addDockWidget(Qt.BottomDockWidgetArea, self.library)
         self.addDockWidget(Qt.BottomDockWidgetArea, self.errors)
         self.tabifyDockWidget(self.library, self.errors)
         self.library.raise_()
-        self.model_panel.raise_()
         self.resize(1400, 900)
         self._docks_sized = False
 
@@ -128,7 +130,8 @@ class MainWindow(ProjectMixin, QMainWindow):
             a.setShortcut(QKeySequence(shortcut))
             a.setShortcutContext(Qt.WindowShortcut)
         a.setToolTip(f"{tip or text} ({QKeySequence(shortcut).toString()})" if shortcut else tip or text)
-        a.triggered.connect(lambda _=False: slot())
+        # typed template text reaches the session before any action reads it
+        a.triggered.connect(lambda _=False: (self.editor.flush(), slot()))
         menu.addAction(a)
         if toolbar:
             self.toolbar.addAction(a)
@@ -172,8 +175,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         A(p, "&Run cold + warm", lambda: self.jobs.run("both"), "Ctrl+R", "Run the selected rows", True)
         A(p, "Run &cold only", lambda: self.jobs.run("cold"), "Ctrl+Shift+C")
         A(p, "Run &warm only", lambda: self.jobs.run("warm"), "Ctrl+Shift+W")
-        A(p, "&Benchmark rows", lambda: self.jobs.bench(self.bench.repeat.value()), "Ctrl+B",
-          "Every row cold and warm, repeated", True)
+        A(p, "&Benchmark rows", self.jobs.bench, "Ctrl+B", "Every row cold and warm, repeated", True)
         A(p, "Prefix-length s&weep", self.jobs.sweep, "Ctrl+Shift+B")
         p.addSeparator()
         A(p, "Cancel job", self.worker.cancel, "Esc", "Stop the running job", True)
@@ -182,24 +184,50 @@ class MainWindow(ProjectMixin, QMainWindow):
             v.addAction(d.toggleViewAction())
         v.addAction(self.toolbar.toggleViewAction())
         h = mb.addMenu("&Help")
-        A(h, "&Keyboard shortcuts", self.show_shortcuts, "F1")
-        A(h, "&About KV Primer", self.show_about)
+        A(h, "&Keyboard shortcuts", lambda: show_shortcuts(self, self.shortcut_list()), "F1")
+        A(h, "&About KV Primer", lambda: show_about(self))
 
     def _connect(self) -> None:
-        self.worker.engine_changed.connect(self._model_changed)
-        self.worker.partial.connect(self.jobs.on_partial)
-        self.jobs.context_used.connect(self._context_used)
-        self.editor.template_changed.connect(lambda t: self.fillings.set_placeholders(t.placeholders))
-        self.editor.modified.connect(self.mark_dirty)
-        self.fillings.modified.connect(self.mark_dirty)
+        w, s, jobs = self.worker, self.session, self.jobs
+        w.engine_changed.connect(self._model_changed)
+        w.working_changed.connect(lambda _on: self._update_actions())
+        w.job_started.connect(self._job_started)
+        s.events.state.connect(lambda _ref: self._update_actions())
+        s.events.file.connect(self._update_title)
+        jobs.status.connect(self.show_status)
+        jobs.error.connect(self.show_error)
+        jobs.context_used.connect(self._context_used)
+        jobs.row_started.connect(self.run_panel.begin_row)
+        jobs.delta.connect(self.run_panel.on_delta)
+        jobs.state_saved.connect(self.library.on_saved)
+        jobs.state_loaded.connect(self.library.on_loaded)
+        jobs.state_load_failed.connect(self.library.on_load_failed)
         self.fillings.error.connect(self.show_error)
-        self.run_panel.run_requested.connect(self.jobs.run)
-        self.bench.run_requested.connect(self.jobs.bench)
-        self.bench.sweep_requested.connect(self.jobs.sweep)
+        for sig in (self.run_panel.run_requested, self.bench.run_requested,
+                    self.bench.sweep_requested):
+            sig.connect(self.editor.flush)  # first: typed text reaches the session
+        self.run_panel.run_requested.connect(jobs.run)
+        self.bench.run_requested.connect(jobs.bench)
+        self.bench.sweep_requested.connect(jobs.sweep)
         self.bench.error.connect(self.show_error)
         self.model_panel.apply_requested.connect(self.load_model)
-        self.library.load_requested.connect(self.jobs.load_state)
+        self.library.load_requested.connect(jobs.load_state)
         self.library.save_requested.connect(self.save_state_dialog)
+
+    def _update_actions(self) -> None:
+        ready = self.worker.ready
+        for name in ENGINE_ACTIONS:
+            self.actions_by_text[name].setEnabled(ready)
+        can_save = ready and self.session.state is not None
+        self.actions_by_text["Save state"].setEnabled(can_save)
+        self.actions_by_text["Cancel job"].setEnabled(self.worker.working)
+        self.run_panel.set_can_run(ready)
+        self.bench.set_can_run(ready)
+        self.library.set_can(load=ready, save=can_save)
+
+    def _job_started(self, job: Job) -> None:
+        if job.kind in (JobKind.BENCH, JobKind.SWEEP) and not self.closing:
+            self.central_tabs.setCurrentWidget(self.bench)
 
     # ---- feedback
     def show_error(self, msg: str) -> None:
@@ -219,11 +247,9 @@ class MainWindow(ProjectMixin, QMainWindow):
     def load_model(self, config: EngineConfig):
         self.config = config
         self.model_panel.set_config(config)
-        self.jobs.set_state(None)  # a state belongs to the model it was primed on
+        self.session.set_options(engine=config, edit=False)
+        self.session.set_state(None)  # a state belongs to the model it was primed on
         name = Path(config.model_path).name if config.model_path else "the default model"
-
-        def failed(msg):
-            self.show_error(msg)
 
         def done(info):
             self.show_status(f"loaded {Path(info.path).name}: {info.n_layer} layers, "
@@ -232,13 +258,14 @@ class MainWindow(ProjectMixin, QMainWindow):
                 self._add_recent(config.model_path)
 
         self.status.showMessage(f"loading {name}…")
-        return self.worker.load(config, on_done=done, on_error=failed)
+        return self.worker.load(config, on_done=done, on_error=self.show_error)
 
     def _model_changed(self, info: ModelInfo | None) -> None:
         self.model_panel.show_info(info)
         self.status.show_model(info)
         if info:
             self.status.show_context(0, info.n_ctx, info.kv_bytes_per_token)
+        self._update_actions()
 
     def _add_recent(self, path: str) -> None:
         recent = [p for p in self.recent_models() if p != path]
@@ -260,47 +287,13 @@ class MainWindow(ProjectMixin, QMainWindow):
             a.triggered.connect(lambda _=False, p=p: self.load_model(replace(self.config, model_path=p)))
         self.recent_menu.setEnabled(bool(recent))
 
-    # ---- template and examples
-    def open_template(self, path: str | Path) -> bool:
-        try:  # syntax errors are not refused here: the editor marks them where they are
-            text = read_user_text(path, TemplateError, "template file")
-        except TemplateError as e:
-            self.show_error(str(e))
-            return False
-        self.editor.set_text(text, str(path))
-        self.mark_dirty()
-        return True
-
-    def open_example(self, stem: str) -> None:
-        d = examples_dir()
-        if self.open_template(d / f"{stem}.tmpl"):
-            for rows in (d / f"{stem}-rows.csv", d / f"{stem}-rows.jsonl"):
-                if rows.is_file():
-                    self.fillings.import_file(str(rows))
-                    break
-
-    def open_template_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open template", str(examples_dir()),
-                                              "Templates (*.tmpl *.txt);;All files (*)")
-        if path:
-            self.open_template(path)
-
-    def save_template_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save template", self.editor.path or "prompt.tmpl",
-                                              "Templates (*.tmpl)")
-        if path:
-            try:
-                Path(path).write_text(self.editor.text(), encoding="utf-8")
-                self.editor.path = path
-            except OSError as e:
-                self.show_error(f"cannot save {path}: {e.strerror}")
-
     # ---- states
     def save_state_dialog(self) -> None:
-        if self.jobs.state is None:
+        if self.session.state is None:
             return self.jobs.save_state("")  # says what to do first
-        default = self.library.folder / f"{Path(self.editor.path or 'prefix').stem}{STATE_SUFFIX}"
-        path, _ = QFileDialog.getSaveFileName(self, "Save KV state", str(default),
+        stem = Path(self.session.template_path or "prefix").stem
+        path, _ = QFileDialog.getSaveFileName(self, "Save KV state",
+                                              str(self.library.folder / f"{stem}{STATE_SUFFIX}"),
                                               f"KV states (*{STATE_SUFFIX})")
         if path:
             self.jobs.save_state(path if path.endswith(STATE_SUFFIX) else path + STATE_SUFFIX)
@@ -342,62 +335,9 @@ class MainWindow(ProjectMixin, QMainWindow):
             self._docks_sized = True
             self.resizeDocks([self.library], [130], Qt.Vertical)
             self.resizeDocks([self.kv_dock], [430], Qt.Horizontal)
-
-    def _ask_dialog(self, kind: str, text: str) -> str:
-        if kind == "unsaved":
-            r = QMessageBox.question(self, "Unsaved changes", text,
-                                     QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel)
-            return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(r, "cancel")
-        r = QMessageBox.question(self, "KV Primer", text)
-        return "yes" if r == QMessageBox.Yes else "no"
-
-    # ---- drag and drop: models, templates, states, rows, projects
-    def dragEnterEvent(self, event) -> None:
-        if event.mimeData().hasUrls():
-            event.acceptProposedAction()
-
-    def dropEvent(self, event) -> None:
-        for url in event.mimeData().urls():
-            self.open_path(url.toLocalFile())
-
-    def open_path(self, path: str) -> None:
-        suffix = Path(path).suffix.lower()
-        if suffix == ".gguf":
-            self.load_model(replace(self.config, model_path=path))
-        elif suffix == STATE_SUFFIX:
-            self.jobs.load_state(path)
-        elif suffix == PROJECT_SUFFIX:
-            self.open_project(path)
-        elif suffix in (".csv", ".tsv", ".jsonl", ".ndjson"):
-            self.fillings.import_file(path)
-        else:
-            self.open_template(path)
+            self.resizeDocks([self.model_panel, self.kv_dock], [300, 600], Qt.Vertical)
 
     # ---- help
     def shortcut_list(self) -> list[tuple[str, str]]:
         return [(name, a.shortcut().toString(QKeySequence.NativeText))
                 for name, a in self.actions_by_text.items() if not a.shortcut().isEmpty()]
-
-    def show_shortcuts(self) -> None:
-        rows = self.shortcut_list()
-        dlg = QDialog(self)
-        dlg.setWindowTitle("Keyboard shortcuts")
-        t = QTableWidget(len(rows), 2, dlg)
-        t.setHorizontalHeaderLabels(["Action", "Shortcut"])
-        t.verticalHeader().setVisible(False)
-        t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
-        t.setEditTriggers(QTableWidget.NoEditTriggers)
-        for i, (name, keys) in enumerate(rows):
-            t.setItem(i, 0, QTableWidgetItem(name))
-            t.setItem(i, 1, QTableWidgetItem(keys))
-        QVBoxLayout(dlg).addWidget(t)
-        dlg.resize(420, 520)
-        dlg.show()
-        self.shortcuts_dialog = dlg
-
-    def show_about(self) -> None:
-        from ..cli import version_text
-
-        QMessageBox.about(self, "About KV Primer",
-                          "<b>KV Primer</b><br>Build and test cached prompts on local llama.cpp "
-                          "models.<br><br>" + version_text().replace("\n", "<br>"))

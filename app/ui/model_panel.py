@@ -9,8 +9,8 @@ from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
-                               QWidget)
+                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox,
+                               QVBoxLayout, QWidget)
 
 from ..engine import EngineConfig, ModelInfo
 
@@ -85,7 +85,12 @@ class ModelPanel(QDockWidget):
         lay.addLayout(settings)
         lay.addWidget(facts_box)
         lay.addStretch(1)
-        self.setWidget(body)
+        # scrolls rather than forcing its height on the window: it shares the side with the KV dock
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.NoFrame)
+        scroll.setWidget(body)
+        self.setWidget(scroll)
         self.set_config(config)
 
     def set_config(self, c: EngineConfig) -> None:

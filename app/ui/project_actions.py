@@ -1,94 +1,81 @@
-"""The window's project file: what a project holds, open/save, unsaved changes, autosave.
+"""The files the window opens and saves: projects, templates, examples, dropped files; unsaved
+changes and autosave.
 
-A mixin of MainWindow (it uses the window's panels); the file format itself is the Qt-free
-app.workspace.
+A mixin of MainWindow. The project is the session; its file form is the Qt-free
+app.engine.project_file, so nothing here reads a panel's widgets.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
-from ..engine import BenchResult, BenchRow, EngineConfig
-from ..engine.prefix_sweep import SweepPoint
-from ..workspace import SUFFIX as PROJECT_SUFFIX, Workspace, WorkspaceError
+from ..engine import TemplateError
+from ..engine.prefix_state import SUFFIX as STATE_SUFFIX
+from ..engine.project_file import SUFFIX as PROJECT_SUFFIX, ProjectFile, ProjectFileError
+from ..engine.user_files import read_user_text
+from ..resources_path import examples_dir
 
 log = logging.getLogger("kvprimer.ui")
+ROWS_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 
 
 class ProjectMixin:
-    def workspace(self) -> Workspace:
-        results = [{"kind": "run", "row": n, "speedup": r.speedup, "prompt_tokens": r.prompt_tokens,
-                    "reused_tokens": r.reused_tokens,
-                    "cold_ttft_ms": r.cold.ttft_ms if r.cold else None,
-                    "warm_ttft_ms": r.warm.ttft_ms if r.warm else None,
-                    "tokens_equal": r.equivalence.tokens_equal if r.equivalence else None}
-                   for n, r in self.run_panel.reports]
-        if self.bench.result:
-            results.append({"kind": "benchmark", **self.bench.result.as_dict()})
-        if self.bench.sweep.points:
-            results.append({"kind": "sweep", "points": [p.as_dict() for p in self.bench.sweep.points]})
-        return Workspace(template=self.editor.text(), template_path=self.editor.path,
-                         placeholders=list(self.fillings.placeholders), rows=self.fillings.rows(),
-                         settings={"engine": asdict(self.config),
-                                   "max_tokens": self.run_panel.max_tokens.value(),
-                                   "repeat": self.bench.repeat.value()},
-                         results=results)
+    # ---- unsaved changes
+    @property
+    def dirty(self) -> bool:
+        return self.session.dirty
 
-    def apply_workspace(self, ws: Workspace) -> None:
-        self.editor.set_text(ws.template, ws.template_path)
-        self.fillings.set_placeholders(self.editor.template.placeholders if self.editor.template
-                                       else ws.placeholders)
-        self.fillings.set_rows(ws.rows)
-        s = ws.settings
-        if "max_tokens" in s:
-            self.run_panel.max_tokens.setValue(int(s["max_tokens"]))
-        if "repeat" in s:
-            self.bench.repeat.setValue(int(s["repeat"]))
-        self.run_panel.clear()
-        self._show_saved_results(ws.results)
-        cfg = _engine_config(s.get("engine"))
-        if cfg is not None and cfg != self.config:
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self.session.mark_dirty() if value else self.session.mark_clean()
+
+    def mark_dirty(self) -> None:
+        self.session.mark_dirty()
+
+    @property
+    def project_path(self) -> str:
+        return self.session.path
+
+    def _update_title(self) -> None:
+        name = Path(self.session.path).name if self.session.path else "untitled"
+        self.setWindowTitle(f"{name}[*] — KV Primer")
+        self.setWindowModified(self.session.dirty)
+
+    def _settle_unsaved(self) -> bool:
+        """True when the caller may go on (saved, discarded or nothing to save)."""
+        self.editor.flush()
+        if not self.session.dirty:
+            return True
+        answer = self.ask("unsaved", "The project has unsaved changes. Save them?")
+        if answer == "save":
+            return self.save_project()
+        return answer == "discard"
+
+    # ---- projects
+    def apply_project(self, project: ProjectFile, path: str = "") -> None:
+        for problem in self.session.apply_project(project, path):
+            self.show_error(problem)
+        cfg = self.session.options.engine
+        if cfg != self.config:
             # reloading a model is slow and may not be wanted: offer it in the Model panel
             self.model_panel.set_config(cfg)
             self.show_status("the project's model settings are in the Model panel; press "
                              "Apply (reload) to use them")
 
-    def _show_saved_results(self, results: list[dict]) -> None:
-        """Benchmark and sweep results come back as charts; single runs stay in the file."""
-        for r in results:
-            try:
-                if r.get("kind") == "benchmark":
-                    res = BenchResult(model=r.get("model", {}), repeat=r["summary"]["repeat"],
-                                      rows=[BenchRow(**row) for row in r["rows"]])
-                    self.bench.show_result(res)
-                elif r.get("kind") == "sweep":
-                    self.bench.show_sweep([SweepPoint(**p) for p in r["points"]])
-            except (KeyError, TypeError):
-                self.show_error("the project's saved results are unreadable; run them again")
-
     def new_project(self) -> None:
-        if not self._settle_unsaved():
-            return
-        self.project_path = ""
-        self.editor.set_text("")
-        self.fillings.set_rows([])
-        self.run_panel.clear()
-        self.dirty = False
-        self._update_title()
+        if self._settle_unsaved():
+            self.session.clear()
 
     def open_project(self, path: str | Path) -> bool:
         try:
-            ws = Workspace.load(path)
-        except WorkspaceError as e:
+            project = ProjectFile.load(path)
+        except ProjectFileError as e:
             self.show_error(str(e))
             return False
-        self.apply_workspace(ws)
-        self.project_path = str(path)
-        self.dirty = False
-        self._update_title()
+        self.apply_project(project, str(path))
         return True
 
     def open_project_dialog(self) -> None:
@@ -99,17 +86,16 @@ class ProjectMixin:
             self.open_project(path)
 
     def save_project(self, path: str | Path | None = None) -> bool:
-        path = str(path or self.project_path)
+        path = str(path or self.session.path)
         if not path:
             return self.save_project_as()
+        self.editor.flush()
         try:
-            self.workspace().save(path)
-        except WorkspaceError as e:
+            self.session.to_project().save(path)
+        except ProjectFileError as e:
             self.show_error(str(e))
             return False
-        self.project_path = path
-        self.dirty = False
-        self._update_title()
+        self.session.mark_clean(path)
         self.show_status(f"saved the project to {path}")
         return True
 
@@ -119,50 +105,78 @@ class ProjectMixin:
         return bool(path) and self.save_project(path if path.endswith(PROJECT_SUFFIX)
                                                 else path + PROJECT_SUFFIX)
 
-    def mark_dirty(self) -> None:
-        if not self.dirty:
-            self.dirty = True
-            self._update_title()
-
-    def results_changed(self) -> None:
-        self.mark_dirty()
-
-    def _update_title(self) -> None:
-        name = Path(self.project_path).name if self.project_path else "untitled"
-        self.setWindowTitle(f"{name}[*] — KV Primer")
-        self.setWindowModified(self.dirty)
-
+    # ---- autosave
     def autosave(self) -> None:
-        if self.dirty and not self.closing:
+        if self.session.dirty and not self.closing:
             try:
-                self.autosaver.write(self.workspace())
+                self.autosaver.write(self.session.to_project())
             except Exception as e:  # autosave must never interrupt work
                 log.warning("autosave failed: %s", e)
 
     def _offer_restore(self) -> bool:
-        ws = self.autosaver.pending_restore()
-        if ws is None:
+        project = self.autosaver.pending_restore()
+        if project is None:
             return False
         if self.ask("restore", "KV Primer did not close cleanly last time. Restore the unsaved "
                                "work?") == "yes":
-            self.apply_workspace(ws)
+            self.apply_project(project)
             return True
         self.autosaver.discard()
         return False
 
-    # ---- unsaved changes
-    def _settle_unsaved(self) -> bool:
-        """True when the caller may go on (saved, discarded or nothing to save)."""
-        if not self.dirty:
-            return True
-        answer = self.ask("unsaved", "The project has unsaved changes. Save them?")
-        if answer == "save":
-            return self.save_project()
-        return answer == "discard"
+    # ---- templates and examples
+    def open_template(self, path: str | Path) -> bool:
+        try:  # syntax errors are not refused here: the editor marks them where they are
+            text = read_user_text(path, TemplateError, "template file")
+        except TemplateError as e:
+            self.show_error(str(e))
+            return False
+        self.session.set_template(text, str(path))
+        return True
 
+    def open_example(self, stem: str) -> None:
+        d = examples_dir()
+        if self.open_template(d / f"{stem}.tmpl"):
+            for rows in (d / f"{stem}-rows.csv", d / f"{stem}-rows.jsonl"):
+                if rows.is_file():
+                    self.fillings.import_file(str(rows))
+                    break
 
-def _engine_config(d) -> EngineConfig | None:
-    try:
-        return EngineConfig(**d) if isinstance(d, dict) else None
-    except TypeError:  # a field this version does not know
-        return None
+    def open_template_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open template", str(examples_dir()),
+                                              "Templates (*.tmpl *.txt);;All files (*)")
+        if path:
+            self.open_template(path)
+
+    def save_template_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save template",
+                                              self.session.template_path or "prompt.tmpl",
+                                              "Templates (*.tmpl)")
+        if path:
+            try:
+                Path(path).write_text(self.session.template_text, encoding="utf-8")
+                self.session.set_template(self.session.template_text, path)
+            except OSError as e:
+                self.show_error(f"cannot save {path}: {e.strerror}")
+
+    # ---- drag and drop: models, templates, states, rows, projects
+    def dragEnterEvent(self, event) -> None:
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        for url in event.mimeData().urls():
+            self.open_path(url.toLocalFile())
+
+    def open_path(self, path: str) -> None:
+        suffix = Path(path).suffix.lower()
+        if suffix == ".gguf":
+            self.load_model(replace(self.config, model_path=path))
+        elif suffix == STATE_SUFFIX:
+            self.jobs.load_state(path)
+        elif suffix == PROJECT_SUFFIX:
+            self.open_project(path)
+        elif suffix in ROWS_SUFFIXES:
+            self.fillings.import_file(path)
+        else:
+            self.open_template(path)

@@ -87,10 +87,10 @@ def measure_prime_stalls(model_path: str | None = None, *, n_threads: int = 0,
                     "median_stall_ms": round(pct(0.5), 1), "ticks": len(stalls),
                     "stalls_over_50ms": sum(g > 50 for g in stalls),
                     "max_stall_at_s": round(worst_at, 2),
-                    "prefix_tokens": job.result[0].n_tokens, "prime_s": round(prime_s, 2),
+                    "prefix_tokens": job.result.value.n_tokens, "prime_s": round(prime_s, 2),
                     "heartbeat_ms": heartbeat_ms}
         finally:
-            w.dirty = False
+            w.session.mark_clean()
             w.close()
             w.deleteLater()
             app.processEvents()

@@ -1,8 +1,8 @@
 """The Run panel: run selected rows cold, warm or both, stream the text, show what each run cost.
 
-The main window runs the job; this panel receives the row being run, the streamed TextDeltas
-and each finished RunReport, and shows them: a table of runs, the equivalence verdict and a
-chart of cold vs warm time to first token.
+Finished runs are the session's: the panel observes them and shows a table of runs, the
+equivalence verdict and a chart of cold vs warm time to first token. The streamed text and the
+row being run are transient and come from the jobs. The max-tokens box is the session's option.
 """
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPla
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
-from ..engine import BenchRow, RunReport, TextDelta
-from .bench_view import TtftChart
+from ..engine import RunReport, TextDelta
+from ..engine.session import RunRecord, Session, run_check
+from .charts import TtftBar, TtftChart
 
-COLUMNS = ["row", "path", "reused", "evaluated", "restore ms", "TTFT ms", "tok/s", "speedup",
-           "check"]
+COLUMNS = ["row", "path", "reused (tokens)", "evaluated (tokens)", "restore (ms)",
+           "first token (ms)", "tokens/s", "speedup", "check"]
 
 
 def verdict(report: RunReport) -> tuple[bool | None, str]:
     """(passed, text) for the cold/warm equivalence check; None when only one path ran."""
-    eq = report.equivalence
+    eq = run_check(report)
     if eq is None:
         return None, "—"
     if eq.tokens_equal:
@@ -31,20 +32,14 @@ def verdict(report: RunReport) -> tuple[bool | None, str]:
     return False, f"FAIL: first difference at generated token {eq.first_diff}"
 
 
-def as_bench_row(number: int, r: RunReport) -> BenchRow:
-    return BenchRow(row=number, prefix_tokens=r.prefix_tokens, cold_ms=r.cold.ttft_ms,
-                    warm_ms=r.warm.ttft_ms, cold_ms_min=r.cold.ttft_ms, cold_ms_max=r.cold.ttft_ms,
-                    warm_ms_min=r.warm.ttft_ms, warm_ms_max=r.warm.ttft_ms,
-                    restore_ms=r.warm.restore_ms, speedup=r.speedup or 0.0)
-
-
 class RunPanel(QWidget):
     run_requested = Signal(str)  # "both", "cold" or "warm"
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, session: Session, parent: QWidget | None = None):
         super().__init__(parent)
-        self.reports: list[tuple[int, RunReport]] = []
+        self.session = session
         self.current_row = 0
+        self.run_buttons: list[QPushButton] = []
         buttons = QHBoxLayout()
         for text, mode, tip in (("▶ Run cold + warm", "both", "Ctrl+R"),
                                 ("Cold only", "cold", "Ctrl+Shift+C"),
@@ -54,10 +49,12 @@ class RunPanel(QWidget):
             b.setToolTip(f"Run the selected rows ({tip})")
             b.clicked.connect(lambda _=False, m=mode: self.run_requested.emit(m))
             buttons.addWidget(b)
+            self.run_buttons.append(b)
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 512)
-        self.max_tokens.setValue(24)
+        self.max_tokens.setValue(session.options.max_tokens)
         self.max_tokens.setPrefix("max new tokens: ")
+        self.max_tokens.valueChanged.connect(lambda v: session.set_options(max_tokens=v))
         buttons.addWidget(self.max_tokens)
         buttons.addStretch(1)
         self.verdict = QLabel("Select rows and press Run.")
@@ -107,8 +104,16 @@ class RunPanel(QWidget):
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(buttons)
         lay.addWidget(split, 1)
+        session.events.runs.connect(self._runs_changed)
+        session.events.options.connect(lambda o: self.max_tokens.setValue(o.max_tokens))
+        for rec in session.runs:
+            self._runs_changed(rec)
 
-    # ---- fed by the main window
+    def set_can_run(self, on: bool) -> None:
+        for b in self.run_buttons:
+            b.setEnabled(on)
+
+    # ---- transient: the row being run and its streamed text
     def begin_row(self, number: int) -> None:
         self.current_row = number
         for t in self.outputs.values():
@@ -120,8 +125,12 @@ class RunPanel(QWidget):
             t.moveCursor(QTextCursor.End)
             t.insertPlainText(delta.text)
 
-    def add_report(self, number: int, report: RunReport) -> None:
-        self.reports.append((number, report))
+    # ---- the session's runs
+    def _runs_changed(self, record: RunRecord | None) -> None:
+        if record is None:
+            self.clear()
+            return
+        number, report = record.row, record.report
         for path in (report.cold, report.warm):
             if path is None:
                 continue
@@ -133,8 +142,9 @@ class RunPanel(QWidget):
         if ok is not None:
             self.verdict.setText(text)
             self.verdict.setStyleSheet(f"color: {'#2e7d32' if ok else '#c62828'};")
-        both = [as_bench_row(n, r) for n, r in self.reports if r.cold and r.warm]
-        self.chart.set_rows(both[-12:])
+        bars = [TtftBar.single(r.row, r.report.cold.ttft_ms, r.report.warm.ttft_ms)
+                for r in self.session.runs if r.report.cold and r.report.warm]
+        self.chart.set_bars(bars[-12:])
 
     def _add_line(self, number: int, report: RunReport, path) -> None:
         ok, text = verdict(report)
@@ -143,7 +153,7 @@ class RunPanel(QWidget):
                  f"{path.restore_ms:.1f}" if path.mode == "warm" else "—", f"{path.ttft_ms:.1f}",
                  f"{path.tokens_per_s:.1f}",
                  f"×{speed:.1f}" if speed and path.mode == "warm" else "—",
-                 ("PASS" if ok else f"FAIL at {report.equivalence.first_diff}")
+                 ("PASS" if ok else f"FAIL at {run_check(report).first_diff}")
                  if ok is not None and path.mode == "warm" else ""]
         r = self.table.rowCount()
         self.table.insertRow(r)
@@ -156,9 +166,8 @@ class RunPanel(QWidget):
         self.table.scrollToBottom()
 
     def clear(self) -> None:
-        self.reports.clear()
         self.table.setRowCount(0)
-        self.chart.set_rows([])
+        self.chart.set_bars([])
         for t in self.outputs.values():
             t.clear()
         self.verdict.setText("Select rows and press Run.")

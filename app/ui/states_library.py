@@ -57,12 +57,14 @@ class StatesLibrary(QDockWidget):
         self.message.setObjectName("statesMessage")
         self.message.setWordWrap(True)
         buttons = QHBoxLayout()
+        self.buttons: dict[str, QPushButton] = {}
         for text, slot in (("Save current…", self.save_requested.emit), ("Load", self.load_selected),
                            ("Rename…", self.rename_selected), ("Delete", self.delete_selected),
                            ("Show in folder", self.show_in_folder), ("Refresh", self.refresh)):
             b = QPushButton(text)
-            b.clicked.connect(slot)
+            b.clicked.connect(lambda _=False, slot=slot: slot())
             buttons.addWidget(b)
+            self.buttons[text] = b
         buttons.addStretch(1)
         body = QWidget()
         lay = QVBoxLayout(body)
@@ -101,6 +103,24 @@ class StatesLibrary(QDockWidget):
         path = Path(path)
         if path in self.paths:
             self.table.selectRow(self.paths.index(path))
+
+    def set_can(self, load: bool, save: bool) -> None:
+        """Loading needs a model and an idle worker; saving also a primed state."""
+        self.buttons["Load"].setEnabled(load)
+        self.buttons["Save current…"].setEnabled(save)
+
+    # ---- outcomes of the window's state jobs
+    def on_saved(self, path: str, size: int) -> None:
+        self.refresh()
+        self.select(Path(path))
+        self.show_message(f"saved {Path(path).name} ({size / 1e6:,.1f} MB)")
+
+    def on_loaded(self, path: str, state) -> None:
+        self.show_message(f"loaded {Path(path).name}: {state.n_tokens:,} tokens restored into "
+                          "sequence 0")
+
+    def on_load_failed(self, message: str) -> None:
+        self.show_message(message, error=True)
 
     # ---- actions
     def show_message(self, text: str, error: bool = False) -> None:

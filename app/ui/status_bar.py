@@ -13,11 +13,6 @@ from .engine_worker import EngineWorker, Job
 QUIET_STAGES = {"generate"}  # one token at a time: too fast and too small to be worth a bar
 
 
-def quiet_job(job: Job) -> bool:
-    """Background bookkeeping (token counts, the KV dock's views) gets no progress bar."""
-    return job.name == "count tokens" or job.name.startswith("KV ")
-
-
 def rss_bytes() -> int | None:
     """Resident memory of this process (Linux /proc; elsewhere the peak from getrusage)."""
     try:
@@ -32,10 +27,10 @@ def rss_bytes() -> int | None:
             return None
 
 
-def progress_text(job_name: str, p: Progress) -> str:
+def progress_text(label: str, p: Progress) -> str:
     if p.stage == "load":
-        return f"{job_name}…"
-    text = f"{job_name}: {p.stage} {p.done:,}/{p.total:,}"
+        return f"{label}…"
+    text = f"{label}: {p.stage} {p.done:,}/{p.total:,}"
     if p.rate > 0 and p.stage not in ("bench", "sweep"):
         text += f" · {p.rate:,.0f} tok/s"
     if p.eta_s is not None and p.done < p.total:
@@ -74,15 +69,15 @@ class StatusBar(QStatusBar):
         self.update_memory()
 
     def on_started(self, job: Job) -> None:
-        if quiet_job(job):
+        if job.kind.background:
             return
         self.bar.setRange(0, 0)  # busy until the first progress report
-        self.bar.setFormat(job.name + "…")
+        self.bar.setFormat(job.label + "…")
         self.bar.show()
         self.cancel.show()
 
     def on_progress(self, job: Job, p: Progress) -> None:
-        if p.stage in QUIET_STAGES or quiet_job(job):
+        if p.stage in QUIET_STAGES or job.kind.background:
             return
         self.bar.show()
         self.cancel.show()
@@ -91,7 +86,7 @@ class StatusBar(QStatusBar):
         else:
             self.bar.setRange(0, max(p.total, 1))
             self.bar.setValue(p.done)
-        self.last_text = progress_text(job.name, p)
+        self.last_text = progress_text(job.label, p)
         self.bar.setFormat(self.last_text)
 
     def on_busy(self, busy: bool) -> None:

@@ -1,20 +1,22 @@
 """The template editor: highlighting, the shaded static prefix, live token counts, syntax errors.
 
-Parsing is cheap and runs on the GUI thread (debounced); counting tokens needs the model, so it
-is a worker job. Only one count job is in flight; edits made meanwhile are counted when it ends.
+The session holds the template: typing reaches it after a short pause (``flush`` sends it at
+once), and text the session gets elsewhere (a project, an example) is shown here. Counting
+tokens needs the model, so it is a background worker job; only one is in flight, and edits made
+meanwhile are counted when it ends.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from PySide6.QtCore import QRegularExpression, Qt, QTimer, Signal
+from PySide6.QtCore import QRegularExpression, Qt, QTimer
 from PySide6.QtGui import QColor, QFont, QSyntaxHighlighter, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QLabel, QPlainTextEdit, QTextEdit, QVBoxLayout, QWidget
 
 from ..engine import Template, TemplateSyntaxError
-from ..engine.template import FilledPrompt, Literal, Span
-from .engine_worker import EngineWorker
+from ..engine.session import Session
+from ..engine.template import PLACEHOLDER_RE, Placeholder
+from .engine_worker import EngineWorker, JobKind
 
 PREFIX_SHADE = QColor("#e8f1fb")
 
@@ -31,10 +33,10 @@ def _fmt(color: str, bold: bool = False, background: str | None = None) -> QText
 
 class TemplateHighlighter(QSyntaxHighlighter):
     RULES = [
-        # the same rules as app.engine.template: \< escapes, <name> is a placeholder
+        # app.engine.template's rules: \< escapes, <name> is a placeholder
         (QRegularExpression(r"\\<"), _fmt("#8a8a8a")),
         (QRegularExpression(r"<\|[^|<>\s]+\|>|</?s>"), _fmt("#7b1fa2", bold=True)),
-        (QRegularExpression(r"(?<!\\)<[A-Za-z_][A-Za-z0-9_-]*>"),
+        (QRegularExpression(PLACEHOLDER_RE.pattern),
          _fmt("#0b5cad", bold=True, background="#fff3c4")),
     ]
 
@@ -48,27 +50,40 @@ class TemplateHighlighter(QSyntaxHighlighter):
 
 @dataclass(frozen=True)
 class TokenCounts:
-    prefix: int
-    segments: tuple[int, ...]  # tokens of each literal part, in order
+    prefix: int  # tokens of the static prefix, BOS included
 
 
 def count_tokens(engine, template: Template) -> TokenCounts:
-    """Worker job body: tokens of the static prefix (with BOS) and of every literal segment."""
-    prefix = len(engine.tokenize(template.prefix_prompt()))
-    base = len(engine.tokenize(FilledPrompt(())))  # BOS, counted once in the prefix only
-    segs = tuple(len(engine.tokenize(FilledPrompt((Span(p.text, True),)))) - base
-                 for p in template.parts if isinstance(p, Literal))
-    return TokenCounts(prefix, segs)
+    """Worker job body."""
+    return TokenCounts(len(engine.tokenize(template.prefix_prompt())))
+
+
+def source_prefix_chars(tpl: Template) -> int:
+    """How many characters of the source (escapes included) come before the first placeholder."""
+    first = next((p for p in tpl.parts if isinstance(p, Placeholder)), None)
+    if first is None:
+        return len(tpl.source)
+    lines = tpl.source.split("\n")
+    return sum(len(ln) + 1 for ln in lines[:first.line - 1]) + first.column - 1
+
+
+def prefix_label(tpl: Template, counts: TokenCounts | None, model_loaded: bool) -> str:
+    """The line under the editor, e.g. "static prefix: 1,761 tokens (shaded) · placeholders <q>"."""
+    if counts is not None:
+        size = f"{counts.prefix:,} tokens"
+    else:
+        size = "counting tokens…" if model_loaded else "tokens counted once a model is loaded"
+    names = " ".join(f"<{n}>" for n in tpl.placeholders)
+    return f"static prefix: {size} (shaded) · " + (f"placeholders {names}" if names else
+                                                    "no placeholders: the whole text is static")
 
 
 class TemplateEditor(QWidget):
-    template_changed = Signal(object)  # Template, after a successful parse
-    counts_changed = Signal(object)  # TokenCounts
-    modified = Signal()
-
-    def __init__(self, worker: EngineWorker, parent: QWidget | None = None, debounce_ms: int = 250):
+    def __init__(self, worker: EngineWorker, session: Session, parent: QWidget | None = None,
+                 debounce_ms: int = 250):
         super().__init__(parent)
         self.worker = worker
+        self.session = session
         self.edit = QPlainTextEdit()
         self.edit.setObjectName("templateText")
         mono = QFont("DejaVu Sans Mono")
@@ -85,43 +100,60 @@ class TemplateEditor(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.edit, 1)
         lay.addWidget(self.status)
-        self.template: Template | None = None
-        self.error: TemplateSyntaxError | None = None
         self.counts: TokenCounts | None = None
-        self.path = ""
+        self._counted: Template | None = None  # the template the counts belong to
         self._counting = False
         self._count_again = False
         self._timer = QTimer(self, singleShot=True, interval=debounce_ms)
-        self._timer.timeout.connect(self.reparse)
+        self._timer.timeout.connect(self.flush)
         self.edit.textChanged.connect(self._timer.start)
-        self.edit.textChanged.connect(self.modified)
         worker.engine_changed.connect(lambda _info: self.request_counts())
+        session.events.template.connect(self._template_changed)
+        self._template_changed()
 
-    # ---- text
+    # ---- what the session holds
+    @property
+    def template(self) -> Template | None:
+        return self.session.template
+
+    @property
+    def error(self) -> TemplateSyntaxError | None:
+        return self.session.template_error
+
+    @property
+    def path(self) -> str:
+        return self.session.template_path
+
     def text(self) -> str:
         return self.edit.toPlainText()
 
     def set_text(self, text: str, path: str = "") -> None:
-        self.path = path
-        self.edit.setPlainText(text)  # a new document: the undo stack starts here
-        self.reparse()
-
-    # ---- parsing
-    def reparse(self) -> None:
         self._timer.stop()
-        try:
-            tpl = Template.parse(self.text())
-        except TemplateSyntaxError as e:
-            self.error, self.template, self.counts = e, None, None
-            self._mark(error=e)
+        self.session.set_template(text, path)
+
+    def flush(self) -> None:
+        """Send typed text to the session now (before a job or a save)."""
+        self._timer.stop()
+        self.session.set_template(self.text())
+
+    def _template_changed(self) -> None:
+        s = self.session
+        if s.template_text != self.text():
+            self._timer.stop()
+            self.edit.setPlainText(s.template_text)  # a new document: the undo stack starts here
+            self._timer.stop()
+        tpl = s.template
+        if tpl is None:
+            self.counts = None
+            self._mark(error=s.template_error)
             self.status.setStyleSheet("color: #c62828;")
-            self.status.setText(str(e))
+            self.status.setText(str(s.template_error))
             return
-        self.error, self.template = None, tpl
-        self._mark(prefix_chars=len(_source_prefix(tpl)))
+        self._mark(prefix_chars=source_prefix_chars(tpl))
+        if tpl != self._counted:
+            self.counts = None
+            self.request_counts()
         self._show_status()
-        self.template_changed.emit(tpl)
-        self.request_counts()
 
     def _mark(self, prefix_chars: int = 0, error: TemplateSyntaxError | None = None) -> None:
         sels = []
@@ -131,7 +163,7 @@ class TemplateEditor(QWidget):
             s.format.setBackground(PREFIX_SHADE)
             s.cursor = QTextCursor(doc)
             s.cursor.setPosition(0)
-            s.cursor.setPosition(prefix_chars, QTextCursor.KeepAnchor)
+            s.cursor.setPosition(min(prefix_chars, doc.characterCount() - 1), QTextCursor.KeepAnchor)
             sels.append(s)
         if error:
             block = doc.findBlockByLineNumber(error.line - 1)
@@ -148,20 +180,13 @@ class TemplateEditor(QWidget):
         self.edit.setExtraSelections(sels)
 
     def _show_status(self) -> None:
-        tpl = self.template
+        tpl = self.session.template
         if tpl is None:
             return
-        names = ", ".join(f"<{n}>" for n in tpl.placeholders) or "none"
-        if self.counts is None:
-            counts = "prefix tokens: load a model to count" if self.worker.info is None else \
-                "prefix tokens: counting…"
-        else:
-            segs = " | ".join(f"{n:,}" for n in self.counts.segments)
-            counts = f"static prefix (shaded): {self.counts.prefix:,} tokens · segments: {segs}"
         self.status.setStyleSheet("")
-        self.status.setText(f"{counts} · placeholders: {names}")
+        self.status.setText(prefix_label(tpl, self.counts, self.worker.info is not None))
 
-    # ---- token counts (a worker job)
+    # ---- token counts (a background worker job)
     def request_counts(self) -> None:
         if self.template is None or self.worker.info is None or self.worker.closed:
             self._show_status()
@@ -176,9 +201,8 @@ class TemplateEditor(QWidget):
 
         def done(counts):
             if tpl is self.template:
-                self.counts = counts
+                self.counts, self._counted = counts, tpl
                 self._show_status()
-                self.counts_changed.emit(counts)
             self._finish_count(self._count_again)
 
         def failed(msg):
@@ -186,7 +210,7 @@ class TemplateEditor(QWidget):
             if not self._counting:
                 self.status.setText(f"cannot count tokens: {msg}")
 
-        self.worker.submit("count tokens", lambda e, t: count_tokens(e, tpl), on_done=done,
+        self.worker.submit(JobKind.COUNT_TOKENS, lambda e, t: count_tokens(e, tpl), on_done=done,
                            on_error=failed, on_cancelled=lambda j: self._finish_count(True),
                            cancel_running=False)
 
@@ -194,9 +218,3 @@ class TemplateEditor(QWidget):
         self._counting = False
         if again and not self.worker.closed:
             QTimer.singleShot(0, self.request_counts)
-
-
-def _source_prefix(tpl: Template) -> str:
-    """The static prefix as it stands in the source (escapes included), to shade it."""
-    m = re.search(r"(?<!\\)<[A-Za-z_][A-Za-z0-9_-]*>", tpl.source)
-    return tpl.source[: m.start()] if m else tpl.source

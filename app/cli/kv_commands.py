@@ -1,30 +1,35 @@
-"""`kvprimer kv` and `kvprimer bench --fork K`: the KV cache view and forked batches on the CLI.
-
-Kept apart from cli.py so the shared command line only gains their options and dispatch.
-"""
+"""`kvprimer kv` and `kvprimer bench --fork K`: the KV cache view and forked batches."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from .engine import GenerationConfig, KvPrimerError, read_rows
-from .engine.forked_bench import bench_forked
+from ..engine import GenerationConfig, KvPrimerError, read_rows
+from ..engine.forked_bench import bench_forked
+from .engine_options import load_state_file, open_engine, progress_printer, read_template
+
+
+def kv_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("template")
+    p.add_argument("--fork", type=int, default=0, metavar="K",
+                   help="fork sequence 0 into K more sequences")
+    p.add_argument("--json", action="store_true")
 
 
 def cmd_kv(args) -> int:
-    from .cli import _engine, _progress_printer, read_template
-
     tpl = read_template(args.template)
     if args.fork < 0:
         raise KvPrimerError(f"--fork must be 0 or more, not {args.fork}")
-    with _engine(args) as eng:
-        if args.fork > eng.config.n_seq_max - 1:
-            raise KvPrimerError(f"--fork {args.fork} needs {args.fork + 1} sequences; this context "
-                                f"has {eng.config.n_seq_max}, so fork into at most "
-                                f"{eng.config.n_seq_max - 1}")
-        eng.prime(tpl, 0, _progress_printer(), keep_in_store=False)
-        for s in range(1, args.fork + 1):
-            eng.fork(0, s)
+    with open_engine(args) as eng:
+        most = eng.config.n_seq_max - 3  # the prefix's node and the cache's scratch sequence
+        if args.fork > most:
+            raise KvPrimerError(f"--fork {args.fork} needs {args.fork} more sequences; this "
+                                f"context has room to fork into at most {most}")
+        node = eng.prime_node(tpl, progress_printer())
+        eng.fork(node.seq, 0)
+        for _ in range(args.fork):
+            eng.fork(0, eng.cache.take_work_seq())
         view = eng.kv_view()
     if args.json:
         print(json.dumps(view.as_dict(), indent=2))
@@ -41,14 +46,12 @@ def cmd_kv(args) -> int:
 
 
 def cmd_bench_forked(args) -> int:
-    from .cli import _engine, _progress_printer, read_template
-
     tpl = read_template(args.template)
     rows = read_rows(args.rows, tpl.placeholders)
-    with _engine(args) as eng:
-        state = eng.load_state(args.state) if args.state else None
+    with open_engine(args) as eng:
+        state = load_state_file(eng, args.state, tpl)
         res = bench_forked(eng, tpl, rows, args.fork, state=state,
-                           gen=GenerationConfig(max_tokens=args.max_tokens), task=_progress_printer())
+                           gen=GenerationConfig(max_tokens=args.max_tokens), task=progress_printer())
     print(f"{'rows':>12} {'eval':>5} {'gen':>4} {'decodes':>7} {'forked ms':>10} "
           f"{'one-by-one ms':>13} {'speedup':>7}  equivalence")
     for b in res.batches:

@@ -1,0 +1,6 @@
+"""``python -m app.cli``: the `kvprimer` command line."""
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,93 @@
+"""What every command shares: the model and context options, the engine they open, progress on
+stderr. Options are named as llama.cpp's own tools name them."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..engine import CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template
+from ..engine.ggml_types import KV_TYPES
+from ..engine.llama_state_file import load_any_state
+from ..engine.task_state import Progress
+
+
+def model_options() -> argparse.ArgumentParser:
+    """A parent parser with the model and context options."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model and context")
+    g.add_argument("-m", "--model", help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1)")
+    g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (4096)")
+    g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (all)")
+    g.add_argument("-b", "--batch-size", type=int, default=256, help="tokens per decode batch (256)")
+    g.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(KV_TYPES), help="K cache type")
+    g.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(KV_TYPES), help="V cache type")
+    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
+                   help="layers to offload to the GPU (0; -1: all); needs a GPU build of llama-cpp-python")
+    g = p.add_argument_group("radix cache (what runs leave in the KV cache for later runs)")
+    g.add_argument("--cache-resident-mb", type=float, default=0, metavar="MB",
+                   help="cap on cells kept in the context (0: three quarters of it)")
+    g.add_argument("--cache-ram-mb", type=float, default=512, metavar="MB",
+                   help="cap on snapshots of evicted prompts kept in memory (512)")
+    g.add_argument("--cache-file-mb", type=float, default=2048, metavar="MB",
+                   help="cap on snapshots spilled to files (2048)")
+    return p
+
+
+def open_engine(args) -> Engine:
+    for flag, value, low in (("--ctx-size", args.ctx_size, 16), ("--batch-size", args.batch_size, 1),
+                             ("--threads", args.threads, 0)):
+        if value < low:
+            raise KvPrimerError(f"{flag} must be at least {low}, not {value}")
+    for flag, value in (("--cache-resident-mb", args.cache_resident_mb),
+                        ("--cache-ram-mb", args.cache_ram_mb), ("--cache-file-mb", args.cache_file_mb)):
+        if value < 0:
+            raise KvPrimerError(f"{flag} must be 0 or more, not {value:g}")
+    mb = 1 << 20
+    limits = CacheLimits(int(args.cache_resident_mb * mb), int(args.cache_ram_mb * mb),
+                         int(args.cache_file_mb * mb))
+    return Engine(EngineConfig(model_path=args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                               n_threads=args.threads, type_k=args.cache_type_k,
+                               type_v=args.cache_type_v, n_gpu_layers=args.n_gpu_layers,
+                               cache=limits))
+
+
+def reuse_modes(text: str) -> tuple[str, ...]:
+    """--reuse: one mode or a comma list."""
+    from ..engine import REUSE_MODES
+
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in REUSE_MODES]
+    if bad or not modes:
+        raise KvPrimerError(f"--reuse {text!r}: use one or more of {', '.join(REUSE_MODES)}, "
+                            "comma-separated")
+    return tuple(dict.fromkeys(modes))
+
+
+def load_state_file(eng: Engine, path: str | None, tpl: Template):
+    """The --state file of either format (None without one); a llama.cpp file is checked
+    against the template's prefix, and the user is told how little it could be checked."""
+    if not path:
+        return None
+    state = load_any_state(eng, path, tpl)
+    if state.warning:
+        print(f"kvprimer: note: {state.warning}", file=sys.stderr)
+    return state
+
+
+def read_template(path: str) -> Template:
+    return Template.load(path)
+
+
+def progress_printer() -> TaskState:
+    """Progress on one rewritten stderr line, only when stderr is a terminal."""
+    tty = sys.stderr.isatty()
+
+    def show(p: Progress) -> None:
+        if not tty or p.stage == "generate":
+            return
+        eta = f", {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
+        end = "\n" if p.done >= p.total else ""
+        print(f"\r{p.stage}: {p.done}/{p.total} tokens ({p.rate:.0f} tok/s{eta})   ", end=end,
+              file=sys.stderr, flush=True)
+
+    return TaskState(on_progress=show)

@@ -1,0 +1,44 @@
+"""Where decode batches start: the one rule that makes a warm run comparable bit for bit.
+
+llama.cpp's CPU kernels compute a ubatch of fewer than 64 tokens on another path than one of 64
+or more. Below 64 a token's logits depend only on the batch boundaries and on the order of the
+sequence's cells in the cache, not on where the cells lie. From 64 on (tiled attention) they
+also depend on where the cells lie, modulo 256: measured on SmolLM2, the same 69-token suffix
+after a resident prefix differed by 0.54 in the logits once another sequence's cells sat
+between them, and by 0 in chunks of 63. Small batches still depend on the order of the cells:
+a suffix whose cells sit before its prefix's differs (0.75 on SmolLM2). llama.cpp fills freed
+cells first, so after evictions a warm run can come out within-noise instead of bit-identical;
+the verdict says which. So everything evaluated after the static prefix goes
+in chunks of at most ``EXACT_CHUNK`` tokens, and the cold run replays the same batch starts in
+a fresh context.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+EXACT_CHUNK = 63
+
+
+def batch_starts(start: int, end: int, chunk: int, marks: Iterable[int] = ()) -> list[int]:
+    """Absolute positions where batches start to evaluate positions ``start``..``end - 1``:
+    a batch ends at ``chunk`` tokens or at the next mark, whichever comes first."""
+    if chunk < 1:
+        raise ValueError("chunk must be positive")
+    inside = sorted({m for m in marks if start < m < end})
+    out: list[int] = []
+    pos = start
+    k = 0
+    while pos < end:
+        out.append(pos)
+        while k < len(inside) and inside[k] <= pos:
+            k += 1
+        nxt = min(pos + chunk, end)
+        if k < len(inside):
+            nxt = min(nxt, inside[k])
+        pos = nxt
+    return out
+
+
+def batches(starts: list[int], end: int) -> list[tuple[int, int]]:
+    """(first, last + 1) positions of each batch."""
+    return list(zip(starts, [*starts[1:], end]))

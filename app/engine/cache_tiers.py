@@ -1,0 +1,251 @@
+"""The radix cache's three tiers and how nodes move between them.
+
+A node that holds cells is in one tier: resident (a sequence of the main context holding the
+node's tokens from position 0, its cells shared with the sequence it was forked from), ram (a
+snapshot of the node's own cells, from ``ram_start`` to its end; the cells before come from an
+ancestor when it is promoted) or file (the same bytes in a file). Each tier has a byte cap; the
+least recently used unpinned node moves down (resident → RAM → file → dropped) when a cap or the
+context's cells run out, and a hit in a lower tier is promoted back to resident.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CacheError
+from .radix_tree import RadixNode, RadixTree
+
+APPROX_RESTORED = ("restored from a snapshot: llama.cpp puts sliding-window cells back out of "
+                   "place (upstream issue 25295)")
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    resident_bytes: int = 0  # 0: three quarters of the context's cells
+    ram_bytes: int = 512 << 20
+    file_bytes: int = 2 << 30
+    folder: str | None = None  # None: a temporary folder, removed on close
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    name: str
+    used_bytes: int
+    cap_bytes: int
+    nodes: int
+
+
+class CacheTiers:
+    """Sequences, caps and moves between tiers; RadixCache adds lookup and insertion."""
+
+    def __init__(self, engine, limits: CacheLimits):
+        self.e = engine
+        self.tree = RadixTree()
+        self.limits = limits
+        n = engine.config.n_seq_max
+        if n < 4:
+            raise CacheError("the radix cache needs a context of at least 4 sequences")
+        # sequence 0 stays the user's (KV dock actions, `kvprimer kv`); the last is scratch
+        self.scratch = n - 1
+        self._free = list(range(n - 2, 0, -1))
+        self._busy: set[int] = set()  # node ids a running job relies on
+        self._own_folder = limits.folder is None
+        self.folder = Path(limits.folder or tempfile.mkdtemp(prefix="kvprimer-cache-"))
+        self.windowed = engine.n_swa > 0
+
+    # ---- caps
+    @property
+    def resident_cap(self) -> int:
+        return self.limits.resident_bytes or self.e.info.kv_bytes_per_token * self.e.ctx.n_ctx * 3 // 4
+
+    def tier_bytes(self, tier: str) -> int:
+        if tier == "resident":  # shared cells move as ancestors come and go: count them now
+            return sum(self._resident_bytes(n) for n in self.tree if n.seq is not None)
+        return sum(n.nbytes for n in self.tree if n.tier == tier)
+
+    def tiers(self) -> list[TierUsage]:
+        caps = {"resident": self.resident_cap, "ram": self.limits.ram_bytes,
+                "file": self.limits.file_bytes}
+        return [TierUsage(t, self.tier_bytes(t), cap, sum(1 for n in self.tree if n.tier == t))
+                for t, cap in caps.items()]
+
+    def _resident_bytes(self, node: RadixNode) -> int:
+        """Bytes a resident node adds: its tokens past its nearest resident ancestor (whose
+        cells it shares)."""
+        a = node.parent
+        while a is not None and a.seq is None:
+            a = a.parent
+        return (node.depth - (a.depth if a else 0)) * self.e.info.kv_bytes_per_token
+
+    def _resident_below(self, node: RadixNode, usable=None) -> RadixNode | None:
+        """A resident node in ``node``'s subtree (itself included), if any."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.seq is not None and (usable is None or usable(n)):
+                return n
+            stack.extend(n.children.values())
+        return None
+
+    def materialise(self, node: RadixNode) -> int:
+        """The node's sequence, promoting it (and the ancestors it needs) from RAM or a file."""
+        if node.seq is not None:
+            return node.seq
+        if node.tier == "gone":
+            raise CacheError("that cached prompt was evicted; run it again to cache it")
+        data = node.ram if node.ram is not None else self._read_file(node)
+        self._busy.add(node.id)
+        try:
+            base = self._base(node)
+            base_seq = None
+            if node.ram_start > 0:
+                if base is None:
+                    raise CacheError("a cached prompt lost the prefix it was built on; run it again")
+                base_seq = self.materialise(base)
+            seq = self._take_seq()
+            if base_seq is not None:
+                self.e.fork(base_seq, seq, upto=node.ram_start)
+            if not self.e.add_cells(data, seq, self.scratch, node.tokens()):
+                self.e.clear_seq(seq)
+                self._free.append(seq)
+                raise CacheError("llama.cpp refused a cached snapshot; clear the cache")
+        finally:
+            self._busy.discard(node.id)
+        self._drop_lower(node)
+        node.seq = seq
+        node.nbytes = self._resident_bytes(node)
+        if self.windowed and not node.approx:
+            node.approx = APPROX_RESTORED
+        self.enforce()
+        return seq
+
+    # ---- sequences and eviction
+    def take_work_seq(self) -> int:
+        return self._take_seq()
+
+    def give_back(self, seq: int) -> None:
+        self.e.clear_seq(seq)
+        self._free.append(seq)
+
+    def _take_seq(self) -> int:
+        while not self._free:
+            if not self._spill_one():
+                raise CacheError("every sequence of the context holds a pinned or busy prompt; "
+                                 "unpin some in the Cache panel or clear the cache")
+        return self._free.pop()
+
+    def ensure_free_cells(self, n: int) -> None:
+        """Evict until ``n`` more cells fit in the context."""
+        while self.e.used_cells() + n > self.e.ctx.n_ctx:
+            if not self._spill_one():
+                raise CacheError(
+                    f"the context has no room for {n} more tokens and nothing left to evict; "
+                    "raise --ctx-size or unpin prompts")
+
+    def enforce(self) -> None:
+        while self.tier_bytes("resident") > self.resident_cap and self._spill_one():
+            pass
+        while self.tier_bytes("ram") > self.limits.ram_bytes:
+            n = self._lru("ram")
+            if n is None:
+                break
+            self._to_file(n)
+        while self.tier_bytes("file") > self.limits.file_bytes:
+            n = self._lru("file")
+            if n is None:
+                break
+            self._drop(n)
+
+    def _lru(self, tier: str) -> RadixNode | None:
+        cands = [n for n in self.tree if n.tier == tier and not n.pinned and n.id not in self._busy]
+        if tier == "resident":
+            # a node whose descendants are resident frees no cells: leaves go first
+            leaves = [n for n in cands if self._resident_below_children(n) is None]
+            cands = leaves or cands
+        return min(cands, key=lambda n: n.last_used, default=None)
+
+    def _resident_below_children(self, node: RadixNode) -> RadixNode | None:
+        for c in node.children.values():
+            r = self._resident_below(c)
+            if r is not None:
+                return r
+        return None
+
+    def _spill_one(self) -> bool:
+        n = self._lru("resident")
+        if n is None:
+            return False
+        self.spill(n)
+        return True
+
+    def spill(self, node: RadixNode) -> None:
+        """Resident → RAM: keep the node's own cells, free its sequence."""
+        anchor = node.parent
+        while anchor is not None and anchor.parent is not None and anchor.tier == "gone":
+            anchor = anchor.parent
+        start = anchor.depth if anchor is not None else 0
+        data = self.e.cells_of(node.seq, start, node.depth, self.scratch)
+        self.give_back(node.seq)
+        node.seq = None
+        node.ram, node.ram_start, node.nbytes = data, start, len(data)
+        self.enforce()
+
+    def _to_file(self, node: RadixNode) -> None:
+        path = self.folder / f"node-{node.id}.kvcells"
+        path.write_bytes(node.ram)
+        node.file, node.ram = str(path), None
+
+    def _read_file(self, node: RadixNode) -> bytes:
+        try:
+            return Path(node.file).read_bytes()
+        except OSError as e:
+            raise CacheError(f"a cached prompt's file is gone ({e}); run it again") from None
+
+    def _drop_lower(self, node: RadixNode) -> None:
+        node.ram = None
+        if node.file:
+            Path(node.file).unlink(missing_ok=True)
+            node.file = None
+
+    def _drop(self, node: RadixNode) -> None:
+        if node.seq is not None:
+            self.give_back(node.seq)
+            node.seq = None
+        self._drop_lower(node)
+        node.nbytes = 0
+        if not node.children:
+            self.tree.remove(node)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Drop snapshots whose base is gone, and branching points that lead nowhere."""
+        for n in list(self.tree):
+            if n.parent is None:
+                continue  # removed with an ancestor in this same pass
+            if n.tier in ("ram", "file") and not self._restorable(n):
+                self._drop_lower(n)
+                n.nbytes = 0
+            if n.tier == "gone" and not n.children and not n.pinned:
+                self.tree.remove(n)
+
+    def _base(self, node: RadixNode) -> RadixNode | None:
+        """The ancestor a snapshot's cells go on top of: the nearest one holding cells, if it
+        reaches the snapshot's first position."""
+        a = node.parent
+        while a is not None and a.parent is not None and a.tier == "gone":
+            a = a.parent
+        if a is None or a.parent is None or a.depth < node.ram_start:
+            return None
+        return a
+
+    def _restorable(self, node: RadixNode) -> bool:
+        if node.ram_start == 0:
+            return True
+        base = self._base(node)
+        return base is not None and (base.tier == "resident" or self._restorable(base))
+
+    def close_folder(self) -> None:
+        if self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""Composed modules (opt-in, approximate): reuse each slot's value without its left context.
+
+A module is one segment of a prompt (a placeholder's value and the template text after it)
+evaluated once right after the static prefix, and cached as a radix node like any prompt. A
+composed run takes the exact part the cache already holds (the static prefix, or deeper), then
+for every further segment but the last places that segment's module cells after it — the
+first module at its own positions shares its cells, later ones are copied and shifted with
+llama.cpp's seq_add (the next decode re-rotates their K) — and evaluates only the last segment.
+
+The module's tokens attended to the static prefix only, never to the modules before them, so
+the result differs from a cold run: the verdict measures by how much. ``recompute`` evaluates
+the first k tokens of each module in context instead of copying them (EPIC's idea), trading
+time for accuracy.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .batch_plan import EXACT_CHUNK
+from .errors import CacheError
+from .prompt_segments import Segment
+from .radix_cache import CacheHit
+from .radix_tree import RadixNode
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    hit: CacheHit  # the exact part: static prefix or deeper, ending at a segment start
+    prefix: RadixNode  # the static prefix node the modules were evaluated after
+    modules: tuple[tuple[Segment, RadixNode], ...]  # the segments to place, with their modules
+    build_ms: float  # evaluating modules not cached yet
+
+
+@dataclass(frozen=True)
+class Composition:
+    reused: int
+    sources: tuple[tuple[str, int], ...]
+    starts: list[int]  # batch starts of what was evaluated in context (recomputed tokens)
+
+
+def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheHit,
+                 prefix: RadixNode, task) -> ModulePlan:
+    """Cache a module for every segment between the exact part and the last segment."""
+    if not engine.info.traits.can_shift:
+        raise CacheError(f"{engine.info.name or 'this model'} cannot shift positions in its KV "
+                         "cache, which composing modules needs; use --reuse prefix or chain")
+    starts = [s.start for s in segments]
+    exact = max((b for b in starts if b <= hit.reused), default=0)
+    if hit.reused != exact:
+        hit = engine.cache.lookup(tokens, limit=exact)
+    cache = engine.cache
+    p = prefix.depth
+    base = prefix.tokens()
+    t0 = time.perf_counter()
+    modules = []
+    for seg in segments[1:-1]:
+        if seg.start < exact:
+            continue
+        key = base + tokens[seg.start:seg.end]
+        m = cache.tree.match(key)
+        node = m.node if (m.child is None and m.node.depth == len(key) and m.node.tier != "gone") else None
+        if node is None:
+            work = cache.take_work_seq()
+            try:
+                cache.fork_into(CacheHit(prefix, p, (), "resident", prefix.approx), work)
+                engine.evaluate(tokens[seg.start:seg.end], work, task, stage="module",
+                                want_logits=False, chunk=EXACT_CHUNK)
+                node = cache.add(work, f"module {seg.label}", prefix.all_cuts() + engine.last_starts,
+                                 approx=prefix.approx)
+            finally:
+                cache.give_back(work)
+        modules.append((seg, node))
+    return ModulePlan(hit, prefix, tuple(modules), (time.perf_counter() - t0) * 1000)
+
+
+def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompute: int,
+                 task) -> Composition:
+    """Fill ``work`` with the exact part and the modules, ready to evaluate the last segment."""
+    cache = engine.cache
+    cache.fork_into(plan.hit, work)
+    cur = plan.hit.reused
+    sources = list(plan.hit.sources)
+    p = plan.prefix.depth
+    starts: list[int] = []
+    for seg, node in plan.modules:
+        n = seg.end - seg.start
+        k = min(recompute, n)
+        if k:
+            engine.evaluate(tokens[seg.start:seg.start + k], work, task, stage="recompute",
+                            want_logits=False, chunk=EXACT_CHUNK)
+            starts += engine.last_starts
+        if k < n:
+            cache._busy.add(node.id)
+            try:
+                src = cache.materialise(node)
+            finally:
+                cache._busy.discard(node.id)
+            engine.place_cells(src, p + k, p + n, work, cur + k - (p + k), cache.scratch,
+                               tokens[seg.start + k:seg.end])
+        sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
+        cur += n
+    return Composition(cur, tuple(sources), starts)

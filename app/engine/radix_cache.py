@@ -1,0 +1,215 @@
+"""The radix cache: what was primed or run stays in the KV cells, found again by its tokens.
+
+Every node of the radix tree (radix_tree.py) that holds cells lives in one of three tiers:
+- resident: a sequence of the main context holding exactly the node's tokens from position 0,
+  its cells shared with the sequence it was forked from (llama.cpp's seq_cp with a unified KV
+  cache copies nothing). A node's sequence is *pristine*: it was forked at the node's end and
+  never evaluated past it, so on sliding-window models its window cells are all there;
+- ram: a snapshot of the node's own cells (positions ``ram_start`` to its end), small because
+  the cells before ``ram_start`` come from an ancestor when the node is promoted again;
+- file: the same bytes in a file of this cache's folder.
+
+Each tier has a byte cap; the least recently used unpinned node moves down a tier (resident →
+RAM → file → dropped) when a cap or the context's cells run out, and a hit in a lower tier is
+promoted back to resident. A run forks a node into a working sequence instead of restoring a
+snapshot and trimming it, so nothing is copied and sliding-window cells stay in place.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
+from .errors import CacheError
+from .radix_tree import RadixNode, RadixTree
+
+__all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNodeInfo",
+           "RadixCache", "TierUsage"]
+
+APPROX_PART = "forked part of a longer sequence: sliding-window cells past its end are lost"
+
+
+@dataclass(frozen=True)
+class CacheNodeInfo:
+    id: int
+    parent_id: int | None
+    label: str
+    text: str  # the node's own tokens as text (shortened)
+    tokens: int  # from the start of the prompt to the node's end
+    own_tokens: int
+    tier: str
+    nbytes: int
+    hits: int
+    last_used: float
+    pinned: bool
+    approx: str
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    node: RadixNode | None  # None: nothing to reuse
+    reused: int  # tokens the run takes from the cache
+    sources: tuple[tuple[str, int], ...]  # (what, tokens) along the path, e.g. ("static prefix", 1761)
+    tier: str  # where the reused node was found: "resident", "ram", "file" or ""
+    approx: str  # why reusing it may not be exact ("" when it is)
+
+
+class RadixCache(CacheTiers):
+    def __init__(self, engine, limits: CacheLimits = CacheLimits()):
+        super().__init__(engine, limits)
+        self._generation = itertools.count(1)
+        self._last_generation = 0
+
+    def nodes(self) -> list[CacheNodeInfo]:
+        return [CacheNodeInfo(n.id, n.parent.id if n.parent and n.parent.parent else None,
+                              n.label, self._preview(n), n.depth, n.own_tokens, n.tier, n.nbytes,
+                              n.hits, n.last_used, n.pinned, n.approx)
+                for n in self.tree]
+
+    def _preview(self, n: RadixNode, limit: int = 60) -> str:
+        raw = b"".join(self.e.model.piece(t, special=True) for t in n.edge[:limit])
+        text = raw.decode("utf-8", "replace").replace("\n", "⏎")
+        return text if n.own_tokens <= limit else text + "…"
+
+    # ---- lookup
+    @property
+    def generation(self) -> int:
+        """Increases with every node added: ``lookup(before=...)`` ignores later nodes."""
+        return self._last_generation
+
+    def lookup(self, tokens: list[int], limit: int | None = None,
+               before: int | None = None) -> CacheHit:
+        """The deepest reusable match for ``tokens[:limit]`` among nodes added before
+        generation ``before`` (all when None)."""
+        q = tokens if limit is None else tokens[:limit]
+        m = self.tree.match(q)
+
+        def usable(n: RadixNode) -> bool:
+            return n.tier != "gone" and (before is None or n.created < before)
+
+        node = m.node
+        while node.parent is not None and not usable(node):
+            node = node.parent
+        best, reused = (node if node.parent is not None else None), node.depth
+        # part of a resident node: fork it up to the match (exact unless window cells are lost)
+        if m.matched > reused:
+            below = self._resident_below(m.child or m.node, usable)
+            if below is not None and not (self.windowed and below.depth > m.matched):
+                best, reused = below, m.matched
+        if best is None:
+            return CacheHit(None, 0, (), "", "")
+        approx = best.approx or (APPROX_PART if self.windowed and best.depth > reused else "")
+        return CacheHit(best, reused, self._sources(best, reused), best.tier, approx)
+
+    def _sources(self, node: RadixNode, reused: int) -> tuple[tuple[str, int], ...]:
+        out = []
+        for n in node.path():
+            take = min(n.depth, reused) - n.start
+            if take > 0:
+                name = n.label or "cached prompt"
+                out.append((name if n.depth <= reused else f"{name} (part)", take))
+        return tuple(out)
+
+    # ---- using a hit
+    def fork_into(self, hit: CacheHit, work: int) -> None:
+        """Make ``work`` hold the hit's first ``reused`` tokens (promoting the node if needed)."""
+        self.e.clear_seq(work)
+        if hit.node is None:
+            return
+        self._busy.add(hit.node.id)
+        try:
+            seq = self.materialise(hit.node)
+        finally:
+            self._busy.discard(hit.node.id)
+        self.e.fork(seq, work, upto=hit.reused)
+        self.touch(hit.node)
+
+    def touch(self, node: RadixNode) -> None:
+        node.hits += 1
+        node.last_used = time.monotonic()
+
+    # ---- adding nodes
+    def add(self, work: int, label: str, starts: list[int], template_sha256: str = "",
+            approx: str = "") -> RadixNode:
+        """Cache what ``work`` holds now (all of it, from position 0) as a node."""
+        tokens = list(self.e.resident[work])
+        node, created = self.tree.insert(tokens)
+        if created or node.tier == "gone":
+            self._last_generation = node.created = next(self._generation)
+        if created or not node.label:
+            node.label = label
+            node.template_sha256 = template_sha256
+        if created or node.tier == "gone" or not node.cuts:
+            node.cuts = tuple(s for s in starts if node.start <= s < node.depth)
+        if node.seq is None:
+            self._busy.add(node.id)
+            try:
+                seq = self._take_seq()
+            finally:
+                self._busy.discard(node.id)
+            self.e.fork(work, seq)
+            self._drop_lower(node)
+            node.seq = seq
+            node.approx = approx
+            node.nbytes = self._resident_bytes(node)
+        self.touch(node)
+        return node
+
+    def adopt(self, state, label: str) -> RadixNode:
+        """A saved state as a resident node (restored once; later runs fork it)."""
+        m = self.tree.match(list(state.tokens))
+        if m.matched == state.n_tokens and m.child is None and m.node.seq is not None:
+            self.touch(m.node)
+            return m.node
+        seq = self._take_seq()
+        try:
+            self.e.restore(state, seq)
+        except Exception:
+            self._free.append(seq)
+            raise
+        node = self.add(seq, label, list(range(0, state.n_tokens, self.e.config.n_batch)),
+                        state.template_sha256, APPROX_RESTORED if self.windowed else "")
+        self.e.clear_seq(seq)
+        self._free.append(seq)
+        return node
+
+    # ---- user actions
+    def find(self, node_id: int) -> RadixNode:
+        for n in self.tree:
+            if n.id == node_id:
+                return n
+        raise CacheError(f"no cached prompt has id {node_id}; refresh the Cache panel")
+
+    def pin(self, node_id: int, pinned: bool = True) -> None:
+        self.find(node_id).pinned = pinned
+
+    def evict(self, node_id: int) -> None:
+        """Move a node one tier down (a file node is dropped)."""
+        n = self.find(node_id)
+        if n.pinned:
+            raise CacheError("that prompt is pinned; unpin it first")
+        {"resident": self.spill, "ram": self._to_file, "file": self._drop,
+         "gone": self._drop}[n.tier](n)
+        self.enforce()
+
+    def clear(self) -> None:
+        for n in list(self.tree):
+            if n.seq is not None:
+                self.give_back(n.seq)
+            n.seq = None
+            self._drop_lower(n)
+        self.tree = RadixTree()
+
+    def retain(self, keep: RadixNode) -> None:
+        """Drop every node but ``keep`` (and the path to it), which stays resident."""
+        self.materialise(keep)
+        path = set(id(n) for n in keep.path())
+        for n in sorted(self.tree, key=lambda n: -n.depth):
+            if id(n) not in path and n.parent is not None:
+                n.pinned = False
+                self._drop(n)
+
+    def close(self) -> None:
+        self.clear()
+        self.close_folder()

@@ -1,0 +1,367 @@
+"""The project being worked on, as one Qt-free object: the window, the CLI and tests drive it.
+
+A ``Session`` holds the template text (and its parse), the rows of placeholder values, the
+options of runs and of the model, the prefix state in use and the typed results of runs,
+benchmarks and sweeps. Each kind of change has its own ``Event``; observers (the window's
+panels, a test) connect plain callbacks and read the session when called. The session never
+calls llama.cpp: jobs do, and put their results here.
+
+Rows keep the values of every placeholder they have had, so a placeholder renamed while typing
+(``<questio>`` on the way to ``<question>``) gets its values back; only the template's current
+placeholders are shown and saved.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Callable
+
+from .bench_rows import BenchResult
+from .errors import TemplateSyntaxError
+from .kv_engine import EngineConfig
+from .prefix_state import PrefixState
+from .prefix_sweep import SweepPoint
+from .project_file import ProjectFile, bench_from_dict, report_from_dict
+from .prompt_runs import RunReport, report_dict
+from .rows import Row
+from .template import Template
+
+
+class Event:
+    """Callbacks for one kind of change, called in the order they were connected."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable] = []
+
+    def connect(self, callback: Callable) -> Callable:
+        self._callbacks.append(callback)
+        return callback
+
+    def disconnect(self, callback: Callable) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def emit(self, *args) -> None:
+        for cb in list(self._callbacks):
+            cb(*args)
+
+
+@dataclass
+class SessionEvents:
+    template: Event = field(default_factory=Event)  # () text, path or parse changed
+    rows: Event = field(default_factory=Event)  # (RowsChange)
+    selection: Event = field(default_factory=Event)  # ()
+    options: Event = field(default_factory=Event)  # (Options)
+    state: Event = field(default_factory=Event)  # (StateRef)
+    runs: Event = field(default_factory=Event)  # (RunRecord), or (None) when cleared
+    bench: Event = field(default_factory=Event)  # (BenchResult | None)
+    sweep: Event = field(default_factory=Event)  # (list[SweepPoint])
+    file: Event = field(default_factory=Event)  # () path or unsaved-changes flag changed
+
+
+@dataclass(frozen=True)
+class RowsChange:
+    kind: str  # "reset": rows or columns changed; "values": one cell
+    row: int = -1
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Options:
+    max_tokens: int = 24  # tokens generated per run
+    repeat: int = 3  # benchmark repeats per row
+    reuse_mode: str = "prefix"  # how a warm run reuses the cache
+    engine: EngineConfig = field(default_factory=EngineConfig)  # the project's model settings
+
+
+@dataclass(frozen=True)
+class StateRef:
+    """The prefix state runs start from: in memory, and the file it came from or went to."""
+    state: PrefixState | None = None
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    row: int  # as the rows table numbers it, from 1
+    report: RunReport
+
+    def summary(self) -> str:
+        return run_summary(self.report)
+
+
+def run_check(r: RunReport):
+    """The cold/warm comparison of a run (tokens_equal, first_diff, max_logit_diff, exact), or
+    None when one path ran. The engine is renaming ``equivalence`` to ``verdict``; this is the
+    window's one place that reads either, until the rename lands."""
+    return getattr(r, "verdict", None) or getattr(r, "equivalence", None)
+
+
+def run_summary(r: RunReport) -> str:
+    parts = []
+    if r.cold:
+        parts.append(f"cold {r.cold.ttft_ms:,.0f} ms")
+    if r.warm:
+        parts.append(f"warm {r.warm.ttft_ms:,.0f} ms ({r.reused_tokens:,} tokens reused)")
+    if r.speedup:
+        parts.append(f"×{r.speedup:.1f} faster to first token")
+    check = run_check(r)
+    if check:
+        parts.append("same output" if check.tokens_equal else
+                     f"outputs differ at token {check.first_diff}")
+    return "run: " + ", ".join(parts)
+
+
+def bench_summary(result: BenchResult) -> str:
+    s = result.summary()
+    if not s["speedup_median"]:
+        return "no row finished"
+    eq = "all outputs equal" if s["all_tokens_equal"] else "OUTPUTS DIFFER"
+    return (f"median speedup ×{s['speedup_median']:.1f} · cold {s['cold_ms_median']:.0f} ms · "
+            f"warm {s['warm_ms_median']:.0f} ms · {eq}" + (" · cancelled" if result.cancelled else ""))
+
+
+class Session:
+    def __init__(self, options: Options | None = None):
+        self.events = SessionEvents()
+        self.template_text = ""
+        self.template_path = ""
+        self.template: Template | None = Template.parse("")
+        self.template_error: TemplateSyntaxError | None = None
+        self.placeholders: list[str] = []
+        self._rows: list[dict[str, str]] = []
+        self.selection: list[int] = []  # selected row indexes, from 0
+        self.current = -1  # the row the form edits
+        self.options = options or Options()
+        self.state_ref = StateRef()
+        self.runs: list[RunRecord] = []
+        self.bench: BenchResult | None = None
+        self.sweep: list[SweepPoint] = []
+        self.path = ""  # the project file, "" until saved
+        self.dirty = False
+
+    # ---- template
+    def set_template(self, text: str, path: str | None = None) -> None:
+        if text == self.template_text and (path is None or path == self.template_path):
+            return
+        changed = text != self.template_text
+        self.template_text = text
+        if path is not None:
+            self.template_path = path
+        if changed:
+            try:
+                self.template, self.template_error = Template.parse(text), None
+            except TemplateSyntaxError as e:
+                self.template, self.template_error = None, e
+            if self.template is not None:
+                self._set_columns(self.template.placeholders)
+        self.events.template.emit()
+        if changed:
+            self.mark_dirty()
+
+    def _set_columns(self, names: list[str]) -> None:
+        if names == self.placeholders:
+            return
+        self.placeholders = list(names)
+        self.events.rows.emit(RowsChange("reset"))
+
+    # ---- rows
+    @property
+    def rows(self) -> list[dict[str, str]]:
+        return [self.row_values(i) for i in range(len(self._rows))]
+
+    @property
+    def row_count(self) -> int:
+        return len(self._rows)
+
+    def row_values(self, index: int) -> dict[str, str]:
+        r = self._rows[index]
+        return {n: r.get(n, "") for n in self.placeholders}
+
+    def value(self, index: int, name: str) -> str:
+        return self._rows[index].get(name, "")
+
+    def set_value(self, index: int, name: str, value: str) -> None:
+        if self._rows[index].get(name, "") == value:
+            return
+        self._rows[index][name] = value
+        self.events.rows.emit(RowsChange("values", index, name))
+        self.mark_dirty()
+
+    def set_rows(self, rows: list[dict[str, str]]) -> None:
+        self._rows = [{str(k): str(v) for k, v in r.items()} for r in rows]
+        self._reset_rows([0] if self._rows else [], 0 if self._rows else -1)
+
+    def add_rows(self, rows: list[dict[str, str]]) -> list[int]:
+        first = len(self._rows)
+        self._rows.extend({str(k): str(v) for k, v in r.items()} for r in rows)
+        added = list(range(first, len(self._rows)))
+        if added:
+            self._reset_rows([added[-1]], added[-1])
+        return added
+
+    def remove_rows(self, indexes: list[int]) -> None:
+        gone = sorted({i for i in indexes if 0 <= i < len(self._rows)})
+        if not gone:
+            return
+        for i in reversed(gone):
+            del self._rows[i]
+        cur = min(gone[0], len(self._rows) - 1)
+        self._reset_rows([cur] if cur >= 0 else [], cur)
+
+    def _reset_rows(self, selection: list[int], current: int) -> None:
+        """After rows were added or removed: observers see the new rows and selection together."""
+        self.selection, self.current = selection, current
+        self.events.rows.emit(RowsChange("reset"))
+        self.events.selection.emit()
+        self.mark_dirty()
+
+    def set_selection(self, indexes: list[int], current: int | None = None) -> None:
+        sel = sorted({i for i in indexes if 0 <= i < len(self._rows)})
+        cur = current if current is not None else (sel[-1] if sel else self.current)
+        cur = cur if 0 <= cur < len(self._rows) else -1
+        if (sel, cur) == (self.selection, self.current):
+            return
+        self.selection, self.current = sel, cur
+        self.events.selection.emit()
+
+    def selected_rows(self) -> list[Row]:
+        """The selected rows, else the current one, numbered from 1 as the table shows them."""
+        idx = self.selection or ([self.current] if self.current >= 0 else [])
+        return [Row(i + 1, self.row_values(i)) for i in idx]
+
+    def all_rows(self) -> list[Row]:
+        return [Row(i + 1, self.row_values(i)) for i in range(len(self._rows))]
+
+    # ---- options and state
+    def set_options(self, *, edit: bool = True, **changes) -> None:
+        """``edit=False``: not the user's change to the project (a model loaded), so no unsaved mark."""
+        new = replace(self.options, **changes)
+        if new != self.options:
+            self.options = new
+            self.events.options.emit(new)
+            if edit:
+                self.mark_dirty()
+
+    @property
+    def state(self) -> PrefixState | None:
+        return self.state_ref.state
+
+    def set_state(self, state: PrefixState | None, path: str = "") -> None:
+        self.state_ref = StateRef(state, path)
+        self.events.state.emit(self.state_ref)
+
+    # ---- results
+    def add_run(self, record: RunRecord) -> None:
+        self.runs.append(record)
+        self.events.runs.emit(record)
+        self.mark_dirty()
+
+    def clear_runs(self) -> None:
+        self.runs = []
+        self.events.runs.emit(None)
+
+    def set_bench(self, result: BenchResult | None) -> None:
+        self.bench = result
+        self.events.bench.emit(result)
+        self.mark_dirty()
+
+    def set_sweep(self, points: list[SweepPoint]) -> None:
+        self.sweep = list(points)
+        self.events.sweep.emit(self.sweep)
+        self.mark_dirty()
+
+    # ---- file
+    def mark_dirty(self) -> None:
+        if not self.dirty:
+            self.dirty = True
+            self.events.file.emit()
+
+    def mark_clean(self, path: str | None = None) -> None:
+        if path is not None:
+            self.path = path
+        self.dirty = False
+        self.events.file.emit()
+
+    def to_project(self) -> ProjectFile:
+        results = [{"kind": "run", "row": r.row, "report": report_dict(r.report)} for r in self.runs]
+        if self.bench:
+            results.append({"kind": "benchmark", **self.bench.as_dict()})
+        if self.sweep:
+            results.append({"kind": "sweep", "points": [p.as_dict() for p in self.sweep]})
+        o = self.options
+        return ProjectFile(template=self.template_text, template_path=self.template_path,
+                           placeholders=list(self.placeholders), rows=self.rows,
+                           settings={"engine": asdict(o.engine), "max_tokens": o.max_tokens,
+                                     "repeat": o.repeat, "reuse_mode": o.reuse_mode},
+                           results=results)
+
+    def apply_project(self, project: ProjectFile, path: str = "") -> list[str]:
+        """Show a project file's content; returns problems worth telling the user (one line each)."""
+        problems = []
+        self.set_template(project.template, project.template_path)
+        if self.template is None:  # a syntax error: keep the file's columns until it is fixed
+            self._set_columns(project.placeholders)
+        self.set_rows(project.rows)
+        s = project.settings
+        opts = {}
+        try:
+            for key in ("max_tokens", "repeat"):
+                if key in s:
+                    opts[key] = int(s[key])
+            if isinstance(s.get("reuse_mode"), str):
+                opts["reuse_mode"] = s["reuse_mode"]
+        except (TypeError, ValueError):
+            problems.append("the project's run options are unreadable; the defaults are used")
+        cfg = engine_config(s.get("engine"))
+        if cfg is not None:
+            opts["engine"] = cfg
+        self.set_options(**opts)
+        runs, bench, sweep, unreadable = [], None, [], False
+        for r in project.results:
+            try:
+                kind = r.get("kind")
+                if kind == "run" and "report" in r:
+                    runs.append(RunRecord(int(r["row"]), report_from_dict(r["report"])))
+                elif kind == "benchmark":
+                    bench = bench_from_dict(r)
+                elif kind == "sweep":
+                    sweep = [SweepPoint(**p) for p in r["points"]]
+            except (AttributeError, KeyError, TypeError, ValueError):
+                unreadable = True
+        if unreadable:
+            problems.append("the project's saved results are unreadable; run them again")
+        self.clear_runs()
+        for rec in runs:
+            self.add_run(rec)
+        self.set_bench(bench)
+        self.set_sweep(sweep)
+        self.mark_clean(path)
+        return problems
+
+    def clear(self) -> None:
+        """An empty project (the prefix state and options stay: they belong to the model)."""
+        self.set_template("", "")
+        self.set_rows([])
+        self.clear_runs()
+        self.set_bench(None)
+        self.set_sweep([])
+        self.mark_clean("")
+
+
+def engine_config(d) -> EngineConfig | None:
+    """The EngineConfig a project file stored; fields this version does not know are left out."""
+    if not isinstance(d, dict):
+        return None
+    defaults = EngineConfig()
+    kw = {}
+    for f in fields(EngineConfig):
+        if f.name in d:
+            v, default = d[f.name], getattr(defaults, f.name)
+            if is_dataclass(default) and isinstance(v, dict):  # nested settings, stored as a dict
+                names = {g.name for g in fields(default)}
+                v = replace(default, **{k: x for k, x in v.items() if k in names})
+            kw[f.name] = v
+    try:
+        return EngineConfig(**kw)
+    except (TypeError, ValueError):
+        return None

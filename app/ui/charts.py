@@ -1,0 +1,227 @@
+"""Charts of the Run panel and the Benchmark view (QtCharts, part of PySide6).
+
+``TtftChart``: cold vs warm time to first token per row, bars at the median with min–max
+whiskers. Each row's label says as much as its width allows ("row 3 ×12.9", "3 ×12.9", "3"),
+recomputed on resize, so labels are never cut to "row…". ``SweepChart``: time to first token
+against prefix tokens, cold and warm, the suffix-only evaluation as the floor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCharts import (QBarCategoryAxis, QBarSeries, QBarSet, QChart, QChartView, QLineSeries,
+                              QValueAxis)
+from PySide6.QtCore import QMargins, QRectF, QSize, Qt, QTimer
+from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPen
+from PySide6.QtSvg import QSvgGenerator
+from PySide6.QtWidgets import QWidget
+
+from ..engine import BenchRow
+
+COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
+MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has every row
+
+
+@dataclass(frozen=True)
+class TtftBar:
+    row: int
+    cold_ms: float
+    warm_ms: float
+    cold_min: float
+    cold_max: float
+    warm_min: float
+    warm_max: float
+
+    @property
+    def speedup(self) -> float:
+        return self.cold_ms / self.warm_ms if self.warm_ms > 0 else 0.0
+
+    @classmethod
+    def single(cls, row: int, cold_ms: float, warm_ms: float) -> "TtftBar":
+        return cls(row, cold_ms, warm_ms, cold_ms, cold_ms, warm_ms, warm_ms)
+
+    @classmethod
+    def from_bench(cls, r: BenchRow) -> "TtftBar":
+        return cls(r.row, r.cold_ms, r.warm_ms, r.cold_ms_min, r.cold_ms_max, r.warm_ms_min,
+                   r.warm_ms_max)
+
+
+def _chart(title: str) -> QChart:
+    c = QChart()
+    c.setTitle(title)
+    c.setAnimationOptions(QChart.NoAnimation)
+    c.legend().setAlignment(Qt.AlignBottom)
+    c.setMargins(QMargins(4, 4, 4, 4))
+    c.setBackgroundRoundness(0)
+    return c
+
+
+def bar_labels(bars: list[TtftBar], width_px: float, metrics: QFontMetrics) -> list[str]:
+    """The longest label form that fits every category's width; unique (repeated rows differ
+    by invisible zero-width spaces, since a category axis merges equal names)."""
+    forms = (lambda b: f"row {b.row} ×{b.speedup:.1f}", lambda b: f"{b.row} ×{b.speedup:.1f}",
+             lambda b: f"{b.row}")
+    per = width_px / max(len(bars), 1) - 6
+    labels = [forms[-1](b) for b in bars]
+    for form in forms:
+        texts = [form(b) for b in bars]
+        if all(metrics.horizontalAdvance(t) <= per for t in texts):
+            labels = texts
+            break
+    seen: set[str] = set()
+    out = []
+    for t in labels:
+        while t in seen:
+            t += "\u200b"
+        seen.add(t)
+        out.append(t)
+    return out
+
+
+class TtftChart(QChartView):
+    def __init__(self, title: str = "Time to first token per row (ms): median, min–max",
+                 parent: QWidget | None = None):
+        super().__init__(_chart(title), parent)
+        self.setRenderHint(QPainter.Antialiasing)
+        self.setMinimumHeight(200)
+        self.bars: list[TtftBar] = []
+        self._cats: QBarCategoryAxis | None = None
+        self._relabel_timer = QTimer(self, singleShot=True, interval=0)
+        self._relabel_timer.timeout.connect(self._relabel)
+
+    @property
+    def bar_count(self) -> int:
+        return sum(s.count() for s in self.chart().series() if isinstance(s, QBarSeries)
+                   for s in s.barSets())
+
+    def labels(self) -> list[str]:
+        return self._cats.categories() if self._cats else []
+
+    def set_bars(self, bars: list[TtftBar]) -> None:
+        bars = bars[:MAX_BARS]
+        self.bars = bars
+        chart = self.chart()
+        chart.removeAllSeries()
+        for ax in chart.axes():
+            chart.removeAxis(ax)
+        self._cats = None
+        if not bars:
+            return
+        cold, warm = QBarSet("cold"), QBarSet("warm")
+        cold.setColor(COLD)
+        warm.setColor(WARM)
+        cold.append([b.cold_ms for b in bars])
+        warm.append([b.warm_ms for b in bars])
+        series = QBarSeries()
+        series.setBarWidth(0.7)
+        series.append(cold)
+        series.append(warm)
+        chart.addSeries(series)
+        self._cats = QBarCategoryAxis()
+        self._cats.append(self._labels_for_width())
+        self._cats.setTitleText("row · ×speedup")
+        top = max(max(b.cold_max, b.cold_ms, b.warm_max) for b in bars) * 1.1 or 1.0
+        y = QValueAxis()
+        y.setRange(0, top)
+        y.setTitleText("ms")
+        y.setLabelFormat("%.0f")
+        y.applyNiceNumbers()
+        chart.addAxis(self._cats, Qt.AlignBottom)
+        chart.addAxis(y, Qt.AlignLeft)
+        series.attachAxis(self._cats)
+        series.attachAxis(y)
+        # min–max whiskers on a hidden value axis aligned with the categories
+        x = QValueAxis()
+        x.setRange(-0.5, len(bars) - 0.5)
+        x.setVisible(False)
+        chart.addAxis(x, Qt.AlignBottom)
+        offset = 0.7 / 4
+        for i, b in enumerate(bars):
+            for dx, lo, hi in ((-offset, b.cold_min, b.cold_max), (offset, b.warm_min, b.warm_max)):
+                if hi <= lo:
+                    continue
+                w = QLineSeries()
+                w.setPen(QPen(QColor("#222222"), 1.5))
+                w.append(i + dx, lo)
+                w.append(i + dx, hi)
+                chart.addSeries(w)
+                w.attachAxis(x)
+                w.attachAxis(y)
+                chart.legend().markers(w)[0].setVisible(False)
+        self._relabel_timer.start()  # once the new axes are laid out
+
+    def _labels_for_width(self) -> list[str]:
+        plot = self.chart().plotArea().width()
+        width = plot if plot > 50 else max(self.width() - 80, 100)
+        font = self._cats.labelsFont() if self._cats else self.font()
+        return bar_labels(self.bars, width, QFontMetrics(font))
+
+    def _relabel(self) -> None:
+        if self._cats is None:
+            return
+        new = self._labels_for_width()
+        if new != self._cats.categories():
+            self._cats.setCategories(new)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._relabel_timer.start()
+
+
+class SweepChart(QChartView):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(_chart("Time to first token vs prefix length (ms)"), parent)
+        self.setRenderHint(QPainter.Antialiasing)
+        self.setMinimumHeight(200)
+        self.points = []
+
+    def set_points(self, points) -> None:
+        self.points = list(points)
+        chart = self.chart()
+        chart.removeAllSeries()
+        for ax in chart.axes():
+            chart.removeAxis(ax)
+        if not points:
+            return
+        x, y = QValueAxis(), QValueAxis()
+        x.setTitleText("prefix tokens")
+        x.setLabelFormat("%d")
+        y.setTitleText("ms")
+        y.setLabelFormat("%.0f")
+        x.setRange(0, max(p.prefix_tokens for p in points) * 1.05)
+        y.setRange(0, max(max(p.cold_ms, p.warm_ms) for p in points) * 1.1 or 1.0)
+        y.applyNiceNumbers()
+        chart.addAxis(x, Qt.AlignBottom)
+        chart.addAxis(y, Qt.AlignLeft)
+        for name, color, attr, style in (("cold", COLD, "cold_ms", Qt.SolidLine),
+                                         ("warm", WARM, "warm_ms", Qt.SolidLine),
+                                         ("suffix only (floor)", FLOOR, "floor_ms", Qt.DashLine)):
+            s = QLineSeries()
+            s.setName(name)
+            s.setPen(QPen(color, 2, style))
+            s.setPointsVisible(True)
+            for p in points:
+                s.append(p.prefix_tokens, getattr(p, attr))
+            chart.addSeries(s)
+            s.attachAxis(x)
+            s.attachAxis(y)
+
+
+def save_chart(view: QChartView, path: str | Path) -> None:
+    """PNG (or any raster type Qt knows) from the widget; SVG through QSvgGenerator."""
+    path = Path(path)
+    if path.suffix.lower() == ".svg":
+        size = view.size() if view.width() > 10 else QSize(800, 400)
+        gen = QSvgGenerator()
+        gen.setFileName(str(path))
+        gen.setSize(size)
+        gen.setViewBox(QRectF(0, 0, size.width(), size.height()))
+        gen.setTitle(view.chart().title())
+        p = QPainter(gen)
+        try:
+            view.render(p)
+        finally:
+            p.end()
+    else:
+        view.grab().save(str(path))

@@ -1,0 +1,165 @@
+"""The Qt-free session: template, rows, options, state and typed results, with their events,
+and its file form (the project file). No Qt; runs come from the tiny model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.engine import BenchResult, BenchRow, EngineConfig, Template, run_prompt
+from app.engine.prefix_sweep import SweepPoint
+from app.engine.project_file import Autosaver, ProjectFile, ProjectFileError, report_from_dict
+from app.engine.prompt_runs import report_dict
+from app.engine.session import RowsChange, RunRecord, Session, run_check
+
+
+def record(events, name):
+    seen = []
+    getattr(events, name).connect(lambda *a: seen.append(a))
+    return seen
+
+
+@pytest.fixture
+def report(engine):
+    tpl = Template.parse("hello world of the answer and the question. " * 3 + "<q>")
+    return run_prompt(engine, tpl, {"q": "why?"}, oneshot=False)
+
+
+def test_template_parse_and_columns_follow_the_text():
+    s = Session()
+    tpl, rows, dirty = record(s.events, "template"), record(s.events, "rows"), record(s.events, "file")
+    s.set_template("intro <a> and <b>", "t.tmpl")
+    assert s.placeholders == ["a", "b"] and s.template.placeholders == ["a", "b"]
+    assert s.template_path == "t.tmpl" and len(tpl) == 1 and rows == [(RowsChange("reset"),)]
+    assert s.dirty and len(dirty) == 1
+    s.set_template("intro <a\nand <b>")  # a syntax error: the columns stay as they were
+    assert s.template is None and s.template_error.line == 1 and s.placeholders == ["a", "b"]
+    s.set_template("intro <a\nand <b>")  # unchanged: no event
+    assert len(tpl) == 2
+
+
+def test_rows_keep_values_of_placeholders_renamed_while_typing():
+    s = Session()
+    s.set_template("<question> <topic>")
+    s.set_rows([{"question": "why", "topic": "it"}])
+    s.set_template("<questio> <topic>")
+    assert s.rows == [{"questio": "", "topic": "it"}]
+    s.set_template("<question> <topic>")
+    assert s.rows == [{"question": "why", "topic": "it"}]
+    s.set_template("<topic> <c>")
+    assert s.rows == [{"topic": "it", "c": ""}]
+    assert s.to_project().rows == [{"topic": "it", "c": ""}]  # only current columns are saved
+
+
+def test_row_edits_selection_and_events():
+    s = Session()
+    s.set_template("<q> <r>")
+    changes, sel = record(s.events, "rows"), record(s.events, "selection")
+    s.set_rows([{"q": "what", "r": "this"}, {"q": "why", "r": "that"}])
+    assert (s.selection, s.current) == ([0], 0) and sel
+    s.set_value(1, "r", "edited")
+    assert changes[-1] == (RowsChange("values", 1, "r"),) and s.value(1, "r") == "edited"
+    n = len(changes)
+    s.set_value(1, "r", "edited")  # no change, no event
+    assert len(changes) == n
+    assert s.add_rows([{"q": "how"}]) == [2] and (s.selection, s.current) == ([2], 2)
+    assert s.selected_rows()[0].number == 3 and s.selected_rows()[0].values == {"q": "how", "r": ""}
+    s.set_selection([0, 1], 1)
+    assert [r.number for r in s.selected_rows()] == [1, 2]
+    s.remove_rows([0, 1])
+    assert s.rows == [{"q": "how", "r": ""}] and (s.selection, s.current) == ([0], 0)
+    s.remove_rows([0])
+    assert s.rows == [] and s.selected_rows() == [] and s.current == -1
+
+
+def test_options_state_and_results_emit_their_own_events(report):
+    s = Session()
+    opts, state, runs, bench, sweep = (record(s.events, k) for k in
+                                       ("options", "state", "runs", "bench", "sweep"))
+    s.set_options(max_tokens=7, reuse_mode="chain")
+    assert opts[-1][0].max_tokens == 7 and s.options.reuse_mode == "chain" and s.dirty
+    s.mark_clean()
+    s.set_options(engine=EngineConfig(n_ctx=512), edit=False)  # a model load: not an edit
+    assert s.options.engine.n_ctx == 512 and not s.dirty
+    s.set_state(None, "x.kvstate")
+    assert state[-1][0].path == "x.kvstate" and s.state is None
+    rec = RunRecord(2, report)
+    s.add_run(rec)
+    assert runs == [(rec,)] and rec.summary().startswith("run: cold ")
+    assert rec.summary().endswith("same output")
+    s.clear_runs()
+    assert runs[-1] == (None,) and s.runs == []
+    s.set_bench(BenchResult(model={}, rows=[BenchRow(row=1, cold_ms=9.0, warm_ms=3.0, speedup=3.0,
+                                                      tokens_equal=True)]))
+    s.set_sweep([SweepPoint(10, 4, 5.0, 2.0, 1.0)])
+    assert bench[-1][0].rows[0].speedup == 3.0 and sweep[-1][0][0].prefix_tokens == 10
+
+
+def test_report_dict_is_json_and_reads_back(report):
+    d = json.loads(json.dumps(report_dict(report)))
+    back = report_from_dict(d)
+    assert back.warm.tokens == report.warm.tokens and back.warm.text == report.warm.text
+    assert back.cold.ttft_ms == report.cold.ttft_ms and back.speedup == report.speedup
+    assert (back.warm.mode, back.cold.mode) == ("warm", "cold")
+    assert back.reused_tokens == report.reused_tokens
+    assert run_check(back).tokens_equal and run_check(back).max_logit_diff == 0.0
+
+
+def test_project_round_trip_through_the_file(tmp_path, report):
+    s = Session()
+    s.set_template("intro <a>", "t.tmpl")
+    s.set_rows([{"a": "one"}, {"a": "two"}])
+    s.set_options(max_tokens=9, repeat=2, reuse_mode="compose", engine=EngineConfig(n_ctx=2048))
+    s.add_run(RunRecord(1, report))
+    s.set_bench(BenchResult(model={"name": "m"}, repeat=2, rows=[BenchRow(row=1, cold_ms=9.0)]))
+    s.set_sweep([SweepPoint(10, 4, 5.0, 2.0, 1.0)])
+    s.to_project().save(tmp_path / "p.kvproj")
+
+    t = Session()
+    events = record(t.events, "runs")
+    assert t.apply_project(ProjectFile.load(tmp_path / "p.kvproj"), str(tmp_path / "p.kvproj")) == []
+    assert (t.template_text, t.template_path, t.rows) == ("intro <a>", "t.tmpl", s.rows)
+    assert t.options == s.options and t.path.endswith("p.kvproj") and not t.dirty
+    assert [r.row for r in t.runs] == [1] and t.runs[0].report.speedup == report.speedup and events
+    assert t.bench.rows[0].cold_ms == 9.0 and t.bench.repeat == 2
+    assert t.sweep == s.sweep
+
+
+def test_old_project_files_still_open(tmp_path):
+    """A file from before typed results: run summaries only, no reuse mode."""
+    old = {"format": 1, "template": "a <b>", "template_path": "", "placeholders": ["b"],
+           "rows": [{"b": "x"}], "settings": {"engine": {"n_ctx": 512, "store_bytes": 1}, "max_tokens": 5, "repeat": 2},
+           "results": [{"kind": "run", "row": 1, "speedup": 3.0, "cold_ttft_ms": 9.0},
+                       {"kind": "benchmark", "model": {}, "rows": [{"row": 1, "cold_ms": 2.0}],
+                        "summary": {"repeat": 2}}]}
+    (tmp_path / "old.kvproj").write_text(json.dumps(old))
+    s = Session()
+    assert s.apply_project(ProjectFile.load(tmp_path / "old.kvproj")) == []
+    assert s.rows == [{"b": "x"}] and s.options.max_tokens == 5 and s.options.engine.n_ctx == 512
+    assert s.runs == [] and s.bench.rows[0].cold_ms == 2.0
+    broken = dict(old, results=[{"kind": "sweep", "points": [{"nope": 1}]}])
+    assert "unreadable" in s.apply_project(ProjectFile.from_json(json.dumps(broken)))[0]
+
+
+def test_project_file_errors_and_autosave(tmp_path):
+    p = ProjectFile(template="a <b>", rows=[{"b": "x"}], placeholders=["b"])
+    (tmp_path / "bad.kvproj").write_text("{not json")
+    with pytest.raises(ProjectFileError, match="not a KV Primer project"):
+        ProjectFile.load(tmp_path / "bad.kvproj")
+    with pytest.raises(ProjectFileError, match="no project file"):
+        ProjectFile.load(tmp_path / "none.kvproj")
+    saver = Autosaver(tmp_path / "auto" / "autosave.kvproj")
+    assert saver.pending_restore() is None
+    assert saver.write(p) and not saver.write(p)  # unchanged: not written again
+    assert saver.pending_restore() == p
+    saver.discard()
+    assert saver.pending_restore() is None
+
+
+def test_clear_starts_an_empty_project(report):
+    s = Session()
+    s.set_template("a <b>")
+    s.set_rows([{"b": "1"}])
+    s.add_run(RunRecord(1, report))
+    s.clear()
+    assert (s.template_text, s.rows, s.runs, s.bench, s.path, s.dirty) == ("", [], [], None, "", False)
