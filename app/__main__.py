@@ -2,7 +2,8 @@
 
     python -m app                      the default model, the RAG example open
     python -m app --model PATH         another GGUF model
-    python -m app --screenshot OUT.png load, run one row cold and warm, save a window grab, exit
+    python -m app --screenshot OUT.png load, prime the RAG example, run two rows that share a
+                                       passage in chain mode, save a window grab, exit
     python -m app --version
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, metavar="N",
                    help="CPU threads for llama.cpp (default: all cores)")
     p.add_argument("--screenshot", metavar="OUT.png",
-                   help="open the RAG example, run one row cold and warm, save a screenshot, exit")
+                   help="open the RAG example, prime it, run two rows in chain mode, save a "
+                        "screenshot, exit")
     p.add_argument("--version", action="store_true", help="print versions and exit")
     return p
 
@@ -44,29 +46,44 @@ async def until_idle(worker) -> None:
         worker.busy_changed.disconnect(on_busy)
 
 
-async def screenshot_scenario(window, out: Path) -> str:
-    """Load (already started), run row 1 cold and warm, grab the window. Raises on failure."""
+async def _job(window, job) -> None:
+    """Wait for a job the scenario started; raise with the window's reason when it failed."""
     from app.engine import KvPrimerError
+
+    if job is None:
+        raise KvPrimerError(window.errors.messages("error")[-1])
+    await until_idle(window.worker)
+    if job.error or job.cancelled:
+        raise KvPrimerError(job.error or f"{job.label} was cancelled")
+
+
+async def screenshot_scenario(window, out: Path) -> str:
+    """Load (already started), prime the RAG example, run a row and then a later row sharing
+    its first passage in chain mode (so the Run panel shows reuse past the static prefix and
+    the verdict), save the state, grab the window. Raises on failure."""
+    from app.engine import KvPrimerError
+    from app.resources_path import examples_dir
 
     await until_idle(window.worker)
     if window.worker.info is None:
         errs = window.errors.messages("error")
         raise KvPrimerError(errs[-1] if errs else "the model did not load")
-    window.session.set_selection([0], 0)
-    job = window.jobs.run("both", oneshot=False)  # cold and warm; the one-shot run is extra
-    if job is None:
-        raise KvPrimerError(window.errors.messages("error")[-1])
-    await until_idle(window.worker)
-    if job.error or job.cancelled:
-        raise KvPrimerError(job.error or "the run was cancelled")
+    s = window.session
+    window.fillings.import_file(str(examples_dir() / "rag-recurring.csv"))
+    s.set_options(reuse_mode="chain")
+    await _job(window, window.jobs.prime())
+    rows = s.rows
+    again = next((i for i in range(1, len(rows)) if rows[i]["c1"] == rows[0]["c1"]), None)
+    s.set_selection([0] if again is None else [0, again])
+    await _job(window, window.jobs.run("both", oneshot=False))
     # save the primed prefix so that the States library shows what a saved state looks like
-    window.jobs.save_state(window.library.folder / "rag.kvstate")
-    await until_idle(window.worker)
+    await _job(window, window.jobs.save_state(window.library.folder / "rag.kvstate"))
+    window.cache_panel.raise_()
     await asyncio.sleep(0.3)  # let the docks repaint after the last job
     img = window.grab()
     if not img.save(str(out)):
         raise KvPrimerError(f"cannot write the screenshot to {out}; check the folder exists")
-    return f"wrote {out} ({img.width()}×{img.height()}); " + window.session.runs[-1].summary()
+    return f"wrote {out} ({img.width()}×{img.height()}); " + s.runs[-1].summary()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-q8", action="store_true", help="skip the q8_0 KV runs")
     ap.add_argument("--no-kv-bench", action="store_true",
                     help="skip bench/kv_bench.py's figures (debug-log cost, forked runs)")
+    ap.add_argument("--no-reuse", action="store_true",
+                    help="skip the reuse section (prefix, chain, compose on rag-recurring.csv)")
+    ap.add_argument("--reuse-rows", type=int,
+                    help="rows of rag-recurring.csv the reuse section runs (12; --quick: 3)")
+    ap.add_argument("--reuse-repeats", type=int,
+                    help="resident fork / limit pairs per row in the reuse section (4)")
     ap.add_argument("--no-soak", action="store_true", help="skip the 1,000-run memory soak")
     ap.add_argument("--no-stalls", action="store_true",
                     help="skip the GUI responsiveness measure (event-loop stalls while priming)")
@@ -63,6 +69,30 @@ def kv_bench_figures(results: dict, args) -> None:
     except Exception as e:  # its failure must not lose this run's figures, already written
         results["kv_bench"] = {"error": f"{type(e).__name__}: {e}"}
         print(f"bench: bench/kv_bench.py failed: {e}", file=sys.stderr)
+
+
+def reuse_figures(results: dict, args) -> None:
+    """The reuse section (bench/reuse_bench.py), under "reuse"; its ratios and goals also join
+    the top-level ones."""
+    if args.no_reuse:
+        return
+    from .report import format_reuse
+    from .reuse_bench import ReuseConfig, run_reuse
+    from .suite import _Log
+
+    cfg = ReuseConfig(rows=args.reuse_rows or (3 if args.quick else 12),
+                      fork_repeats=args.reuse_repeats or (2 if args.quick else 4),
+                      n_threads=args.threads or os.cpu_count() or 1, n_batch=args.batch)
+    try:
+        rz = results["reuse"] = run_reuse(cfg, log=_Log())
+    except Exception as e:  # its failure must not lose the figures already written
+        results["reuse"] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"bench: the reuse section failed: {e}", file=sys.stderr)
+        return
+    results["ratios"].update(rz["ratios"])
+    results["goals"].update(rz["goals"])
+    _write(results, args.out)
+    print("\n" + format_reuse(rz), flush=True)
 
 
 def soak_and_stalls(results: dict, args) -> None:
@@ -108,6 +138,9 @@ def main(argv=None) -> int:
         _write(results, args.out)
         print("\nKV view cost and forked batches (bench/kv_bench.py):\n"
               + json.dumps(results["kv_bench"], indent=1, default=_json_default))
+    reuse_figures(results, args)
+    if "reuse" in results:
+        render_chart(results, args.chart)
     soak_and_stalls(results, args)
     print(f"\nwrote {args.out} and {args.chart}")
     return 0 if results["same_suffix_tokens"]["ok"] else 1

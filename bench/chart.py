@@ -1,6 +1,7 @@
 """The PNG chart, drawn with QPainter offscreen (PySide6 is already a dependency; matplotlib is
 not). Left: median time to first token of every warm path and the limit, with min-max whiskers.
-Right: the prefix-length sweep, cold and warm time to first token against prefix length."""
+Right: the prefix-length sweep, cold and warm time to first token against prefix length. Below,
+when the reuse section ran: warm time to first token per row in each reuse mode."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,9 @@ from pathlib import Path
 from .report import LABELS
 
 COLORS = {"cold": "#c0392b", "warm": "#2471a3", "limit": "#7f8c8d"}
+MODE_COLORS = {"prefix": "#7f8c8d", "chain": "#2471a3", "compose": "#d68910"}
 W, H = 1500, 640
+H_REUSE = 420
 
 
 def _app():
@@ -25,7 +28,8 @@ def render_chart(res: dict, path: Path) -> Path:
     from PySide6.QtCore import QRectF, Qt
     from PySide6.QtGui import QColor, QFont, QImage, QPainter
 
-    img = QImage(W, H, QImage.Format.Format_ARGB32)
+    rz = res.get("reuse") if isinstance(res.get("reuse"), dict) and res["reuse"].get("rows") else None
+    img = QImage(W, H + (H_REUSE if rz else 0), QImage.Format.Format_ARGB32)
     img.fill(QColor("white"))
     p = QPainter(img)
     p.setRenderHint(QPainter.RenderHint.Antialiasing)
@@ -39,6 +43,8 @@ def render_chart(res: dict, path: Path) -> Path:
     _bars(p, res, QRectF(20, 50, 780, H - 70))
     if res.get("sweep"):
         _sweep(p, res["sweep"], QRectF(860, 50, W - 880, H - 70))
+    if rz:
+        _reuse(p, rz, QRectF(20, H + 10, W - 40, H_REUSE - 30))
     p.end()
     if not img.save(str(path)):
         raise OSError(f"could not write {path}")
@@ -127,3 +133,58 @@ def _sweep(p, pts, r):
         p.setPen(QColor("black"))
         p.drawText(QRectF(plot.left() + 32, y - 4, 200, 18), Qt.AlignmentFlag.AlignLeft,
                    {"cold": "cold", "warm": "ours warm (restore)", "limit": "limit"}[key])
+
+
+def _reuse(p, rz, r):
+    """Warm time to first token per row (x: rows in file order), one line per reuse mode."""
+    from PySide6.QtCore import QPointF, QRectF, Qt
+    from PySide6.QtGui import QColor, QPen
+
+    rows = [x for x in rz["rows"] if x.get("error") is None]
+    order = sorted({x["row"] for x in rows})
+    ratios = rz.get("ratios", {})
+    acc = rz.get("compose_accuracy", {})
+    head = ("Reuse modes on " + rz["settings"]["rows_file"] + ": warm time to first token per row "
+            "(ms); " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items() if v is not None))
+    p.setPen(QColor("black"))
+    p.drawText(QRectF(r.left(), r.top(), r.width(), 20), Qt.AlignmentFlag.AlignLeft, head)
+    if acc.get("rows"):
+        p.drawText(QRectF(r.left(), r.top() + 20, r.width(), 20), Qt.AlignmentFlag.AlignLeft,
+                   f"compose accuracy: bit-identical {acc['bit_identical']:.0%}, within-noise "
+                   f"{acc['within_noise']:.0%}, diverged {acc['diverged']:.0%}; KL median "
+                   f"{acc['kl_median']:.3g}, max {acc['kl_max']:.3g}; top-1 agreement "
+                   f"{acc['top1_agree_mean']:.0%}; greedy tokens equal {acc['tokens_equal']:.0%}")
+    if not order:
+        return
+    plot = QRectF(r.left() + 60, r.top() + 50, r.width() - 200, r.height() - 80)
+    ymax = max(x["warm_ms"] for x in rows) * 1.1 or 1.0
+    p.drawRect(plot)
+    for k in range(5):
+        v = ymax * k / 4
+        y = plot.bottom() - plot.height() * k / 4
+        p.setPen(QColor("#dddddd"))
+        p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
+        p.setPen(QColor("black"))
+        p.drawText(QRectF(r.left(), y - 8, 55, 16), Qt.AlignmentFlag.AlignRight, f"{v:,.0f}")
+    step = plot.width() / max(len(order), 1)
+    for i, row in enumerate(order):
+        p.drawText(QRectF(plot.left() + step * (i + 0.5) - 20, plot.bottom() + 4, 40, 16),
+                   Qt.AlignmentFlag.AlignHCenter, str(row))
+    for j, mode in enumerate(rz["settings"]["modes"]):
+        pts = {x["row"]: x["warm_ms"] for x in rows if x["reuse"] == mode}
+        p.setPen(QPen(QColor(MODE_COLORS.get(mode, "black")), 2.5))
+        prev = None
+        for i, row in enumerate(order):
+            if row not in pts:
+                prev = None
+                continue
+            pt = QPointF(plot.left() + step * (i + 0.5),
+                         plot.bottom() - plot.height() * pts[row] / ymax)
+            if prev is not None:
+                p.drawLine(prev, pt)
+            p.drawEllipse(pt, 3.5, 3.5)
+            prev = pt
+        y = plot.top() + 10 + j * 20
+        p.fillRect(QRectF(plot.right() + 16, y, 14, 10), QColor(MODE_COLORS.get(mode, "black")))
+        p.setPen(QColor("black"))
+        p.drawText(QRectF(plot.right() + 36, y - 4, 120, 18), Qt.AlignmentFlag.AlignLeft, mode)

@@ -1,9 +1,13 @@
 """The ratios the issue asks for, and whether each goal is met.
 
 Time ratios are medians of per-(row, repeat) ratios: every path's samples are stored in the same
-order (repeat by repeat, row by row), so index i of one path pairs with index i of another.
+order (repeat by repeat, row by row), so index i of one path pairs with index i of another. The
+reuse section's mode ratios pair each row's warm time in one mode with the same row's in prefix
+mode (reuse_bench.py).
 """
 from __future__ import annotations
+
+import statistics
 
 from .stats import goal_met, pairwise_ratio
 
@@ -13,7 +17,14 @@ GOALS = {  # upper bounds the project sets itself
     "warm_vs_llamacpp_disk": 0.3,
     "state_bytes_vs_raw_kv": 1.01,
     "q8_0_state_bytes_vs_raw_kv": 1.01,
+    # the reuse section (reuse_bench.py)
+    "chain_vs_prefix_warm": 0.8,
+    "compose_vs_prefix_warm": 0.45,
+    "resident_fork_vs_limit": 1.01,
 }
+
+# name: the mode whose warm time per row is divided by prefix mode's for the same row
+MODE_RATIOS = {"chain_vs_prefix_warm": "chain", "compose_vs_prefix_warm": "compose"}
 
 # name: (numerator path, denominator path)
 TIME_RATIOS = {
@@ -70,7 +81,56 @@ def compute_ratios(results: dict) -> tuple[dict, dict]:
     for name, (a, b) in SIZE_RATIOS.items():
         if sizes.get(a) and sizes.get(b):
             ratios[name] = sizes[a] / sizes[b]
-    goals = {name: {"goal": f"<= {bound}", "value": ratios.get(name),
-                    "met": goal_met(ratios.get(name), bound)}
-             for name, bound in GOALS.items() if name in ratios}
-    return ratios, goals
+    return ratios, _goals(ratios)
+
+
+def _goals(ratios: dict) -> dict:
+    return {name: {"goal": f"<= {bound}", "value": ratios.get(name),
+                   "met": goal_met(ratios.get(name), bound)}
+            for name, bound in GOALS.items() if name in ratios}
+
+
+def _ok(rows: list[dict], mode: str) -> dict[int, dict]:
+    return {r["row"]: r for r in rows if r["reuse"] == mode and r.get("error") is None}
+
+
+def mode_vs_prefix(rows: list[dict], mode: str) -> float | None:
+    """Median over rows of ``mode``'s warm time / prefix mode's warm time on the same row."""
+    base, other = _ok(rows, "prefix"), _ok(rows, mode)
+    both = sorted(set(base) & set(other))
+    return pairwise_ratio([other[r]["warm_ms"] for r in both],
+                          [base[r]["warm_ms"] for r in both]) if both else None
+
+
+def compute_reuse_ratios(reuse: dict) -> tuple[dict, dict]:
+    """The reuse section's ratios (and goals) from its bench rows and resident-fork samples."""
+    rows = reuse.get("rows", [])
+    ratios: dict[str, float | None] = {name: mode_vs_prefix(rows, mode)
+                                       for name, mode in MODE_RATIOS.items()}
+    fork = reuse.get("resident_fork")
+    if fork:
+        ratios["resident_fork_vs_limit"] = pairwise_ratio(fork["fork_ms"], fork["limit_ms"])
+    return ratios, _goals(ratios)
+
+
+def compose_accuracy(rows: list[dict], mode: str = "compose") -> dict:
+    """What composing modules costs in accuracy, over the rows the mode ran: shares of the
+    three verdicts, the next-token KL divergence, top-1 agreement, greedy tokens equal."""
+    ok = list(_ok(rows, mode).values())
+    if not ok:
+        return {"rows": 0}
+    n = len(ok)
+    kl = [r["kl_divergence"] for r in ok]
+    top1 = [r["top1_agree"] for r in ok]
+    diff = [r["max_logit_diff"] for r in ok]
+    return {
+        "rows": n,
+        "bit_identical": sum(r["equivalence"] == "bit-identical" for r in ok) / n,
+        "within_noise": sum(r["equivalence"] == "within-noise" for r in ok) / n,
+        "diverged": sum(r["equivalence"] == "diverged" for r in ok) / n,
+        "kl_median": statistics.median(kl), "kl_max": max(kl),
+        "top1_agree_mean": statistics.fmean(top1), "top1_agree_min": min(top1),
+        "tokens_equal": sum(bool(r["tokens_equal"]) for r in ok) / n,
+        "max_logit_diff_median": statistics.median(diff), "max_logit_diff_max": max(diff),
+        "first_diff": [r["first_diff"] for r in ok],
+    }

@@ -5,8 +5,8 @@ from .stats import summary
 
 LABELS = {
     "cold": "cold (whole prompt, empty sequence)",
-    "limit": "limit (prefix resident, no restore)",
-    "warm_memory": "ours warm, from memory",
+    "limit": "limit (prefix resident, suffix only)",
+    "warm_memory": "ours warm, resident prefix forked",
     "warm_file": "ours warm, from .kvstate file",
     "llamacpp_ram": "llama-cpp-python LlamaRAMCache",
     "llamacpp_disk": "llama-cpp-python LlamaDiskCache",
@@ -99,4 +99,43 @@ def format_report(res: dict) -> str:
                          f"{p['warm']['median']:>9.0f} {p['limit']['median']:>9.0f} "
                          f"{_r(p['cold_vs_warm']):>10} {_r(p['warm_vs_limit']):>11}")
     lines.append(f"\nwhole run {m.get('duration_s')} s")
+    return "\n".join(lines)
+
+
+def format_reuse(rz: dict) -> str:
+    """The reuse section's table (reuse_bench.py)."""
+    st = rz["settings"]
+    lines = [f"reuse section: {rz['summary']['rows']} rows of {st['rows_file']} with "
+             f"{st['template']}, n_ctx {st['n_ctx']}, {st['max_tokens']} tokens generated per run",
+             f"{'mode':<10} {'warm ms':>9} {'cold ms':>9} {'reused':>7} {'evaluated':>10}  verdicts"]
+    for mode in st["modes"]:
+        m = rz["summary"].get(mode) or {}
+        if m.get("warm_ms_median") is None:
+            continue
+        verdicts = ", ".join(f"{n} {w}" for w, n in m["equivalence"].items() if n)
+        lines.append(f"{mode:<10} {m['warm_ms_median']:>9.1f} {m['cold_ms_median']:>9.0f} "
+                     f"{m['reused_tokens_median']:>7.0f} {m['evaluated_tokens_median']:>10.0f}  "
+                     f"{verdicts}")
+    f = rz.get("resident_fork")
+    if f:
+        lines.append(f"resident fork {f['fork']['median']:.1f} ms (lookup + fork "
+                     f"{f['lookup_and_fork_ms']['median']:.2f} ms) vs limit "
+                     f"{f['limit']['median']:.1f} ms, {f['fork']['n']} pairs; bit-identical: "
+                     f"{'yes' if f['bit_identical'] else 'NO'}")
+    ce = rz.get("chain_exact", {})
+    if ce.get("rows"):
+        lines.append(f"chain: {ce['bit_identical_rows']}/{ce['rows']} rows bit-identical to cold")
+    a = rz.get("compose_accuracy", {})
+    if a.get("rows"):
+        lines.append(
+            f"compose accuracy over {a['rows']} rows: bit-identical {a['bit_identical']:.0%}, "
+            f"within-noise {a['within_noise']:.0%}, diverged {a['diverged']:.0%}; KL median "
+            f"{a['kl_median']:.3g} max {a['kl_max']:.3g}; top-1 agreement {a['top1_agree_mean']:.0%}"
+            f" (min {a['top1_agree_min']:.0%}); greedy tokens equal {a['tokens_equal']:.0%}")
+    lines.append(f"{'ratio':<40} {'value':>10} {'goal':>10}  verdict")
+    for name, v in rz["ratios"].items():
+        g = rz["goals"].get(name)
+        verdict = "" if g is None else ("met" if g["met"] else "MISSED")
+        lines.append(f"{name:<40} {_r(v):>10} {g['goal'] if g else '':>10}  {verdict}")
+    lines.append(f"reuse section {rz.get('duration_s')} s")
     return "\n".join(lines)

@@ -2,7 +2,9 @@
 equivalence checks and the prefix-length sweep. Returns one dict: what results.json holds.
 
 Within a repeat the paths run back to back in a fixed order (cold, limit, ours warm, theirs
-warm, q8_0), so that each pairwise ratio compares runs made seconds apart.
+warm, q8_0), so that each pairwise ratio compares runs made seconds apart. Ours warm from memory
+is the app's warm run (the resident prefix forked); the cold path runs in the engine's cold
+reference context with the same batch starts (ours.py).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from app.engine import Engine, EngineConfig
 from . import sweep
 from .llamacpp_paths import LlamaPaths
 from .machine import CpuShare, loadavg, machine_info
-from .ours import OurPaths, Sample, continue_greedy
+from .ours import OurPaths, Sample
 from .ratios import compute_ratios
 from .report import path_summaries
 from .restore_probe import probe_restore
@@ -77,6 +79,7 @@ def run_suite(cfg: BenchConfig, log=None) -> dict:
         log(f"prefix {len(work.prefix)} tokens; rows {[len(r.suffix) for r in work.rows]} "
             f"suffix tokens; priming ours (f16)")
         state = engine.prime(work.template)
+        prefix_node = engine.prime_node(work.template)  # cached by prime: no evaluation
         state_file = tmp / "rag.kvstate"
         sizes = {"prefix_tokens": state.n_tokens, "state_file_bytes": state.save(state_file),
                  "raw_kv_bytes": state.n_tokens * engine.info.kv_bytes_per_token,
@@ -101,13 +104,15 @@ def run_suite(cfg: BenchConfig, log=None) -> dict:
                                      n_batch=cfg.n_batch, n_threads=cfg.n_threads,
                                      type_k="q8_0", type_v="q8_0"))
             q8_state = q8.prime(work.template)
+            q8_node = q8.prime_node(work.template)
             sizes.update(q8_0_state_file_bytes=q8_state.save(q8_file),
                          q8_0_raw_kv_bytes=q8_state.n_tokens * q8.info.kv_bytes_per_token,
                          q8_0_kv_bytes_per_token=q8.info.kv_bytes_per_token)
             paths.update({n: [] for n in OURS_Q8})
         results["sizes"] = sizes
 
-        ours, ours_q8 = OurPaths(engine), (OurPaths(q8) if q8 else None)
+        ours = OurPaths(engine, prefix_node)
+        ours_q8 = OurPaths(q8, q8_node) if q8 else None
         equivalence: dict = {}
         for rep in range(cfg.repeats):
             for row in work.rows:
@@ -147,10 +152,10 @@ def _one_repeat(cfg, work: Workload, row: RowTokens, ours: OurPaths, ours_q8, ll
     key = str(row.number)
 
     def ours_run(name, paths: OurPaths, fn, *args):
-        s = out[name] = fn(*args, row) if args else fn(row)
+        more = n if check else 0
+        s = out[name] = fn(*args, row, more) if args else fn(row, more)
         if check:
-            toks = continue_greedy(paths.engine, paths.seq, s.first_token, n)
-            eq.setdefault(key, {})[name] = (toks, s.logits)
+            eq.setdefault(key, {})[name] = (s.tokens, s.logits)
         s.logits = None
 
     def theirs_run(name, fn, *args):

@@ -2,8 +2,10 @@
 
 The prefixes are the first N tokens of the RAG prefix (N = 256, 512, 1,024, … and the whole
 prefix), each followed by the first row's suffix tokens. Each N's state is cut from the full
-prefix state (restore, trim to N, snapshot): no extra evaluation. The whole-prefix point reuses
-the main measurement of that row rather than running its 12-second cold path again.
+prefix state (restore, trim to N, snapshot): no extra evaluation. The limit restores that state
+into a sequence of its own (untimed) and evaluates the suffix after it. The cached full prefix is
+set aside meanwhile, so every path's cells start at cell 0. The whole-prefix point reuses the
+main measurement of that row rather than running its 12-second cold path again.
 """
 from __future__ import annotations
 
@@ -19,25 +21,14 @@ def run_sweep(ours: OurPaths, full: PrefixState, work: Workload, points, repeats
     e, seq = ours.engine, ours.seq
     row = work.rows[0]
     out = []
-    for n in sorted(p for p in points if 0 < p < row.boundary):
-        e.clear_seq(seq)
-        e.restore(full, seq)
-        e.trim(seq, n)
-        state_n = e.snapshot(seq)
-        r = truncated(work.prefix, row, n)
-        cold, warm, limit, evaluated = [], [], [], set()
-        for k in range(repeats):
-            c = ours.cold(r)
-            lim = ours.limit(r)
-            w = ours.warm_state(state_n, r)
-            cold.append(c.ms)
-            limit.append(lim.ms)
-            warm.append(w.ms)
-            evaluated |= {lim.evaluated, w.evaluated}
-            log(f"sweep prefix {n}: repeat {k + 1}/{repeats}: cold {c.ms:.0f}, "
-                f"limit {lim.ms:.0f}, warm {w.ms:.0f} ms")
-        out.append(_point(n, len(r.suffix), cold, warm, limit, sorted(evaluated),
-                          len(state_n.data)))
+    with ours.prefix_set_aside():
+        for n in sorted(p for p in points if 0 < p < row.boundary):
+            e.clear_seq(seq)
+            e.restore(full, seq)
+            e.trim(seq, n)
+            state_n = e.snapshot(seq)
+            e.clear_seq(seq)
+            out.append(_sweep_point(ours, state_n, truncated(work.prefix, row, n), repeats, log))
 
     def same_row(name):
         return [s["ms"] for s in main_paths[name] if s["row"] == row.number]
@@ -48,6 +39,27 @@ def run_sweep(ours: OurPaths, full: PrefixState, work: Workload, points, repeats
                           sorted({s["evaluated"] for s in main_paths["limit"]
                                   if s["row"] == row.number}), len(full.data)))
     return out
+
+
+def _sweep_point(ours: OurPaths, state_n: PrefixState, r, repeats: int, log) -> dict:
+    e, n = ours.engine, r.boundary
+    cold, warm, limit, evaluated = [], [], [], set()
+    for k in range(repeats):
+        c = ours.cold(r)
+        lim_seq = e.cache.take_work_seq()
+        try:
+            e.restore(state_n, lim_seq)
+            lim = ours.limit(r, seq=lim_seq)
+        finally:
+            e.cache.give_back(lim_seq)
+        w = ours.warm_state(state_n, r)
+        cold.append(c.ms)
+        limit.append(lim.ms)
+        warm.append(w.ms)
+        evaluated |= {lim.evaluated, w.evaluated}
+        log(f"sweep prefix {n}: repeat {k + 1}/{repeats}: cold {c.ms:.0f}, "
+            f"limit {lim.ms:.0f}, warm {w.ms:.0f} ms")
+    return _point(n, len(r.suffix), cold, warm, limit, sorted(evaluated), len(state_n.data))
 
 
 def _point(n, suffix, cold, warm, limit, evaluated, state_bytes) -> dict:

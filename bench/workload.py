@@ -3,7 +3,9 @@
 Everything is tokenized once, by our engine's tokenizer, and every path (ours and
 llama-cpp-python's) is fed these exact id lists, so all of them evaluate the same suffix tokens.
 The boundary of a row is where its tokens leave the prefix state's tokens (the last prefix token
-can merge with a value's first characters), capped so at least one token is evaluated.
+can merge with a value's first characters), capped so at least one token is evaluated. Its marks
+are where the prompt's later segments start (prompt_segments): a warm run's decode batches start
+there and every EXACT_CHUNK tokens (batch_plan.py), and every path here evaluates those batches.
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine import Engine, Template, read_rows
+from app.engine.batch_plan import EXACT_CHUNK, batch_starts
 from app.engine.kv_engine import common_prefix
+from app.engine.prompt_segments import prompt_segments
 from app.resources_path import examples_dir
 
 # A prompt unrelated to the template, evaluated between warm runs so that a context does not
@@ -24,10 +28,16 @@ class RowTokens:
     number: int  # the row as the user sees it in the CSV (header is row 1)
     tokens: list[int]
     boundary: int  # tokens[:boundary] come from the prefix state
+    marks: tuple[int, ...] = ()  # where later segments start (absolute positions > boundary)
+    values: dict | None = None  # the row's values (the reuse section runs them through the engine)
 
     @property
     def suffix(self) -> list[int]:
         return self.tokens[self.boundary:]
+
+    def suffix_starts(self) -> list[int]:
+        """Where the suffix's decode batches start: as a warm run of the app evaluates it."""
+        return batch_starts(self.boundary, len(self.tokens), EXACT_CHUNK, self.marks)
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,10 @@ def load_workload(engine: Engine, n_rows: int, template_path: Path | None = None
     out = []
     for row in rows:
         toks = engine.tokenize(tpl.fill(row.values))
-        out.append(RowTokens(row.number, toks, boundary_of(prefix, toks)))
+        segs = prompt_segments(engine.tokenize, tpl, row.values, toks)
+        b = min(boundary_of(prefix, toks), segs[0].end)
+        marks = tuple(s.start for s in segs if s.start > b)
+        out.append(RowTokens(row.number, toks, b, marks, dict(row.values)))
     unrelated = engine.model.tokenize(UNRELATED_TEXT)
     if unrelated[:1] == prefix[:1]:  # it must differ from the first token on
         raise ValueError("the unrelated prompt starts like the prefix; change UNRELATED_TEXT")
@@ -60,4 +73,5 @@ def load_workload(engine: Engine, n_rows: int, template_path: Path | None = None
 
 def truncated(prefix: list[int], row: RowTokens, n: int) -> RowTokens:
     """The row's suffix after only the first ``n`` prefix tokens: the sweep's prompts."""
-    return RowTokens(row.number, prefix[:n] + row.suffix, n)
+    shift = n - row.boundary
+    return RowTokens(row.number, prefix[:n] + row.suffix, n, tuple(m + shift for m in row.marks))

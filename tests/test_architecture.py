@@ -37,7 +37,7 @@ ROOT = ENGINE.parent.parent
 PACKAGES = ("app", "bench")
 MAX_LINES = 400
 # modules over MAX_LINES today, with their length when listed: each must shrink, none may grow
-OVER_MAX_LINES = {"app/engine/native.py": 413}
+OVER_MAX_LINES: dict[str, int] = {}
 
 
 def _modules() -> dict[str, Path]:

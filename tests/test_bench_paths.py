@@ -78,3 +78,55 @@ def test_suite_on_tiny_model_reports_same_suffix_tokens(tiny_model, files, tmp_p
     json.dumps(res)  # results.json must be writable as is
     png = render_chart(res, tmp_path / "chart.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+REUSE_TEMPLATE = ("<|im_start|>system\nYou are a helpful assistant. Answer the question from the "
+                  "context.\n# Context\n<c1>\n<c2>\n<|im_end|>\n<|im_start|>user\n<q><|im_end|>\n"
+                  "<|im_start|>assistant\n")
+# rows 3 and 5 repeat row 2's c1 (chain reuses through it); row 4 repeats row 2's c2
+REUSE_ROWS = ("c1,c2,q\nthe world is a hello,he is ll,what is the world?\n"
+              "the world is a hello,a question of the answer,who is he?\n"
+              "you are the context,he is ll,and the answer?\n"
+              "the world is a hello,he is ll,is it hello?\n")
+
+
+def test_reuse_section_on_tiny_model(tiny_model, tmp_path):
+    from bench.report import format_reuse
+    from bench.reuse_bench import ReuseConfig, run_reuse
+
+    (tmp_path / "r.tmpl").write_text(REUSE_TEMPLATE)
+    (tmp_path / "r.csv").write_text(REUSE_ROWS)
+    cfg = ReuseConfig(rows=4, fork_repeats=2, n_threads=1, n_batch=32, n_ctx=2048, max_tokens=4,
+                      check_tokens=4, model_path=str(tiny_model),
+                      template_path=str(tmp_path / "r.tmpl"), rows_path=str(tmp_path / "r.csv"))
+    rz = run_reuse(cfg, log=lambda msg: None)
+    rows = {(r["row"], r["reuse"]): r for r in rz["rows"]}
+    assert len(rows) == 12 and not any(r["error"] for r in rows.values())
+    # the resident fork is the limit's computation exactly, in the same batches
+    fork = rz["resident_fork"]
+    assert fork["bit_identical"] and len(fork["fork_ms"]) == len(fork["limit_ms"]) == 8
+    # chain: exact on every row, and rows repeating an earlier c1 reuse past the prefix
+    assert rz["chain_exact"] == {"rows": 4, "bit_identical_rows": 4, "all": True}
+    prefix = rows[(2, "prefix")]["reused_tokens"]
+    assert rows[(3, "chain")]["reused_tokens"] > prefix
+    assert rows[(5, "chain")]["reused_tokens"] > rows[(3, "chain")]["reused_tokens"]
+    assert rows[(2, "chain")]["reused_tokens"] == prefix
+    # compose: accuracy reported whatever it is, shares summing to one
+    acc = rz["compose_accuracy"]
+    assert acc["rows"] == 4
+    assert acc["bit_identical"] + acc["within_noise"] + acc["diverged"] == pytest.approx(1.0)
+    assert 0.0 <= acc["top1_agree_min"] <= acc["top1_agree_mean"] <= 1.0
+    assert acc["kl_max"] >= acc["kl_median"] >= 0.0
+    for name in ("chain_vs_prefix_warm", "compose_vs_prefix_warm", "resident_fork_vs_limit"):
+        assert rz["ratios"][name] > 0 and name in rz["goals"]
+    text = format_reuse(rz)
+    assert "compose accuracy over 4 rows" in text and "chain: 4/4 rows bit-identical" in text
+    json.dumps(rz)
+    # the chart gains the reuse panel
+    res = run_suite(BenchConfig(rows=1, repeats=1, sweep_points=(), n_threads=1, n_batch=32,
+                                n_ctx=1024, equivalence_tokens=2, llamacpp=False, q8_0=False,
+                                model_path=str(tiny_model), template_path=str(tmp_path / "r.tmpl"),
+                                rows_path=str(tmp_path / "r.csv")), log=lambda msg: None)
+    res["reuse"] = rz
+    png = render_chart(res, tmp_path / "chart.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

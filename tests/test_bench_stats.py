@@ -1,7 +1,8 @@
 """The bench's maths: medians, pairwise ratios, fixed-cost ratios and goal verdicts (no timing)."""
 import pytest
 
-from bench.ratios import GOALS, compute_ratios
+from bench.ratios import (GOALS, compose_accuracy, compute_ratios, compute_reuse_ratios,
+                          mode_vs_prefix)
 from bench.stats import goal_met, pairwise_ratio, summary
 
 
@@ -61,3 +62,42 @@ def test_compute_ratios_names_and_goals():
     assert goals["warm_vs_llamacpp_ram"]["met"] is False
     assert "q8_0_warm_vs_limit" not in ratios  # paths not run are not reported
     assert set(goals) <= set(GOALS)
+
+
+def _row(row, reuse, warm_ms, equivalence="bit-identical", kl=0.0, top1=1.0, equal=True,
+         error=None):
+    return {"row": row, "reuse": reuse, "warm_ms": warm_ms, "equivalence": equivalence,
+            "kl_divergence": kl, "top1_agree": top1, "tokens_equal": equal,
+            "max_logit_diff": 0.0 if equivalence == "bit-identical" else 1.5,
+            "first_diff": None if equal else 2, "error": error}
+
+
+def test_mode_ratios_pair_each_row_with_its_prefix_run():
+    rows = [_row(2, "prefix", 400), _row(3, "prefix", 500), _row(4, "prefix", 100),
+            _row(2, "chain", 400), _row(3, "chain", 250), _row(4, "chain", 30),
+            _row(2, "compose", 0, error="too long")]
+    # per-row ratios 1.0, 0.5, 0.3 -> median 0.5 (not 250/400 of the medians)
+    assert mode_vs_prefix(rows, "chain") == 0.5
+    assert mode_vs_prefix(rows, "compose") is None  # failed rows are left out
+    fork = {"fork_ms": [101.0, 99.0, 100.0], "limit_ms": [100.0, 100.0, 100.0]}
+    ratios, goals = compute_reuse_ratios({"rows": rows, "resident_fork": fork})
+    assert ratios["chain_vs_prefix_warm"] == 0.5
+    assert ratios["resident_fork_vs_limit"] == pytest.approx(1.0)
+    assert goals["chain_vs_prefix_warm"] == {"goal": "<= 0.8", "value": 0.5, "met": True}
+    assert goals["resident_fork_vs_limit"]["met"] is True
+    assert goals["compose_vs_prefix_warm"]["met"] is None  # not measured: no verdict
+
+
+def test_compose_accuracy_shares_and_spread():
+    rows = [_row(2, "compose", 1, "bit-identical"),
+            _row(3, "compose", 1, "within-noise", kl=0.001),
+            _row(4, "compose", 1, "diverged", kl=0.2, top1=0.5, equal=False),
+            _row(5, "compose", 1, "diverged", kl=0.05, top1=0.75),
+            _row(2, "chain", 1, "diverged", kl=9.0)]  # other modes do not count
+    a = compose_accuracy(rows)
+    assert a["rows"] == 4
+    assert (a["bit_identical"], a["within_noise"], a["diverged"]) == (0.25, 0.25, 0.5)
+    assert a["kl_median"] == pytest.approx(0.0255) and a["kl_max"] == 0.2
+    assert a["top1_agree_mean"] == pytest.approx(0.8125) and a["top1_agree_min"] == 0.5
+    assert a["tokens_equal"] == 0.75 and a["first_diff"] == [None, None, 2, None]
+    assert compose_accuracy([]) == {"rows": 0}

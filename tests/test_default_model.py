@@ -35,10 +35,10 @@ def test_rag_row_warm_is_exact_and_state_is_raw_kv_sized(real_engine, rag, tmp_p
     rep = run_prompt(real_engine, tpl, rows[0].values, state=loaded, gen=GenerationConfig(max_tokens=6))
     assert rep.reused_tokens == state.n_tokens  # the prefix is a token prefix of the filled prompt
     assert rep.evaluated_tokens < 80
-    eq = rep.equivalence
-    assert eq.tokens_equal and eq.max_logit_diff == 0.0
+    eq = rep.verdict
+    assert eq.tokens_equal and eq.max_logit_diff == 0.0 and eq.equivalence == "bit-identical"
     # the one-shot run groups the boundary tokens differently: reported, not hidden
-    assert eq.oneshot_max_logit_diff is not None
+    assert rep.oneshot is not None and eq.noise_max_logit_diff is not None
 
 
 def test_special_token_text_in_values_stays_plain_on_the_real_tokenizer(real_engine):

@@ -24,16 +24,21 @@ def test_kv_json_shows_the_forks_sharing_every_prefix_cell(tpl, tiny_model, caps
     assert out["source"] == "debug-log" and out["n_cells"] == 512
     P = out["used_cells"]
     assert P > 50
-    assert out["sequences"] == [{"seq": s, "cells": P, "pos_min": 0, "pos_max": P - 1,
-                                 "shared_cells": P} for s in range(3)]
+    # sequence 0 (the user's), the prefix's cache node and the two forks share every cell
+    seqs = out["sequences"]
+    assert len(seqs) == 4 and seqs[0]["seq"] == 0 and len({s["seq"] for s in seqs}) == 4
+    assert [{k: v for k, v in s.items() if k != "seq"} for s in seqs] == [
+        {"cells": P, "pos_min": 0, "pos_max": P - 1, "shared_cells": P}] * 4
 
 
 def test_kv_text_and_too_many_forks(tpl, tiny_model, capsys):
     assert main(["kv", str(tpl), "--fork", "1", "-m", str(tiny_model), "-t", "1", "-c", "512"]) == 0
     out = capsys.readouterr().out
     assert "source: debug-log" in out and "/512 cells" in out
-    assert main(["kv", str(tpl), "--fork", "8", "-m", str(tiny_model), "-t", "1", "-c", "512"]) == 2
-    assert "fork into at most 7" in capsys.readouterr().err
+    most = 64 - 3  # beside sequence 0, the prefix's node and the cache's scratch sequence
+    assert main(["kv", str(tpl), "--fork", str(most + 1), "-m", str(tiny_model), "-t", "1",
+                 "-c", "512"]) == 2
+    assert f"fork into at most {most}" in capsys.readouterr().err
 
 
 def test_bench_fork_compares_with_one_by_one_runs(tpl, tiny_model, tmp_path, capsys):
@@ -57,5 +62,7 @@ def test_kv_on_the_rag_example_with_the_default_model(default_model, examples, c
     out = json.loads(capsys.readouterr().out)
     P = out["used_cells"]
     assert out["source"] == "debug-log" and P > 1000
-    assert [(s["seq"], s["cells"], s["shared_cells"], s["pos_min"], s["pos_max"])
-            for s in out["sequences"]] == [(s, P, P, 0, P - 1) for s in range(3)]
+    seqs = out["sequences"]  # sequence 0, the prefix's cache node, the two forks
+    assert len(seqs) == 4 and seqs[0]["seq"] == 0
+    assert [(s["cells"], s["shared_cells"], s["pos_min"], s["pos_max"])
+            for s in seqs] == [(P, P, 0, P - 1)] * 4

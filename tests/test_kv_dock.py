@@ -1,4 +1,4 @@
-"""The KV Cache dock on the tiny model: the grid's pixels, tooltips, and operations."""
+"""The KV Cache dock on the tiny model: the grid's pixels by radix node, tooltips, operations."""
 import pytest
 from PySide6.QtGui import QColor
 
@@ -37,48 +37,52 @@ def cell_colours(d, cell):
     return {img.pixelColor(x0 + i, y0 + j).name() for i in range(cs - 1) for j in range(cs - 1)}
 
 
-def test_grid_shows_primed_cells_forks_hatched_and_trim_changes_it(qtbot, dock):
+def test_grid_colours_cells_by_radix_node_forks_hatched_and_trim_changes_it(qtbot, dock):
     assert dock.windowTitle() == "KV Cache"
     assert dock.view.used_cells == 0
     assert pixel(dock, 0) == QColor(EMPTY)
     n = {}
     dock.worker.submit(JobKind.PRIME, lambda e, t: n.setdefault("p", e.prime(TPL, task=t).n_tokens))
-    qtbot.waitUntil(lambda: dock.view.used_cells == n.get("p"), timeout=10000)
+    qtbot.waitUntil(lambda: bool(n) and dock.view.used_cells == n["p"] and bool(dock.nodes),
+                    timeout=10000)
     P = n["p"]
-    assert cell_colours(dock, 0) == {seq_color(0).name()}
-    assert cell_colours(dock, P - 1) == {seq_color(0).name()}
+    (S, node), = dock.nodes.items()  # the primed prefix lives in a cache sequence, not 0
+    assert S != 0 and node.label == "static prefix" and node.end == P
+    assert cell_colours(dock, 0) == {seq_color(S).name()}
+    assert cell_colours(dock, P - 1) == {seq_color(S).name()}
     assert cell_colours(dock, P) == {QColor(EMPTY).name()}
-    assert "seq 0" in dock.legend.text() and f"{P:,} cells" in dock.legend.text()
+    assert dock.grid.tooltip_for(3) == f"cell 3: position 3, seq {S}: static prefix ({P:,} tokens)"
+    assert f"seq {S}: static prefix ({P:,} tokens)" in dock.legend.text()
     assert f"{P:,} / 512 cells" in dock.summary.text()
+    dock.select_seq(S)  # the cache's sequence: fork it, never change it here
+    assert not dock.clear_btn.isEnabled() and not dock.trim_btn.isEnabled()
+    assert dock.fork_btn.isEnabled() and "radix cache" in dock.status.text()
 
-    dock.select_seq(0)
     dock.fork_btn.click()
-    qtbot.waitUntil(lambda: dock.view.seq(1) is not None, timeout=10000)
-    assert dock.view.seq(1).shared_cells == P
-    assert cell_colours(dock, 0) == {seq_color(0).name(), seq_color(1).name()}  # striped: both owners
-    assert dock.grid.tooltip_for(3) == "cell 3: position 3, shared by sequences 0, 1"
+    qtbot.waitUntil(lambda: dock.view.seq(0) is not None, timeout=10000)
+    assert dock.view.seq(0).shared_cells == P
+    assert cell_colours(dock, 0) == {seq_color(S).name(), seq_color(0).name()}  # hatched
+    assert dock.grid.tooltip_for(3).endswith("; also in sequence 0")
     assert dock.grid.tooltip_for(P + 1) == f"cell {P + 1}: empty"
     assert dock.grid.cell_at(dock.grid.cell_rect_center(P + 1)) == P + 1
 
     Q = 10
-    dock.select_seq(1)
+    dock.select_seq(0)
     dock.trim_pos.setValue(Q)
     dock.trim_btn.click()
-    qtbot.waitUntil(lambda: dock.view.seq(1).cells == Q, timeout=10000)
-    assert cell_colours(dock, Q - 1) == {seq_color(0).name(), seq_color(1).name()}
-    assert cell_colours(dock, Q) == {seq_color(0).name()}  # sequence 0 alone from Q on
+    qtbot.waitUntil(lambda: dock.view.seq(0).cells == Q, timeout=10000)
+    assert cell_colours(dock, Q - 1) == {seq_color(S).name(), seq_color(0).name()}
+    assert cell_colours(dock, Q) == {seq_color(S).name()}  # the node's alone from Q on
 
-    dock.select_seq(0)
     dock.clear_btn.click()
     qtbot.waitUntil(lambda: dock.view.seq(0) is None, timeout=10000)
-    assert cell_colours(dock, 0) == {seq_color(1).name()}
-    assert cell_colours(dock, Q) == {QColor(EMPTY).name()}
+    assert cell_colours(dock, 0) == {seq_color(S).name()}
 
 
 def test_refused_operation_shows_its_message(qtbot, dock):
-    dock.worker.submit(JobKind.TASK, lambda e, t: (e.evaluate([5, 6, 7, 8], 0), e.fork(0, 1)))
-    qtbot.waitUntil(lambda: dock.view.seq(1) is not None, timeout=10000)
-    dock.select_seq(1)
+    dock.worker.submit(JobKind.TASK, lambda e, t: (e.evaluate([5, 6, 7, 8], 1), e.fork(1, 0)))
+    qtbot.waitUntil(lambda: dock.view.seq(0) is not None, timeout=10000)
+    dock.select_seq(0)
     dock.shift_delta.setValue(5)
     dock.shift_btn.click()
     qtbot.waitUntil(lambda: "share cells" in dock.status.text(), timeout=10000)

@@ -32,7 +32,8 @@ def test_prime_writes_llama_cpps_format_and_run_reads_it(setup, capfd):
     assert main(["run", str(d / "t.tmpl"), *m, *vals, "--state", str(out), "--json"]) == 0
     o, err = capfd.readouterr()
     rep = json.loads(o)
-    assert rep["reused_tokens"] > 10 and rep["equivalence"]["tokens_equal"]
+    assert rep["reused_tokens"] > 10 and rep["verdict"]["tokens_equal"]
+    assert rep["verdict"]["equivalence"] == "bit-identical"
     assert err.count(NO_IDENTITY_NOTE) == 1 and err.startswith("kvprimer: note: ")
 
     assert main(["bench", str(d / "t.tmpl"), *m, "--rows", str(d / "rows.csv"), "--state", str(out)]) == 0

@@ -8,6 +8,7 @@ import pytest
 from app.engine import (Cancelled, GenerationConfig, TaskState, Template, bench_rows, run_prompt)
 from app.engine.prompt_runs import TextDelta
 from app.engine.rows import Row
+from tests.cache_checks import assert_sequences_consistent, assert_tree_consistent
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 3
@@ -17,9 +18,7 @@ GEN = GenerationConfig(max_tokens=4)
 
 
 def assert_consistent(eng) -> None:
-    for seq, toks in eng.resident.items():
-        expect = (0, len(toks) - 1) if toks else (-1, -1)
-        assert eng.ctx.pos_range(seq) == expect, (seq, len(toks))
+    assert_tree_consistent(eng)
 
 
 def cancelling_at(k: int, on_tokens: bool = False) -> TaskState:
@@ -53,20 +52,20 @@ def cancel_everywhere(eng, job, on_tokens=False, limit=200) -> int:
 @pytest.fixture
 def reference(engine):
     rep = run_prompt(engine, TPL, VALUES, gen=GEN)
-    assert rep.equivalence.exact
-    engine.clear_all()
+    assert rep.verdict.exact
+    engine.cache.clear()
     return rep
 
 
 def check_next_job(eng, reference) -> None:
     rep = run_prompt(eng, TPL, VALUES, gen=GEN)
-    assert rep.equivalence.exact
+    assert rep.verdict.exact
     assert rep.warm.tokens == reference.warm.tokens
     assert_consistent(eng)
 
 
 def test_cancel_prime_anywhere(engine, reference):
-    n = cancel_everywhere(engine, lambda task: engine.prime(TPL, task=task, keep_in_store=False))
+    n = cancel_everywhere(engine, lambda task: engine.prime(TPL, task=task))
     assert n >= 3  # the prefix takes several batches of 32
     check_next_job(engine, reference)
 
@@ -90,11 +89,13 @@ def test_cancel_during_generation(engine, reference):
 
 def test_cancel_with_a_saved_state_restored_into_other_sequences(engine, reference):
     state = engine.prime(TPL)
-    engine.fork(0, 3)  # something else resident that a cancel must not disturb
-    before3 = list(engine.resident[3])
+    engine.cache.clear()  # the state is restored into the cache by the run itself
+    # the user's sequence holds something else that a cancel must not disturb
+    engine.evaluate(engine.model.tokenize("hello world of the answer"), 0, want_logits=False)
+    before0 = list(engine.resident[0])
     cancel_everywhere(engine, lambda task: run_prompt(engine, TPL, VALUES, state=state, gen=GEN,
-                                                      task=task, seq=1))
-    assert engine.resident[3] == before3
+                                                      task=task))
+    assert engine.resident[0] == before0
     check_next_job(engine, reference)
 
 
@@ -124,14 +125,14 @@ def test_kv_cache_full_mid_prompt_leaves_a_known_length(tiny_model):
     from app.engine.errors import ContextError
 
     with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=256, n_batch=32, n_threads=1,
-                             n_seq_max=2)) as eng:
+                             n_seq_max=6)) as eng:
         toks = eng.model.tokenize("hello world of the answer and question " * 12)
         eng.evaluate(toks[:200], 1, want_logits=False)
         with pytest.raises(ContextError, match="KV cache is full"):
             eng.evaluate(toks[:120], 0)
-        assert_consistent(eng)
+        assert_sequences_consistent(eng)
         assert 0 < len(eng.resident[0]) < 120 and eng.resident[1] == toks[:200]
         eng.clear_seq(1)
         eng.evaluate(toks[len(eng.resident[0]):120], 0)  # the rest fits now
         assert eng.resident[0] == toks[:120]
-        assert_consistent(eng)
+        assert_sequences_consistent(eng)

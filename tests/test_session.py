@@ -10,7 +10,7 @@ from app.engine import BenchResult, BenchRow, EngineConfig, Template, run_prompt
 from app.engine.prefix_sweep import SweepPoint
 from app.engine.project_file import Autosaver, ProjectFile, ProjectFileError, report_from_dict
 from app.engine.prompt_runs import report_dict
-from app.engine.session import RowsChange, RunRecord, Session, run_check
+from app.engine.session import RowsChange, RunRecord, Session, bench_summary
 
 
 def record(events, name):
@@ -76,8 +76,8 @@ def test_options_state_and_results_emit_their_own_events(report):
     s = Session()
     opts, state, runs, bench, sweep = (record(s.events, k) for k in
                                        ("options", "state", "runs", "bench", "sweep"))
-    s.set_options(max_tokens=7, reuse_mode="chain")
-    assert opts[-1][0].max_tokens == 7 and s.options.reuse_mode == "chain" and s.dirty
+    s.set_options(max_tokens=7, reuse_mode="compose")
+    assert opts[-1][0].max_tokens == 7 and s.options.reuse_mode == "compose" and s.dirty
     s.mark_clean()
     s.set_options(engine=EngineConfig(n_ctx=512), edit=False)  # a model load: not an edit
     assert s.options.engine.n_ctx == 512 and not s.dirty
@@ -86,7 +86,7 @@ def test_options_state_and_results_emit_their_own_events(report):
     rec = RunRecord(2, report)
     s.add_run(rec)
     assert runs == [(rec,)] and rec.summary().startswith("run: cold ")
-    assert rec.summary().endswith("same output")
+    assert report.reuse_text() in rec.summary() and rec.summary().endswith("bit-identical")
     s.clear_runs()
     assert runs[-1] == (None,) and s.runs == []
     s.set_bench(BenchResult(model={}, rows=[BenchRow(row=1, cold_ms=9.0, warm_ms=3.0, speedup=3.0,
@@ -102,16 +102,20 @@ def test_report_dict_is_json_and_reads_back(report):
     assert back.cold.ttft_ms == report.cold.ttft_ms and back.speedup == report.speedup
     assert (back.warm.mode, back.cold.mode) == ("warm", "cold")
     assert back.reused_tokens == report.reused_tokens
-    assert run_check(back).tokens_equal and run_check(back).max_logit_diff == 0.0
+    assert back.verdict == report.verdict and back.verdict.equivalence == "bit-identical"
+    assert back.sources == report.sources and back.reuse_text() == report.reuse_text()
 
 
 def test_project_round_trip_through_the_file(tmp_path, report):
     s = Session()
     s.set_template("intro <a>", "t.tmpl")
     s.set_rows([{"a": "one"}, {"a": "two"}])
-    s.set_options(max_tokens=9, repeat=2, reuse_mode="compose", engine=EngineConfig(n_ctx=2048))
+    s.set_options(max_tokens=9, repeat=2, reuse_mode="compose", recompute=4,
+                  bench_modes=("chain", "compose"), engine=EngineConfig(n_ctx=2048, n_gpu_layers=-1))
     s.add_run(RunRecord(1, report))
-    s.set_bench(BenchResult(model={"name": "m"}, repeat=2, rows=[BenchRow(row=1, cold_ms=9.0)]))
+    s.set_bench(BenchResult(model={"name": "m"}, repeat=2, modes=("chain", "compose"), recompute=4,
+                            rows=[BenchRow(row=1, reuse="chain", cold_ms=9.0),
+                                  BenchRow(row=1, reuse="compose", cold_ms=9.0)]))
     s.set_sweep([SweepPoint(10, 4, 5.0, 2.0, 1.0)])
     s.to_project().save(tmp_path / "p.kvproj")
 
@@ -122,7 +126,18 @@ def test_project_round_trip_through_the_file(tmp_path, report):
     assert t.options == s.options and t.path.endswith("p.kvproj") and not t.dirty
     assert [r.row for r in t.runs] == [1] and t.runs[0].report.speedup == report.speedup and events
     assert t.bench.rows[0].cold_ms == 9.0 and t.bench.repeat == 2
+    assert (t.bench.modes, t.bench.recompute) == (("chain", "compose"), 4)
     assert t.sweep == s.sweep
+
+
+def test_bench_summary_says_each_modes_figures_and_verdicts():
+    rows = [BenchRow(row=r, reuse=m, cold_ms=90.0, warm_ms=w, speedup=90.0 / w, tokens_equal=True,
+                     equivalence=v)
+            for m, w, v in (("prefix", 10.0, "bit-identical"), ("compose", 3.0, "diverged"))
+            for r in (1, 2)]
+    text = bench_summary(BenchResult(model={}, rows=rows, modes=("prefix", "compose")))
+    assert text == ("median cold 90 ms · prefix: median warm 10 ms, ×9.0 (2 bit-identical) · "
+                    "compose: median warm 3 ms, ×30.0 (2 diverged)")
 
 
 def test_old_project_files_still_open(tmp_path):

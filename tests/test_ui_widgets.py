@@ -102,7 +102,8 @@ def test_bench_view_headers_have_units_and_show_the_session(qtbot, tmp_path):
     s.set_bench(BenchResult(model={}, rows=rows, repeat=3))
     assert v.table.rowCount() == 8 and v.chart.bar_count == 16
     assert v.table.item(0, headers.index("speedup (×)")).text() == "×11.2"
-    assert "median speedup ×11.2" in v.summary.text()
+    assert "prefix: median warm 80 ms, ×11.2" in v.summary.text()
+    assert v.chart.series_names() == ["cold", "warm: prefix"]
     s.set_options(repeat=5)
     assert v.repeat.value() == 5
     v.repeat.setValue(4)
@@ -154,11 +155,23 @@ def test_highlighter_marks_placeholders_and_special_tokens(qtbot):
 
 
 def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
+    import os
+
+    from app.engine.llama_state_file import save_state
+    from app.ui.states_library import LLAMA_MODEL
+
     state = engine.prime(Template.parse("hello world of the answer " * 5 + "<q>"))
     state.save(tmp_path / "one.kvstate")
+    save_state(state, tmp_path / "slot.bin", "llama")
+    os.utime(tmp_path / "slot.bin", (1, 1))  # listed after the newer .kvstate
+    (tmp_path / "other.bin").write_bytes(b"not a state")  # a .bin that is no state: not listed
     lib = StatesLibrary(tmp_path, confirm=lambda text: True)
     qtbot.addWidget(lib)
-    assert [p.name for p in lib.paths] == ["one.kvstate"]
+    assert [p.name for p in lib.paths] == ["one.kvstate", "slot.bin"]
+    assert lib.table.item(1, 1).text() == LLAMA_MODEL
+    assert lib.table.item(1, 2).text() == str(state.n_tokens)
+    (tmp_path / "slot.bin").unlink()
+    lib.refresh()
     assert lib.table.item(0, 1).text() == state.model_name
     assert lib.table.item(0, 2).text() == str(state.n_tokens)
     assert state_meta(tmp_path / "one.kvstate")["n_tokens"] == state.n_tokens
@@ -173,8 +186,14 @@ def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
 def test_model_panel_builds_the_config(qtbot):
     from app.ui.model_panel import ModelPanel
 
+    from app.ui.model_panel import gpu_offload_available
+
     p = ModelPanel(EngineConfig(model_path="/m.gguf", n_ctx=1024, n_threads=1))
     qtbot.addWidget(p)
+    # -ngl: usable on a build with GPU offload, else disabled and saying why
+    assert p.ngl.isEnabled() == gpu_offload_available() and p.ngl.minimum() == -1
+    if not p.ngl.isEnabled():
+        assert "no GPU offload" in p.ngl.toolTip()
     got = []
     p.apply_requested.connect(got.append)
     p.n_ctx.setValue(2048)

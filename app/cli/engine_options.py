@@ -18,6 +18,9 @@ def model_options() -> argparse.ArgumentParser:
     g.add_argument("-m", "--model", help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1)")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (4096)")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (all)")
+    g.add_argument("-tg", "--threads-gen", type=int, default=1, metavar="N",
+                   help="threads for generating tokens (1: warm and cold generate bit-identically "
+                        "however full the cache is; 0: as --threads, faster, may differ slightly)")
     g.add_argument("-b", "--batch-size", type=int, default=256, help="tokens per decode batch (256)")
     g.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(KV_TYPES), help="K cache type")
     g.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(KV_TYPES), help="V cache type")
@@ -35,7 +38,7 @@ def model_options() -> argparse.ArgumentParser:
 
 def open_engine(args) -> Engine:
     for flag, value, low in (("--ctx-size", args.ctx_size, 16), ("--batch-size", args.batch_size, 1),
-                             ("--threads", args.threads, 0)):
+                             ("--threads", args.threads, 0), ("--threads-gen", args.threads_gen, 0)):
         if value < low:
             raise KvPrimerError(f"{flag} must be at least {low}, not {value}")
     for flag, value in (("--cache-resident-mb", args.cache_resident_mb),
@@ -46,7 +49,8 @@ def open_engine(args) -> Engine:
     limits = CacheLimits(int(args.cache_resident_mb * mb), int(args.cache_ram_mb * mb),
                          int(args.cache_file_mb * mb))
     return Engine(EngineConfig(model_path=args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
-                               n_threads=args.threads, type_k=args.cache_type_k,
+                               n_threads=args.threads, n_threads_gen=args.threads_gen,
+                               type_k=args.cache_type_k,
                                type_v=args.cache_type_v, n_gpu_layers=args.n_gpu_layers,
                                cache=limits))
 

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cell_compaction import relayout
 from .errors import CacheError
 from .radix_tree import RadixNode, RadixTree
 
@@ -45,15 +46,26 @@ class CacheTiers:
         self.tree = RadixTree()
         self.limits = limits
         n = engine.config.n_seq_max
-        if n < 4:
-            raise CacheError("the radix cache needs a context of at least 4 sequences")
-        # sequence 0 stays the user's (KV dock actions, `kvprimer kv`); the last is scratch
+        if n < 6:  # the user's, scratch, holding, a working sequence and two nodes
+            raise CacheError(f"the radix cache needs a context of at least 6 sequences, not {n}")
+        self.windowed = engine.n_swa > 0
+        # sequence 0 stays the user's (KV dock actions, `kvprimer kv`); the last is scratch.
+        # Evicted nodes' cells go to a holding sequence instead of being freed: llama.cpp fills
+        # freed cells first, which would put a later run's cells before its prefix's and change
+        # the order of its arithmetic (batch_plan.py); compaction frees them all at once, in
+        # order. Windowed models cannot be compacted (a restore misplaces window cells).
         self.scratch = n - 1
-        self._free = list(range(n - 2, 0, -1))
+        self.holding = None if self.windowed else n - 2
+        self._free = list(range(n - (2 if self.windowed else 3), 0, -1))
+        self._out: set[int] = set()  # working sequences handed out and not given back yet
         self._busy: set[int] = set()  # node ids a running job relies on
         self._own_folder = limits.folder is None
         self.folder = Path(limits.folder or tempfile.mkdtemp(prefix="kvprimer-cache-"))
-        self.windowed = engine.n_swa > 0
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CacheError(f"cannot use {self.folder} for the cache's files ({e.strerror}); "
+                             "choose another folder") from None
 
     # ---- caps
     @property
@@ -123,11 +135,39 @@ class CacheTiers:
 
     # ---- sequences and eviction
     def take_work_seq(self) -> int:
-        return self._take_seq()
+        seq = self._take_seq()
+        self._out.add(seq)
+        return seq
 
     def give_back(self, seq: int) -> None:
+        """A working sequence is done: its own cells (the newest) are freed."""
+        self._out.discard(seq)
         self.e.clear_seq(seq)
         self._free.append(seq)
+
+    def _release(self, seq: int) -> None:
+        """A node's sequence is no longer needed: its cells go to the holding sequence."""
+        if self.holding is not None:
+            self.e.ctx.seq_cp(seq, self.holding)
+        self.e.clear_seq(seq)
+        self._free.append(seq)
+
+    def held_cells(self) -> int:
+        """Cells only the holding sequence keeps (freed by the next compaction)."""
+        if self.holding is None:
+            return 0
+        return self.e.used_cells() - self.e.used_cells(ignoring=self.holding)
+
+    def compact(self) -> bool:
+        """Free the held cells; the live ones are laid out again in tree order when no run is
+        using a working sequence (otherwise the held cells are simply freed)."""
+        if not self.held_cells():
+            return False
+        if self._out:
+            self.e.clear_seq(self.holding)
+        else:
+            relayout(self)
+        return True
 
     def _take_seq(self) -> int:
         while not self._free:
@@ -136,10 +176,26 @@ class CacheTiers:
                                  "unpin some in the Cache panel or clear the cache")
         return self._free.pop()
 
+    def lost_sequences(self, kept: int | None = None) -> None:
+        """llama.cpp dropped every sequence but ``kept``: the nodes there lose their cells
+        (their RAM and file snapshots stay usable while their base does)."""
+        for n in self.tree:
+            if n.seq is not None and n.seq != kept:
+                self._free.append(n.seq)
+                n.seq = None
+                if n.tier == "gone":
+                    n.nbytes = 0
+        self._prune()
+
     def ensure_free_cells(self, n: int) -> None:
-        """Evict until ``n`` more cells fit in the context."""
-        while self.e.used_cells() + n > self.e.ctx.n_ctx:
-            if not self._spill_one():
+        """Evict (and compact) until ``n`` more cells fit in the context."""
+        if self.holding is not None and not self._out and self.e.ctx.mirror.has_holes():
+            relayout(self)  # cells freed in the middle (the user's sequence): put back in order
+        room = self.e.ctx.n_ctx - n
+        while self.e.used_cells() > room:
+            if self.e.used_cells(ignoring=self.holding) <= room:
+                self.compact()
+            elif not self._spill_one() and not self.compact():
                 raise CacheError(
                     f"the context has no room for {n} more tokens and nothing left to evict; "
                     "raise --ctx-size or unpin prompts")
@@ -187,7 +243,7 @@ class CacheTiers:
             anchor = anchor.parent
         start = anchor.depth if anchor is not None else 0
         data = self.e.cells_of(node.seq, start, node.depth, self.scratch)
-        self.give_back(node.seq)
+        self._release(node.seq)
         node.seq = None
         node.ram, node.ram_start, node.nbytes = data, start, len(data)
         self.enforce()
@@ -211,7 +267,7 @@ class CacheTiers:
 
     def _drop(self, node: RadixNode) -> None:
         if node.seq is not None:
-            self.give_back(node.seq)
+            self._release(node.seq)
             node.seq = None
         self._drop_lower(node)
         node.nbytes = 0

@@ -60,7 +60,7 @@ class ColdReference:
         if self._ctx is None:
             c = self._engine.config
             self._ctx = NativeContext(self._engine.model, ContextParams(
-                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 1))
+                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 1, c.n_threads_gen))
         return self._ctx
 
     def run(self, tokens: list[int], marks: list[int] | None, gen: GenerationConfig,

@@ -52,6 +52,11 @@ class CellMirror:
     def used(self) -> int:
         return int(np.count_nonzero(self.owners))
 
+    def has_holes(self) -> bool:
+        """Is a free cell followed by a used one (llama.cpp would fill it next)?"""
+        used = np.flatnonzero(self.owners)
+        return bool(len(used)) and int(used[-1]) + 1 > len(used)
+
     # ---- checking against what llama.cpp logged
     def check(self, m: LoggedMap) -> None:
         """Compare with a logged map; adopt it outright when it names every owner."""

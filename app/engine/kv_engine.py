@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .batch_plan import EXACT_CHUNK, batch_starts, batches
 from .cold_reference import ColdReference
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
@@ -21,12 +19,14 @@ from .model_traits import ModelTraits, read_traits
 from .kv_debug_log import TrackedContext
 from .kv_view import KvCacheView, build_view
 from .llama_state_file import check_rows_fit, read_any_state
-from .native import SEQ_STATE_VERSION, ContextParams, NativeModel, kv_bytes_per_token
+from .ggml_types import kv_bytes_per_token
+from .native import SEQ_STATE_VERSION, ContextParams, NativeModel
 from .prefix_state import PrefixState
 from .radix_cache import CacheLimits, RadixCache
 from .radix_tree import RadixNode
 from .prompt_tokens import PromptTokenizer
 from .seq_payload import in_position_order
+from .sequence_ops import SequenceOps
 from .task_state import TaskState
 from .template import FilledPrompt, Template
 
@@ -37,6 +37,11 @@ class EngineConfig:
     n_ctx: int = 4096
     n_batch: int = 256
     n_threads: int = 0
+    # One-token decodes (generation) split their attention over threads by the size of the
+    # whole cache, so in a cache full of other prompts a warm run would generate with other
+    # rounding than its cold run: one thread keeps generation exact (measured: SmolLM2, 2
+    # threads, |Δlogit| up to 0.8 once the cache outgrew 2,048 cells; 1 thread, 0)
+    n_threads_gen: int = 1
     type_k: str = "f16"
     type_v: str = "f16"
     n_seq_max: int = 64  # sequence 0 is the user's, the radix cache uses the rest
@@ -72,7 +77,7 @@ class ModelInfo:
         return {**self.__dict__, "traits": self.traits.as_dict()}
 
 
-class Engine:
+class Engine(SequenceOps):
     def __init__(self, config: EngineConfig = EngineConfig()):
         self.config = config
         path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
@@ -80,7 +85,7 @@ class Engine:
         try:
             self.ctx = TrackedContext(self.model, ContextParams(
                 config.n_ctx, config.n_batch, config.n_threads, config.type_k, config.type_v,
-                config.n_seq_max), config.kv_debug_log)
+                config.n_seq_max, config.n_threads_gen), config.kv_debug_log)
         except Exception:
             self.model.close()
             raise
@@ -129,11 +134,6 @@ class Engine:
     def check_fits(self, n_tokens: int) -> None:
         if n_tokens >= self.ctx.n_ctx:
             raise ContextOverflowError(n_tokens, self.ctx.n_ctx)
-
-    def _check_seq(self, seq: int) -> None:
-        if not 0 <= seq < self.config.n_seq_max:
-            raise KvPrimerError(f"sequence {seq} does not exist; this context has sequences "
-                                f"0 to {self.config.n_seq_max - 1}")
 
     # ---- evaluation
     def evaluate(self, tokens: list[int], seq: int = 0, task: TaskState | None = None,
@@ -189,149 +189,6 @@ class Engine:
         if lo != 0:
             self.ctx.seq_rm(seq)
         self.resident[seq] = self.resident[seq][:n]
-
-    # ---- sequence operations
-    def clear_seq(self, seq: int) -> None:
-        self._check_seq(seq)
-        self.ctx.seq_rm(seq)
-        self.resident[seq] = []
-        self.moved.discard(seq)
-
-    def clear_all(self) -> None:
-        self.ctx.clear()
-        for s in self.resident:
-            self.resident[s] = []
-        self.moved.clear()
-
-    def trim(self, seq: int, keep: int) -> None:
-        """Keep the first ``keep`` tokens of ``seq``, drop the rest."""
-        self._check_seq(seq)
-        if keep < len(self.resident[seq]) or (seq in self.moved and keep <= len(self.resident[seq])):
-            if not self.ctx.seq_rm(seq, keep, -1):
-                raise ContextError("llama.cpp could not trim that sequence")
-            self.resident[seq] = self.resident[seq][:keep]
-            self.moved.discard(seq)
-
-    def fork(self, src: int, dst: int, upto: int | None = None) -> None:
-        """Make ``dst`` hold what ``src`` holds (its first ``upto`` tokens); the cells are
-        shared, nothing is copied."""
-        self._check_seq(src)
-        self._check_seq(dst)
-        if src == dst:
-            return
-        self.clear_seq(dst)
-        if upto is None or upto >= len(self.resident[src]):
-            self.ctx.seq_cp(src, dst)
-            self.resident[dst] = list(self.resident[src])
-            if src in self.moved:
-                self.moved.add(dst)
-        elif upto > 0:
-            self.ctx.seq_cp(src, dst, 0, upto)
-            self.resident[dst] = self.resident[src][:upto]
-
-    def cells_of(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
-        """A state of only the cells of ``seq`` at positions p0..p1-1 (through ``scratch``)."""
-        self.ctx.seq_rm(scratch)
-        self.ctx.seq_cp(seq, scratch, p0, p1)
-        try:
-            return in_position_order(self.ctx.state_get(scratch))
-        finally:
-            self.ctx.seq_rm(scratch)
-
-    def add_cells(self, data: bytes, seq: int, scratch: int, tokens: list[int]) -> bool:
-        """Put a state of cells (from ``cells_of``) into ``seq`` beside what it holds, which
-        then holds ``tokens``. False when llama.cpp refuses the state."""
-        self.ctx.seq_rm(scratch)
-        if not self.ctx.state_set(data, scratch):
-            self.ctx.seq_rm(scratch)
-            return False
-        self.ctx.seq_cp(scratch, seq)
-        self.ctx.seq_rm(scratch)
-        self.resident[seq] = list(tokens)
-        return True
-
-    def place_cells(self, src: int, p0: int, p1: int, dst: int, delta: int, scratch: int,
-                    tokens: list[int]) -> None:
-        """Append the cells of ``src`` at positions p0..p1-1 to ``dst``, moved by ``delta``
-        (shared when not moved; otherwise copied through ``scratch``, then seq_add, which makes
-        the next decode re-rotate their K). ``tokens`` are the tokens they hold."""
-        if len(self.resident[dst]) != p0 + delta:
-            raise KvPrimerError("cells must be placed right after what the sequence holds")
-        if delta == 0:
-            self.ctx.seq_cp(src, dst, p0, p1)
-        else:
-            data = self.cells_of(src, p0, p1, scratch)
-            if not self.ctx.state_set(data, scratch):
-                self.ctx.seq_rm(scratch)
-                raise ContextError("llama.cpp refused a module's cells; clear the cache")
-            self.ctx.seq_add(scratch, p0, p1, delta)
-            self.ctx.seq_cp(scratch, dst)
-            self.ctx.seq_rm(scratch)
-        self.resident[dst].extend(tokens)
-
-    def used_cells(self) -> int:
-        """Cells holding some sequence's tokens, by the engine's own account of every operation."""
-        return self.ctx.mirror.used
-
-    def keep_only(self, seq: int) -> None:
-        """Drop every other sequence; cells ``seq`` shared with them become its own."""
-        self._check_seq(seq)
-        self.ctx.seq_keep(seq)
-        for s in self.resident:
-            if s != seq:
-                self.resident[s] = []
-                self.moved.discard(s)
-
-    def shift(self, seq: int, p0: int, delta: int) -> None:
-        """Add ``delta`` to the positions of ``seq`` from ``p0`` on (llama.cpp's seq_add).
-
-        The moved cells keep K/V computed at their old positions (K is re-roped), so they are no
-        longer what evaluating those tokens would give: ``resident[seq]`` keeps only the tokens
-        below the moved range, and the sequence is marked moved until trimmed back to them.
-        Cells shifted below position 0 are freed.
-        """
-        self._check_seq(seq)
-        if delta == 0:
-            return
-        self._check_unshared(seq, p0, "shift")
-        self.ctx.seq_add(seq, p0, -1, delta)
-        self._after_move(seq, max(0, min(p0, p0 + delta)))
-
-    def divide(self, seq: int, p0: int, d: int) -> None:
-        """Integer-divide the positions of ``seq`` from ``p0`` on by ``d`` (llama.cpp's seq_div)."""
-        self._check_seq(seq)
-        if d < 1:
-            raise KvPrimerError(f"divide positions by 1 or more, not {d}")
-        if d == 1:
-            return
-        self._check_unshared(seq, p0, "divide")
-        self.ctx.seq_div(seq, p0, -1, d)
-        self._after_move(seq, max(0, p0 // d))
-
-    def _check_unshared(self, seq: int, p0: int, verb: str) -> None:
-        # a cell has one position for all its owners: moving a shared cell moves it for all
-        view = self.kv_view()
-        if view.has_cells:
-            o = view.cell_owners
-            mine = ((o & (1 << seq)) != 0) & (view.cell_pos >= max(p0, 0))
-            together = int(np.bitwise_or.reduce(o[mine])) if mine.any() else 0
-            others = [s for s in range(64) if together >> s & 1 and s != seq]
-        else:
-            lo = max(p0, 0)
-            others = [u.seq for u in view.sequences if u.seq != seq and u.pos_max >= lo]
-        if others:
-            raise KvPrimerError(
-                f"sequence {seq} may share cells with sequence {', '.join(map(str, others))} from "
-                f"position {p0}; a {verb} would move them there too; clear those sequences or "
-                f"evaluate this one on its own first")
-
-    def _after_move(self, seq: int, exact: int) -> None:
-        self.resident[seq] = self.resident[seq][:exact]
-        lo, hi = self.ctx.pos_range(seq)
-        if hi >= len(self.resident[seq]):
-            self.moved.add(seq)
-        else:
-            self.moved.discard(seq)
 
     # ---- the KV cache view
     def kv_view(self) -> KvCacheView:

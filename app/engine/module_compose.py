@@ -37,6 +37,7 @@ class Composition:
     reused: int
     sources: tuple[tuple[str, int], ...]
     starts: list[int]  # batch starts of what was evaluated in context (recomputed tokens)
+    recomputed: int = 0  # tokens of modules evaluated in context, within ``reused``'s range
 
 
 def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheHit,
@@ -52,7 +53,7 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
     cache = engine.cache
     p = prefix.depth
     base = prefix.tokens()
-    t0 = time.perf_counter()
+    build_s = 0.0  # only modules evaluated now: reusing cached ones costs no build time
     modules = []
     for seg in segments[1:-1]:
         if seg.start < exact:
@@ -61,6 +62,8 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
         m = cache.tree.match(key)
         node = m.node if (m.child is None and m.node.depth == len(key) and m.node.tier != "gone") else None
         if node is None:
+            t0 = time.perf_counter()
+            cache.ensure_free_cells(seg.end - seg.start)
             work = cache.take_work_seq()
             try:
                 cache.fork_into(CacheHit(prefix, p, (), "resident", prefix.approx), work)
@@ -70,8 +73,9 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
                                  approx=prefix.approx)
             finally:
                 cache.give_back(work)
+            build_s += time.perf_counter() - t0
         modules.append((seg, node))
-    return ModulePlan(hit, prefix, tuple(modules), (time.perf_counter() - t0) * 1000)
+    return ModulePlan(hit, prefix, tuple(modules), build_s * 1000)
 
 
 def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompute: int,
@@ -83,9 +87,11 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
     sources = list(plan.hit.sources)
     p = plan.prefix.depth
     starts: list[int] = []
+    recomputed = 0
     for seg, node in plan.modules:
         n = seg.end - seg.start
         k = min(recompute, n)
+        recomputed += k
         if k:
             engine.evaluate(tokens[seg.start:seg.start + k], work, task, stage="recompute",
                             want_logits=False, chunk=EXACT_CHUNK)
@@ -100,4 +106,4 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
                                tokens[seg.start + k:seg.end])
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
         cur += n
-    return Composition(cur, tuple(sources), starts)
+    return Composition(cur, tuple(sources), starts, recomputed)

@@ -1,4 +1,7 @@
-"""The only module that calls llama.cpp (through llama-cpp-python's ctypes bindings).
+"""llama.cpp's model, context and sampler, through llama-cpp-python's ctypes bindings.
+
+With llama_backend.py (process-wide set-up and logging) this is where the engine calls
+llama.cpp; model_traits.py and llama_state_file.py read a few facts and files directly.
 
 We use the low-level API rather than ``llama_cpp.Llama`` because we need several sequences in
 one context, per-sequence state copies and the memory (KV) calls, none of which ``Llama``
@@ -9,17 +12,21 @@ Not thread-safe: one worker thread owns a model and its context.
 from __future__ import annotations
 
 import ctypes
-import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 import llama_cpp as L
 
 from .errors import ContextError, ModelError
-from .ggml_types import KV_TYPES, kv_bytes_per_token  # noqa: F401  (kv_engine imports it from here)
+from .ggml_types import KV_TYPES
+from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
+
+__all__ = ["ContextParams", "NativeContext", "NativeModel", "NativeSampler", "SEQ_STATE_VERSION",
+           "add_log_listener", "check_gpu_layers", "ensure_backend", "last_problem",
+           "remove_log_listener", "versions"]
 
 # bytes of a given size, not initialised, for a C call to fill before anyone else sees them
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -33,87 +40,7 @@ def _bytes_ptr(data: bytes):
     return ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
 
 
-log = logging.getLogger("kvprimer.llama")
-
 SEQ_STATE_VERSION = int(L.LLAMA_STATE_SEQ_VERSION)
-
-# ---- the process-wide log callback -------------------------------------------------------
-# llama_log_set is global to the process. We install one callback that forwards to Python
-# logging and to any listeners (the KV debug view parses the find_slot lines).
-_log_listeners: list[Callable[[int, str], None]] = []
-_backend_ready = False
-_last_problem = ["", ""]  # llama.cpp's last warning and first error, to explain a NULL
-
-
-@L.llama_log_callback
-def _on_llama_log(level: int, text: bytes, user_data) -> None:  # pragma: no cover - native path
-    try:
-        s = text.decode("utf-8", errors="replace")
-        for fn in list(_log_listeners):
-            fn(level, s)
-        # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
-        if level in (3, 4):
-            # keep the first error: "error loading model: <why>" comes before the generic
-            # "failed to load model" that follows it
-            if level == 4 and not _last_problem[1]:
-                _last_problem[1] = s.strip()
-            _last_problem[0] = s.strip()
-            log.warning(s.rstrip())
-    except Exception:  # never let an exception cross into C
-        pass
-
-
-def last_problem() -> str:
-    """llama.cpp's last warning, as ' (llama.cpp: ...)' to append to a message, or ''."""
-    msg = _last_problem[1] or _last_problem[0]
-    _last_problem[:] = ["", ""]
-    return f" (llama.cpp: {msg})" if msg else ""
-
-
-def add_log_listener(fn: Callable[[int, str], None]) -> None:
-    _log_listeners.append(fn)
-
-
-def remove_log_listener(fn: Callable[[int, str], None]) -> None:
-    if fn in _log_listeners:
-        _log_listeners.remove(fn)
-
-
-def ensure_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        L.llama_backend_init()
-        _backend_ready = True
-    L.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
-
-
-def versions() -> dict[str, str]:
-    info = L.llama_print_system_info().decode("utf-8", "replace").strip()
-    return {"llama_cpp_python": L.__version__, "llama_cpp_build": _llama_build(),
-            "system": info}
-
-
-def _llama_build() -> str:
-    """The vendored llama.cpp's build: ggml's git commit and version (ggml_commit/ggml_version
-    are exported by libggml-base, which the bindings do not wrap) and llama_version()."""
-    parts: list[str] = []
-    try:
-        from llama_cpp import _ggml
-
-        for name, fmt in (("ggml_commit", "{}"), ("ggml_version", "ggml {}")):
-            fn = getattr(_ggml.libggml, name)
-            fn.argtypes, fn.restype = [], ctypes.c_char_p
-            value = fn()
-            if value:
-                parts.append(fmt.format(value.decode("ascii", "replace")))
-    except (ImportError, OSError, AttributeError):
-        pass
-    try:
-        parts.append(f"libllama {L.llama_version().decode('ascii', 'replace')}")
-    except AttributeError:
-        pass
-    return ", ".join(parts) or "unknown build"
-
 
 # ---- model ----------------------------------------------------------------------------------
 
@@ -253,6 +180,7 @@ class ContextParams:
     type_k: str = "f16"
     type_v: str = "f16"
     n_seq_max: int = 8
+    n_threads_gen: int = 0  # threads for one-token decodes; 0: as n_threads
 
 
 class NativeContext:
@@ -280,7 +208,7 @@ class NativeContext:
         # llama.cpp reserves its graph for one output per sequence: with more sequences than
         # batch tokens the default (n_batch outputs) fails an assertion and aborts
         p.n_outputs_max = max(n_batch, params.n_seq_max)
-        p.n_threads = threads
+        p.n_threads = min(params.n_threads_gen, threads) if params.n_threads_gen > 0 else threads
         p.n_threads_batch = threads
         p.type_k = KV_TYPES[params.type_k].id
         p.type_v = KV_TYPES[params.type_v].id

@@ -116,9 +116,12 @@ def report_from_dict(d: dict) -> RunReport:
 
 
 def bench_from_dict(d: dict) -> BenchResult:
-    return BenchResult(model=d.get("model", {}), repeat=d["summary"]["repeat"],
-                       rows=[_build(BenchRow, row) for row in d["rows"]],
-                       cancelled=bool(d["summary"].get("cancelled", False)))
+    s = d["summary"]
+    rows = [_build(BenchRow, row) for row in d["rows"]]
+    modes = tuple(s.get("modes") or dict.fromkeys(r.reuse for r in rows) or ("prefix",))
+    return BenchResult(model=d.get("model", {}), repeat=s["repeat"], rows=rows, modes=modes,
+                       recompute=int(s.get("recompute", 0)),
+                       cancelled=bool(s.get("cancelled", False)))
 
 
 # ---- autosave

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from .batch_plan import EXACT_CHUNK
+from .batch_plan import EXACT_CHUNK, batch_starts
 from .cold_reference import PathResult
 from .errors import KvPrimerError
 from .generation import GenerationConfig, TextDelta, generate
@@ -169,13 +169,13 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         t0 = time.perf_counter()
         if compose:
             c = compose_into(engine, plan, tokens, work, recompute, task)
-            reused, sources = c.reused, c.sources
+            reused, sources, recomputed = c.reused, c.sources, c.recomputed
             head = [x for x in (hit.node.all_cuts() if hit.node else []) if x < hit.reused]
             head += c.starts
             report.note = report.note or "composed modules never attended to each other"
         else:
             cache.fork_into(hit, work)
-            reused, sources = hit.reused, hit.sources
+            reused, sources, recomputed = hit.reused, hit.sources, 0
             head = [x for x in (hit.node.all_cuts() if hit.node else []) if x < reused]
         t1 = time.perf_counter()
         labels = {s.end: s.label for s in segments}
@@ -190,14 +190,23 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
                                  marks=marks, at_mark=remember)
         prompt_s = time.perf_counter() - t1
         report.plan = head + engine.last_starts
-        report.reused_tokens, report.sources = reused, sources
-        report.evaluated_tokens = len(tokens) - reused
+        if compose:
+            # a composed sequence has no single history to replay: its reference is the cold
+            # run every exact mode shares (static prefix as primed, then each segment in small
+            # batches), so one cold run per row serves all modes
+            b0 = segments[0].end
+            report.plan = ([c for c in plan.prefix.all_cuts() if c < b0]
+                           + batch_starts(b0, len(tokens), EXACT_CHUNK, [x.start for x in segments]))
+        # tokens recomputed in context were evaluated, not reused
+        report.reused_tokens, report.sources = reused - recomputed, sources
+        report.evaluated_tokens = len(tokens) - report.reused_tokens
         report.hit_tier = hit.tier
         g = generate(engine.ctx, engine.model,
                      lambda tok: engine.evaluate([tok], work, stage="generate"),
                      gen, max_new, task, "warm", min(max_new, KEEP_LOGITS))
     finally:
         cache.give_back(work)
-    return PathResult("warm", reused, len(tokens) - reused, (t1 - t0) * 1000, prompt_s * 1000,
+        cache.enforce()  # what this run added may have left no node free to move until now
+    return PathResult("warm", report.reused_tokens, report.evaluated_tokens, (t1 - t0) * 1000, prompt_s * 1000,
                       (g.t_first - t0) * 1000, (g.t_end - g.t_first) * 1000, g.tokens, g.text,
                       g.logits, report.plan)

@@ -154,6 +154,11 @@ class RadixCache(CacheTiers):
             node.approx = approx
             node.nbytes = self._resident_bytes(node)
         self.touch(node)
+        self._busy.add(node.id)  # the caps hold after every addition; the new node stays
+        try:
+            self.enforce()
+        finally:
+            self._busy.discard(node.id)
         return node
 
     def adopt(self, state, label: str) -> RadixNode:
@@ -199,6 +204,8 @@ class RadixCache(CacheTiers):
                 self.give_back(n.seq)
             n.seq = None
             self._drop_lower(n)
+        if self.holding is not None:
+            self.e.clear_seq(self.holding)
         self.tree = RadixTree()
 
     def retain(self, keep: RadixNode) -> None:
@@ -209,6 +216,7 @@ class RadixCache(CacheTiers):
             if id(n) not in path and n.parent is not None:
                 n.pinned = False
                 self._drop(n)
+        self.compact()
 
     def close(self) -> None:
         self.clear()

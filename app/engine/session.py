@@ -21,7 +21,7 @@ from .kv_engine import EngineConfig
 from .prefix_state import PrefixState
 from .prefix_sweep import SweepPoint
 from .project_file import ProjectFile, bench_from_dict, report_from_dict
-from .prompt_runs import RunReport, report_dict
+from .prompt_runs import REUSE_MODES, RunReport, report_dict
 from .rows import Row
 from .template import Template
 
@@ -69,7 +69,9 @@ class RowsChange:
 class Options:
     max_tokens: int = 24  # tokens generated per run
     repeat: int = 3  # benchmark repeats per row
-    reuse_mode: str = "prefix"  # how a warm run reuses the cache
+    reuse_mode: str = "chain"  # how a warm run reuses the cache (one of REUSE_MODES)
+    recompute: int = 0  # compose mode: tokens of each module recomputed in context
+    bench_modes: tuple[str, ...] = REUSE_MODES  # the reuse modes a benchmark compares
     engine: EngineConfig = field(default_factory=EngineConfig)  # the project's model settings
 
 
@@ -89,35 +91,36 @@ class RunRecord:
         return run_summary(self.report)
 
 
-def run_check(r: RunReport):
-    """The cold/warm comparison of a run (tokens_equal, first_diff, max_logit_diff, exact), or
-    None when one path ran. The engine is renaming ``equivalence`` to ``verdict``; this is the
-    window's one place that reads either, until the rename lands."""
-    return getattr(r, "verdict", None) or getattr(r, "equivalence", None)
-
-
 def run_summary(r: RunReport) -> str:
     parts = []
     if r.cold:
         parts.append(f"cold {r.cold.ttft_ms:,.0f} ms")
     if r.warm:
-        parts.append(f"warm {r.warm.ttft_ms:,.0f} ms ({r.reused_tokens:,} tokens reused)")
+        parts.append(f"warm ({r.reuse}) {r.warm.ttft_ms:,.0f} ms, reused {r.reuse_text()}")
     if r.speedup:
         parts.append(f"×{r.speedup:.1f} faster to first token")
-    check = run_check(r)
-    if check:
-        parts.append("same output" if check.tokens_equal else
-                     f"outputs differ at token {check.first_diff}")
+    if r.verdict:
+        parts.append(r.verdict.describe())
     return "run: " + ", ".join(parts)
 
 
 def bench_summary(result: BenchResult) -> str:
+    """One line per benchmark: each mode's median warm time and speedup, and its verdicts."""
     s = result.summary()
-    if not s["speedup_median"]:
-        return "no row finished"
-    eq = "all outputs equal" if s["all_tokens_equal"] else "OUTPUTS DIFFER"
-    return (f"median speedup ×{s['speedup_median']:.1f} · cold {s['cold_ms_median']:.0f} ms · "
-            f"warm {s['warm_ms_median']:.0f} ms · {eq}" + (" · cancelled" if result.cancelled else ""))
+    parts = []
+    for mode in result.modes:
+        m = s.get(mode) or {}
+        if not m.get("rows"):
+            parts.append(f"{mode}: no row finished")
+            continue
+        counts = m["equivalence"]
+        verdicts = ", ".join(f"{n} {w}" for w, n in counts.items() if n)
+        parts.append(f"{mode}: median warm {m['warm_ms_median']:,.0f} ms, "
+                     f"×{m['speedup_median']:.1f}" + (f" ({verdicts})" if verdicts else ""))
+    cold = next((s[m]["cold_ms_median"] for m in result.modes
+                 if (s.get(m) or {}).get("cold_ms_median")), None)
+    head = f"median cold {cold:,.0f} ms · " if cold else ""
+    return head + " · ".join(parts) + (" · cancelled" if result.cancelled else "")
 
 
 class Session:
@@ -292,7 +295,8 @@ class Session:
         return ProjectFile(template=self.template_text, template_path=self.template_path,
                            placeholders=list(self.placeholders), rows=self.rows,
                            settings={"engine": asdict(o.engine), "max_tokens": o.max_tokens,
-                                     "repeat": o.repeat, "reuse_mode": o.reuse_mode},
+                                     "repeat": o.repeat, "reuse_mode": o.reuse_mode,
+                                     "recompute": o.recompute, "bench_modes": list(o.bench_modes)},
                            results=results)
 
     def apply_project(self, project: ProjectFile, path: str = "") -> list[str]:
@@ -305,11 +309,14 @@ class Session:
         s = project.settings
         opts = {}
         try:
-            for key in ("max_tokens", "repeat"):
+            for key in ("max_tokens", "repeat", "recompute"):
                 if key in s:
                     opts[key] = int(s[key])
-            if isinstance(s.get("reuse_mode"), str):
+            if s.get("reuse_mode") in REUSE_MODES:
                 opts["reuse_mode"] = s["reuse_mode"]
+            modes = s.get("bench_modes")
+            if isinstance(modes, list) and modes and all(m in REUSE_MODES for m in modes):
+                opts["bench_modes"] = tuple(modes)
         except (TypeError, ValueError):
             problems.append("the project's run options are unreadable; the defaults are used")
         cfg = engine_config(s.get("engine"))

@@ -1,8 +1,10 @@
-"""The Benchmark view: every row cold and warm, repeated; the prefix-length sweep; exports.
+"""The Benchmark view: every row cold and warm per reuse mode, repeated; the prefix-length
+sweep; exports.
 
-It shows the session's benchmark and sweep results (charts from app.ui.charts, a table with
-readable headers) and exports them; jobs are started by the window. The repeats box is the
-session's option.
+It shows the session's benchmark and sweep results: time to first token per row grouped by
+mode (charts from app.ui.charts), each mode's accuracy (verdict counts, KL divergence, top-1
+agreement), a table with readable headers; and exports them. Jobs are started by the window.
+The repeats, the modes compared and compose's recompute k are the session's options.
 """
 from __future__ import annotations
 
@@ -13,27 +15,37 @@ from dataclasses import asdict
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
-                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QCheckBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
+                               QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
 
-from ..engine import BenchResult, BenchRow
+from ..engine import REUSE_MODES, BenchResult, BenchRow
 from ..engine.session import Session, bench_summary
-from .charts import SweepChart, TtftBar, TtftChart, save_chart
+from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart
+from .run_panel import MODE_TIPS, VERDICT_COLORS, recompute_box
 
 # (BenchRow field, header, tooltip)
 BENCH_COLUMNS = [
     ("row", "row", "The row's number in the rows table"),
-    ("prefix_tokens", "prefix (tokens)", "Tokens in the primed prefix state"),
-    ("suffix_tokens", "suffix (tokens)", "Tokens after the reused prefix: evaluated on each warm run"),
-    ("cold_ms", "cold (ms)", "Time to first token without the cache (median of the repeats)"),
-    ("warm_ms", "warm (ms)", "Time to first token restoring the prefix state (median)"),
-    ("restore_ms", "restore (ms)", "Time to copy the prefix state into the KV cache (median)"),
+    ("reuse", "reuse", "How the warm run reused the cache: prefix, chain or compose"),
+    ("prefix_tokens", "prefix (tokens)", "Tokens in the template's static prefix"),
+    ("reused_tokens", "reused (tokens)", "Tokens the warm run took from the radix cache"),
+    ("evaluated_tokens", "evaluated (tokens)", "Tokens the warm run evaluated"),
+    ("cold_ms", "cold (ms)", "Time to first token without the cache"),
+    ("warm_ms", "warm (ms)", "Time to first token reusing the cache (median of the repeats)"),
+    ("restore_ms", "fork (ms)", "Time to fork or compose the reused cells (median)"),
     ("speedup", "speedup (×)", "cold ÷ warm"),
+    ("equivalence", "verdict", "bit-identical; within-noise: same tokens, logits no further "
+                               "from cold than the model's own batch-grouping noise; diverged"),
     ("tokens_equal", "same tokens", "The warm run generated exactly the cold run's tokens"),
-    ("max_logit_diff", "max |Δlogit|", "Largest logit difference at the first generated token; "
+    ("max_logit_diff", "max |Δlogit|", "Largest logit difference over the compared tokens; "
                                        "0 means bit-identical"),
+    ("kl_divergence", "KL (nats)", "Largest next-token KL divergence, cold ‖ warm"),
     ("error", "error", "Why the row could not run"),
 ]
+ACCURACY_COLUMNS = ["mode", "rows", "bit-identical", "within-noise", "diverged", "max KL (nats)",
+                    "top-1 agree", "max |Δlogit|", "median warm (ms)"]
 
 
 def cell_text(key: str, value) -> str:
@@ -41,7 +53,7 @@ def cell_text(key: str, value) -> str:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "NO"
-    if key == "max_logit_diff":
+    if key in ("max_logit_diff", "kl_divergence"):
         return f"{value:.3g}"
     if key == "speedup":
         return f"×{value:.1f}"
@@ -65,6 +77,14 @@ class BenchView(QWidget):
         self.repeat.setValue(session.options.repeat)
         self.repeat.setPrefix("repeats: ")
         self.repeat.valueChanged.connect(lambda v: session.set_options(repeat=v))
+        self.mode_boxes: dict[str, QCheckBox] = {}
+        for m in REUSE_MODES:
+            box = QCheckBox(m)
+            box.setObjectName(f"benchMode_{m}")
+            box.setToolTip(MODE_TIPS[m])
+            box.toggled.connect(self._modes_toggled)
+            self.mode_boxes[m] = box
+        self.recompute = recompute_box(session, self, bench=True)
         self.run_button = QPushButton("Benchmark rows")
         self.run_button.setToolTip("Run every row cold and warm, repeated (Ctrl+B)")
         self.run_button.clicked.connect(self.run_requested)
@@ -74,6 +94,10 @@ class BenchView(QWidget):
         exports = [("Export CSV…", self.export_dialog_data), ("Export charts…", self.export_dialog_charts)]
         top = QHBoxLayout()
         top.addWidget(self.repeat)
+        top.addWidget(QLabel("modes:"))
+        for box in self.mode_boxes.values():
+            top.addWidget(box)
+        top.addWidget(self.recompute)
         top.addWidget(self.run_button)
         top.addWidget(self.sweep_button)
         top.addStretch(1)
@@ -83,8 +107,17 @@ class BenchView(QWidget):
             b = QPushButton(text)
             b.clicked.connect(slot)
             top.addWidget(b)
-        self.chart = TtftChart()
+        self.chart = TtftChart("Time to first token per row and reuse mode (ms): median, min–max")
         self.sweep = SweepChart()
+        self.accuracy = QTableWidget(0, len(ACCURACY_COLUMNS))
+        self.accuracy.setObjectName("accuracyTable")
+        self.accuracy.setHorizontalHeaderLabels(ACCURACY_COLUMNS)
+        self.accuracy.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.accuracy.horizontalHeader().setStretchLastSection(True)
+        self.accuracy.verticalHeader().setVisible(False)
+        self.accuracy.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.accuracy.setToolTip("Each mode's warm runs against the cold runs: how many were "
+                                 "bit-identical, within the model's own noise, or diverged")
         self.table = QTableWidget(0, len(BENCH_COLUMNS))
         self.table.setObjectName("benchTable")
         for c, (_key, header, tip) in enumerate(BENCH_COLUMNS):
@@ -97,10 +130,14 @@ class BenchView(QWidget):
         charts = QSplitter(Qt.Horizontal)
         charts.addWidget(self.chart)
         charts.addWidget(self.sweep)
+        tables = QSplitter(Qt.Horizontal)
+        tables.addWidget(self.table)
+        tables.addWidget(self.accuracy)
+        tables.setSizes([700, 400])
         split = QSplitter(Qt.Vertical)
         split.addWidget(charts)
-        split.addWidget(self.table)
-        split.setSizes([300, 120])
+        split.addWidget(tables)
+        split.setSizes([300, 140])
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
@@ -108,7 +145,8 @@ class BenchView(QWidget):
         lay.addWidget(split, 1)
         session.events.bench.connect(self._show_result)
         session.events.sweep.connect(self.sweep.set_points)
-        session.events.options.connect(lambda o: self.repeat.setValue(o.repeat))
+        session.events.options.connect(self._show_options)
+        self._show_options(session.options)
         self._show_result(session.bench)
         self.sweep.set_points(session.sweep)
 
@@ -116,19 +154,86 @@ class BenchView(QWidget):
         self.run_button.setEnabled(on)
         self.sweep_button.setEnabled(on)
 
+    def _show_options(self, o) -> None:
+        self.repeat.setValue(o.repeat)
+        for m, box in self.mode_boxes.items():
+            if box.isChecked() != (m in o.bench_modes):
+                box.blockSignals(True)
+                box.setChecked(m in o.bench_modes)
+                box.blockSignals(False)
+
+    def _modes_toggled(self) -> None:
+        modes = tuple(m for m, box in self.mode_boxes.items() if box.isChecked())
+        if not modes:  # at least one mode: the box just unticked comes back
+            self._show_options(self.session.options)
+            self.error.emit("a benchmark needs at least one reuse mode")
+            return
+        self.session.set_options(bench_modes=modes)
+
     def _show_result(self, result: BenchResult | None) -> None:
         rows = result.rows if result else []
-        self.chart.set_bars([TtftBar.from_bench(r) for r in rows if r.error is None])
+        self._show_chart(result)
         self.table.setRowCount(len(rows))
         for i, r in enumerate(rows):
             d = asdict(r)
             for c, (key, _header, _tip) in enumerate(BENCH_COLUMNS):
                 item = QTableWidgetItem(cell_text(key, d[key]))
-                if key != "error":
+                if key not in ("error", "reuse", "equivalence"):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                if key == "equivalence" and r.equivalence in VERDICT_COLORS:
+                    item.setForeground(QColor(VERDICT_COLORS[r.equivalence]))
+                    item.setToolTip(r.note or "")
                 self.table.setItem(i, c, item)
+        self._show_accuracy(result)
         self.summary.setText(bench_summary(result) if result else
                              "No benchmark yet: press “Benchmark rows”.")
+
+    def _show_chart(self, result: BenchResult | None) -> None:
+        ok = [r for r in (result.rows if result else []) if r.error is None]
+        numbers = list(dict.fromkeys(r.row for r in ok))
+        if not numbers:
+            self.chart.set_series([], [])
+            return
+        by = {(r.reuse, r.row): r for r in ok}
+        cold = {}
+        for r in ok:
+            cold.setdefault(r.row, r)
+        series = [BarSeries("cold", COLD, [cold[n].cold_ms for n in numbers],
+                            [cold[n].cold_ms_min for n in numbers],
+                            [cold[n].cold_ms_max for n in numbers])]
+        for m in result.modes:
+            got = [by.get((m, n)) for n in numbers]
+            if not any(got):
+                continue
+            series.append(BarSeries(f"warm: {m}", MODE_COLORS.get(m, COLD),
+                                    [g.warm_ms if g else 0.0 for g in got],
+                                    [g.warm_ms_min if g else 0.0 for g in got],
+                                    [g.warm_ms_max if g else 0.0 for g in got]))
+        self.chart.set_series([(f"row {n}", f"{n}") for n in numbers], series, "row")
+
+    def _show_accuracy(self, result: BenchResult | None) -> None:
+        modes = list(result.modes) if result else []
+        summary = result.summary() if result else {}
+        self.accuracy.setRowCount(len(modes))
+        for i, m in enumerate(modes):
+            s = summary.get(m) or {}
+            counts = s.get("equivalence", {})
+
+            def num(v, fmt):
+                return "—" if v is None else format(v, fmt)
+
+            cells = [m, str(s.get("rows", 0)),
+                     *(str(counts.get(w, 0)) for w in ("bit-identical", "within-noise", "diverged")),
+                     num(s.get("kl_divergence_max"), ".3g"), num(s.get("top1_agree_mean"), ".0%"),
+                     num(s.get("max_logit_diff"), ".3g"), num(s.get("warm_ms_median"), ",.1f")]
+            for c, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                word = ACCURACY_COLUMNS[c]
+                if word in VERDICT_COLORS and text != "0":
+                    item.setForeground(QColor(VERDICT_COLORS[word]))
+                if c:
+                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                self.accuracy.setItem(i, c, item)
 
     # ---- export
     def export_data(self, path: str | Path) -> None:

@@ -17,10 +17,20 @@ from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPen
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QWidget
 
-from ..engine import BenchRow
 
 COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
+MODE_COLORS = {"prefix": QColor("#2e7dd7"), "chain": QColor("#2e9d5b"), "compose": QColor("#8e5bc4")}
 MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has every row
+
+
+@dataclass(frozen=True)
+class BarSeries:
+    """One bar per row: the median, and the min–max whisker (equal to it: none drawn)."""
+    name: str
+    color: QColor
+    values: list[float]
+    lows: list[float]
+    highs: list[float]
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,6 @@ class TtftBar:
     def single(cls, row: int, cold_ms: float, warm_ms: float) -> "TtftBar":
         return cls(row, cold_ms, warm_ms, cold_ms, cold_ms, warm_ms, warm_ms)
 
-    @classmethod
-    def from_bench(cls, r: BenchRow) -> "TtftBar":
-        return cls(r.row, r.cold_ms, r.warm_ms, r.cold_ms_min, r.cold_ms_max, r.warm_ms_min,
-                   r.warm_ms_max)
-
 
 def _chart(title: str) -> QChart:
     c = QChart()
@@ -58,14 +63,20 @@ def _chart(title: str) -> QChart:
 
 
 def bar_labels(bars: list[TtftBar], width_px: float, metrics: QFontMetrics) -> list[str]:
-    """The longest label form that fits every category's width; unique (repeated rows differ
-    by invisible zero-width spaces, since a category axis merges equal names)."""
-    forms = (lambda b: f"row {b.row} ×{b.speedup:.1f}", lambda b: f"{b.row} ×{b.speedup:.1f}",
-             lambda b: f"{b.row}")
-    per = width_px / max(len(bars), 1) - 6
-    labels = [forms[-1](b) for b in bars]
-    for form in forms:
-        texts = [form(b) for b in bars]
+    """Cold vs warm bars' labels: "row 3 ×12.9", "3 ×12.9" or "3", whichever fits."""
+    forms = [(f"row {b.row} ×{b.speedup:.1f}", f"{b.row} ×{b.speedup:.1f}", f"{b.row}")
+             for b in bars]
+    return fit_labels(forms, width_px, metrics)
+
+
+def fit_labels(forms: list[tuple[str, ...]], width_px: float, metrics: QFontMetrics) -> list[str]:
+    """Per category its label forms, longest first: the longest form that fits every
+    category's width; unique (repeated rows differ by invisible zero-width spaces, since a
+    category axis merges equal names)."""
+    per = width_px / max(len(forms), 1) - 6
+    labels = [f[-1] for f in forms]
+    for i in range(max((len(f) for f in forms), default=0)):
+        texts = [f[min(i, len(f) - 1)] for f in forms]
         if all(metrics.horizontalAdvance(t) <= per for t in texts):
             labels = texts
             break
@@ -86,6 +97,8 @@ class TtftChart(QChartView):
         self.setRenderHint(QPainter.Antialiasing)
         self.setMinimumHeight(200)
         self.bars: list[TtftBar] = []
+        self.forms: list[tuple[str, ...]] = []  # per row, its label forms, longest first
+        self.axis_title = "row · ×speedup"
         self._cats: QBarCategoryAxis | None = None
         self._relabel_timer = QTimer(self, singleShot=True, interval=0)
         self._relabel_timer.timeout.connect(self._relabel)
@@ -95,33 +108,51 @@ class TtftChart(QChartView):
         return sum(s.count() for s in self.chart().series() if isinstance(s, QBarSeries)
                    for s in s.barSets())
 
+    def series_names(self) -> list[str]:
+        return [b.label() for s in self.chart().series() if isinstance(s, QBarSeries)
+                for b in s.barSets()]
+
     def labels(self) -> list[str]:
         return self._cats.categories() if self._cats else []
 
     def set_bars(self, bars: list[TtftBar]) -> None:
+        """Cold vs warm, one pair per row."""
         bars = bars[:MAX_BARS]
         self.bars = bars
+        self.set_series([(f"row {b.row} ×{b.speedup:.1f}", f"{b.row} ×{b.speedup:.1f}", f"{b.row}")
+                         for b in bars],
+                        [BarSeries("cold", COLD, [b.cold_ms for b in bars],
+                                   [b.cold_min for b in bars], [b.cold_max for b in bars]),
+                         BarSeries("warm", WARM, [b.warm_ms for b in bars],
+                                   [b.warm_min for b in bars], [b.warm_max for b in bars])],
+                        "row · ×speedup")
+
+    def set_series(self, forms: list[tuple[str, ...]], series: list[BarSeries],
+                   axis_title: str = "row") -> None:
+        """Grouped bars: one category per row (``forms``: its label forms), one bar set per
+        series, min–max whiskers where a series has them."""
+        n = min(len(forms), MAX_BARS)
+        self.forms, self.axis_title = forms[:n], axis_title
         chart = self.chart()
         chart.removeAllSeries()
         for ax in chart.axes():
             chart.removeAxis(ax)
         self._cats = None
-        if not bars:
+        if not n or not series:
             return
-        cold, warm = QBarSet("cold"), QBarSet("warm")
-        cold.setColor(COLD)
-        warm.setColor(WARM)
-        cold.append([b.cold_ms for b in bars])
-        warm.append([b.warm_ms for b in bars])
-        series = QBarSeries()
-        series.setBarWidth(0.7)
-        series.append(cold)
-        series.append(warm)
-        chart.addSeries(series)
+        bars = QBarSeries()
+        bars.setBarWidth(0.8)
+        for s in series:
+            b = QBarSet(s.name)
+            b.setColor(s.color)
+            b.append(list(s.values[:n]))
+            bars.append(b)
+        chart.addSeries(bars)
         self._cats = QBarCategoryAxis()
         self._cats.append(self._labels_for_width())
-        self._cats.setTitleText("row · ×speedup")
-        top = max(max(b.cold_max, b.cold_ms, b.warm_max) for b in bars) * 1.1 or 1.0
+        self._cats.setTitleText(axis_title)
+        top = max(max(max(s.values[:n], default=0), max(s.highs[:n], default=0))
+                  for s in series) * 1.1 or 1.0
         y = QValueAxis()
         y.setRange(0, top)
         y.setTitleText("ms")
@@ -129,16 +160,18 @@ class TtftChart(QChartView):
         y.applyNiceNumbers()
         chart.addAxis(self._cats, Qt.AlignBottom)
         chart.addAxis(y, Qt.AlignLeft)
-        series.attachAxis(self._cats)
-        series.attachAxis(y)
+        bars.attachAxis(self._cats)
+        bars.attachAxis(y)
         # min–max whiskers on a hidden value axis aligned with the categories
         x = QValueAxis()
-        x.setRange(-0.5, len(bars) - 0.5)
+        x.setRange(-0.5, n - 0.5)
         x.setVisible(False)
         chart.addAxis(x, Qt.AlignBottom)
-        offset = 0.7 / 4
-        for i, b in enumerate(bars):
-            for dx, lo, hi in ((-offset, b.cold_min, b.cold_max), (offset, b.warm_min, b.warm_max)):
+        width = 0.8 / len(series)
+        for k, s in enumerate(series):
+            dx = -0.4 + width * (k + 0.5)
+            for i in range(n):
+                lo, hi = s.lows[i], s.highs[i]
                 if hi <= lo:
                     continue
                 w = QLineSeries()
@@ -155,7 +188,7 @@ class TtftChart(QChartView):
         plot = self.chart().plotArea().width()
         width = plot if plot > 50 else max(self.width() - 80, 100)
         font = self._cats.labelsFont() if self._cats else self.font()
-        return bar_labels(self.bars, width, QFontMetrics(font))
+        return fit_labels(self.forms, width, QFontMetrics(font))
 
     def _relabel(self) -> None:
         if self._cats is None:

@@ -6,7 +6,7 @@ for cancellation between batches. Progress, partial results and the single done/
 outcome arrive on the GUI thread as Qt signals (emitted from the worker thread, delivered
 queued); ``_deliver`` is the one place outcomes are dispatched. Starting a job cancels the
 running one unless asked not to; the new one starts when it has stopped, since the pool has one
-thread. Background kinds (token counts, the KV dock's views) never make the worker "working",
+thread. Background kinds (token counts, the KV dock's and Cache panel's views) never make the worker "working",
 so the window's actions stay enabled while they run.
 """
 from __future__ import annotations
@@ -40,12 +40,15 @@ class JobKind(Enum):
     COUNT_TOKENS = "count tokens"
     KV_VIEW = "KV view"
     KV_OP = "KV operation"
+    CACHE_VIEW = "cache view"
+    CACHE_OP = "cache operation"
     TASK = "task"  # any other work (tools, tests)
 
     @property
     def background(self) -> bool:
         """Bookkeeping: no progress bar, and the user's actions stay enabled while it runs."""
-        return self in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.KV_OP)
+        return self in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.KV_OP, JobKind.CACHE_VIEW,
+                        JobKind.CACHE_OP)
 
 
 @dataclass

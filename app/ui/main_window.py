@@ -16,11 +16,13 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget, QVBoxLayout
 
 from ..engine import EngineConfig, ModelInfo
+from ..engine.llama_state_file import SUFFIX as LLAMA_SUFFIX
 from ..engine.prefix_state import SUFFIX as STATE_SUFFIX
 from ..engine.project_file import Autosaver, autosave_path
 from ..engine.session import Options, Session
 from ..resources_path import examples_dir
 from .bench_view import BenchView
+from .cache_panel import CachePanel
 from .engine_worker import EngineWorker, Job, JobKind
 from .error_panel import ErrorPanel
 from .fillings_panel import FillingsPanel
@@ -35,6 +37,8 @@ from .status_bar import StatusBar
 from .template_editor import TemplateEditor
 
 MAX_RECENT = 8
+STATE_FILTERS = (f"KV Primer state (*{STATE_SUFFIX})",
+                 f"llama.cpp sequence state (*{LLAMA_SUFFIX})")
 # actions that start engine work: enabled only with a model loaded and no job of the user's running
 ENGINE_ACTIONS = ("Prime prefix", "Load state", "Run cold + warm", "Run cold only",
                   "Run warm only", "Benchmark rows", "Prefix-length sweep")
@@ -74,6 +78,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.library = StatesLibrary(states_dir or default_states_dir(), self,
                                      confirm=lambda text: self.ask("delete", text) == "yes")
         self.kv_dock = KvCacheDock(self.worker, self)
+        self.cache_panel = CachePanel(self.worker, self)
         self.jobs = PromptJobs(self.worker, self.session, self)
         self._build_layout()
         self.status = StatusBar(self.worker, self)
@@ -117,10 +122,12 @@ class MainWindow(ProjectMixin, QMainWindow):
         # the model's settings above the KV cache, both in view from the first start
         self.addDockWidget(Qt.RightDockWidgetArea, self.model_panel)
         self.splitDockWidget(self.model_panel, self.kv_dock, Qt.Vertical)
+        self.addDockWidget(Qt.BottomDockWidgetArea, self.cache_panel)
         self.addDockWidget(Qt.BottomDockWidgetArea, self.library)
         self.addDockWidget(Qt.BottomDockWidgetArea, self.errors)
+        self.tabifyDockWidget(self.cache_panel, self.library)
         self.tabifyDockWidget(self.library, self.errors)
-        self.library.raise_()
+        self.cache_panel.raise_()
         self.resize(1400, 900)
         self._docks_sized = False
 
@@ -180,7 +187,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         p.addSeparator()
         A(p, "Cancel job", self.worker.cancel, "Esc", "Stop the running job", True)
         v = mb.addMenu("&View")
-        for d in (self.model_panel, self.kv_dock, self.library, self.errors):
+        for d in (self.model_panel, self.kv_dock, self.cache_panel, self.library, self.errors):
             v.addAction(d.toggleViewAction())
         v.addAction(self.toolbar.toggleViewAction())
         h = mb.addMenu("&Help")
@@ -292,15 +299,22 @@ class MainWindow(ProjectMixin, QMainWindow):
         if self.session.state is None:
             return self.jobs.save_state("")  # says what to do first
         stem = Path(self.session.template_path or "prefix").stem
-        path, _ = QFileDialog.getSaveFileName(self, "Save KV state",
-                                              str(self.library.folder / f"{stem}{STATE_SUFFIX}"),
-                                              f"KV states (*{STATE_SUFFIX})")
+        path, chosen = QFileDialog.getSaveFileName(
+            self, "Save KV state", str(self.library.folder / f"{stem}{STATE_SUFFIX}"),
+            ";;".join(STATE_FILTERS))
         if path:
-            self.jobs.save_state(path if path.endswith(STATE_SUFFIX) else path + STATE_SUFFIX)
+            self.save_state_as(path, "llama" if chosen == STATE_FILTERS[1] else "kvprimer")
+
+    def save_state_as(self, path: str, fmt: str = "kvprimer"):
+        """Save the primed state as a .kvstate ("kvprimer") or llama.cpp's file ("llama")."""
+        suffix = LLAMA_SUFFIX if fmt == "llama" else STATE_SUFFIX
+        path = str(path)
+        return self.jobs.save_state(path if Path(path).suffix else path + suffix, fmt)
 
     def load_state_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load KV state", str(self.library.folder),
-                                              f"KV states (*{STATE_SUFFIX});;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Load KV state", str(self.library.folder),
+            f"KV states (*{STATE_SUFFIX} *{LLAMA_SUFFIX});;All files (*)")
         if path:
             self.jobs.load_state(path)
 
@@ -333,7 +347,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         super().showEvent(event)
         if not self._docks_sized:  # first start: docks sized for the work in the middle
             self._docks_sized = True
-            self.resizeDocks([self.library], [130], Qt.Vertical)
+            self.resizeDocks([self.cache_panel], [190], Qt.Vertical)
             self.resizeDocks([self.kv_dock], [430], Qt.Horizontal)
             self.resizeDocks([self.model_panel, self.kv_dock], [300, 600], Qt.Vertical)
 

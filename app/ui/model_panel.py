@@ -1,18 +1,31 @@
-"""The Model dock: which GGUF, the context settings, and the loaded model's facts.
+"""The Model dock: which GGUF, the context settings, GPU offload, and the loaded model's facts,
+with what its architecture means for caching.
 
 Apply emits the new EngineConfig; the main window reloads the engine as a worker job.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from html import escape
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QFormLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox,
                                QVBoxLayout, QWidget)
 
-from ..engine import EngineConfig, ModelInfo
+from ..engine import EngineConfig, ModelError, ModelInfo
+from ..engine.native import GPU_OFFLOAD_MISSING, check_gpu_layers
+
+
+def gpu_offload_available() -> bool:
+    """Whether the installed llama.cpp can offload layers to a GPU: a property of the build,
+    read once (a constant query, no model or context involved)."""
+    try:
+        check_gpu_layers(1)
+    except ModelError:
+        return False
+    return True
 
 KV_TYPES = ["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
@@ -47,6 +60,15 @@ class ModelPanel(QDockWidget):
         self.threads.setSpecialValueText("auto")
         self.batch = QSpinBox()
         self.batch.setRange(1, 8192)
+        self.ngl = QSpinBox()
+        self.ngl.setObjectName("nGpuLayers")
+        self.ngl.setRange(-1, 999)
+        self.ngl.setSpecialValueText("all (-1)")
+        if gpu_offload_available():
+            self.ngl.setToolTip("Layers offloaded to the GPU (llama.cpp's -ngl); -1: all, 0: none")
+        else:
+            self.ngl.setEnabled(False)
+            self.ngl.setToolTip(GPU_OFFLOAD_MISSING)
         self.type_k, self.type_v = QComboBox(), QComboBox()
         for c in (self.type_k, self.type_v):
             c.addItems(KV_TYPES)
@@ -60,6 +82,7 @@ class ModelPanel(QDockWidget):
         settings.addRow("Context (n_ctx)", self.n_ctx)
         settings.addRow("Threads", self.threads)
         settings.addRow("Batch", self.batch)
+        settings.addRow("GPU layers (-ngl)", self.ngl)
         kv = QHBoxLayout()
         kv.addWidget(QLabel("K"))
         kv.addWidget(self.type_k)
@@ -78,12 +101,20 @@ class ModelPanel(QDockWidget):
             self.facts.addRow(key.capitalize(), lab)
         facts_box = QGroupBox("Loaded model")
         facts_box.setLayout(self.facts)
+        # what the architecture means for caching: window, recurrent layers, shifting positions
+        self.notes = QLabel("—")
+        self.notes.setObjectName("modelNotes")
+        self.notes.setWordWrap(True)
+        self.notes.setTextFormat(Qt.RichText)
+        notes_box = QGroupBox("Caching on this model")
+        QVBoxLayout(notes_box).addWidget(self.notes)
 
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(settings)
         lay.addWidget(facts_box)
+        lay.addWidget(notes_box)
         lay.addStretch(1)
         # scrolls rather than forcing its height on the window: it shares the side with the KV dock
         scroll = QScrollArea()
@@ -99,13 +130,15 @@ class ModelPanel(QDockWidget):
         self.n_ctx.setValue(c.n_ctx)
         self.threads.setValue(c.n_threads)
         self.batch.setValue(c.n_batch)
+        self.ngl.setValue(c.n_gpu_layers)
         self.type_k.setCurrentText(c.type_k)
         self.type_v.setCurrentText(c.type_v)
 
     def current_config(self) -> EngineConfig:
         return replace(self.config, model_path=self.path.text().strip() or None,
                        n_ctx=self.n_ctx.value(), n_threads=self.threads.value(),
-                       n_batch=self.batch.value(), type_k=self.type_k.currentText(),
+                       n_batch=self.batch.value(), n_gpu_layers=self.ngl.value(),
+                       type_k=self.type_k.currentText(),
                        type_v=self.type_v.currentText())
 
     def set_recent(self, paths: list[str]) -> None:
@@ -126,6 +159,7 @@ class ModelPanel(QDockWidget):
         if info is None:
             for lab in f.values():
                 lab.setText("—")
+            self.notes.setText("—")
             return
         f["name"].setText(info.name or Path(info.path).name)
         f["architecture"].setText(info.architecture)
@@ -137,3 +171,4 @@ class ModelPanel(QDockWidget):
         f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
                              f"full KV {_mb(info.n_ctx * info.kv_bytes_per_token)}")
         f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences")
+        self.notes.setText("".join(f"• {escape(n)}<br>" for n in info.traits.notes()).removesuffix("<br>"))

@@ -13,6 +13,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog
 
 from ..engine import TemplateError
+from ..engine.llama_state_file import SUFFIX as LLAMA_STATE_SUFFIX
 from ..engine.prefix_state import SUFFIX as STATE_SUFFIX
 from ..engine.project_file import SUFFIX as PROJECT_SUFFIX, ProjectFile, ProjectFileError
 from ..engine.user_files import read_user_text
@@ -172,7 +173,7 @@ class ProjectMixin:
         suffix = Path(path).suffix.lower()
         if suffix == ".gguf":
             self.load_model(replace(self.config, model_path=path))
-        elif suffix == STATE_SUFFIX:
+        elif suffix in (STATE_SUFFIX, LLAMA_STATE_SUFFIX):
             self.jobs.load_state(path)
         elif suffix == PROJECT_SUFFIX:
             self.open_project(path)

@@ -1,6 +1,6 @@
 """The window's engine jobs: prime, save/load a state, run rows, benchmark, sweep.
 
-Each action reads what it needs from the session (template, rows, options, the state in use),
+Each action reads what it needs from the session (template, rows, options, the state to save),
 submits a job of its kind to the worker and puts the job's typed results back into the session;
 panels observe the session. Job bodies are plain engine calls. Messages for the user leave
 through the ``status`` and ``error`` signals; what is transient (streamed text, the row being
@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from ..engine import (BenchResult, GenerationConfig, MissingValuesError, PrefixState, TextDelta,
                       bench_rows, run_prompt)
 from ..engine.kv_engine import common_prefix
+from ..engine.llama_state_file import load_any_state, save_state
 from ..engine.prefix_sweep import prefix_sweep
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind
@@ -31,23 +32,20 @@ class RowStarted:
 
 @dataclass(frozen=True)
 class Finished:
-    """What every job of this module returns: its value and the tokens sequence 0 then holds."""
+    """What every job of this module returns: its value and the KV cells then in use."""
     value: Any
     context_used: int
 
 
-def _usable_state(engine, template, state: PrefixState | None) -> PrefixState | None:
-    if state is None:
-        return None
-    prefix = engine.tokenize(template.prefix_prompt())
-    return state if common_prefix(state.tokens, prefix) == state.n_tokens else None
-
-
-def state_or_prime(engine, template, state: PrefixState | None, task) -> PrefixState:
-    """The one place the window decides: use this state, or prime the prefix now (worker thread).
-
-    A state is usable when it is a prefix of the template's static prefix."""
-    return _usable_state(engine, template, state) or engine.prime(template, task=task)
+def state_to_save(engine, template, state: PrefixState | None, task) -> PrefixState:
+    """The state Save writes after a run (worker thread): the session's own when it is a prefix
+    of the template's static prefix, else a snapshot of the cached static prefix. Runs never
+    need it: they fork the radix cache's node."""
+    if state is not None:
+        prefix = engine.tokenize(template.prefix_prompt())
+        if common_prefix(state.tokens, prefix) == state.n_tokens:
+            return state
+    return engine.prime(template, task=task)
 
 
 class PromptJobs(QObject):
@@ -55,9 +53,9 @@ class PromptJobs(QObject):
     error = Signal(str)
     row_started = Signal(int)
     delta = Signal(object)  # TextDelta, while a run generates
-    context_used = Signal(int)  # tokens held by sequence 0 after a job
+    context_used = Signal(int)  # KV cells in use after a job
     state_saved = Signal(str, int)  # path, bytes
-    state_loaded = Signal(str, object)  # path, PrefixState
+    state_loaded = Signal(str, object)  # path, PrefixState (its .warning may say how little was checked)
     state_load_failed = Signal(str)  # the reason
 
     def __init__(self, worker: EngineWorker, session: Session, parent: QObject | None = None):
@@ -80,7 +78,7 @@ class PromptJobs(QObject):
 
         def body(engine, task):
             value = fn(engine, task)
-            return Finished(value, len(engine.resident.get(0, [])))
+            return Finished(value, engine.used_cells())
 
         def done(finished: Finished):
             if self.worker.closed:
@@ -134,7 +132,9 @@ class PromptJobs(QObject):
 
         return self._submit(JobKind.PRIME, lambda e, t: e.prime(tpl, task=t), done)
 
-    def save_state(self, path: str | Path) -> Job | None:
+    def save_state(self, path: str | Path, fmt: str = "kvprimer") -> Job | None:
+        """``fmt``: "kvprimer" (.kvstate, with the model's identity) or "llama" (llama.cpp's
+        sequence-state file, which llama-server and LLamaSharp read)."""
         state = self.session.state
         if state is None:
             self._fail("nothing is primed yet; press Prime (Ctrl+P) first, then save")
@@ -144,24 +144,28 @@ class PromptJobs(QObject):
         def done(size):
             self.session.set_state(state, path)
             self.state_saved.emit(path, size)
-            self.status.emit(f"saved the state to {path}")
+            how = " in llama.cpp's format" if fmt == "llama" else ""
+            self.status.emit(f"saved the state{how} to {path}")
 
-        return self._submit(JobKind.SAVE_STATE, lambda e, t: state.save(path), done,
+        return self._submit(JobKind.SAVE_STATE, lambda e, t: save_state(state, path, fmt), done,
                             cancel_running=False)
 
     def load_state(self, path: str | Path) -> Job | None:
+        """Read a state of either format, check it, and put it in the radix cache: runs of a
+        template whose static prefix it holds fork it from there."""
         path = str(path)
+        tpl = self.session.template
 
         def job(engine, task):
-            state = engine.load_state(path)
-            engine.restore(state, 0)
-            engine.store.put(state)
+            state = load_any_state(engine, path, tpl)
+            engine.cache.adopt(state, "saved state")
             return state
 
         def done(state):
             self.session.set_state(state, path)
             self.state_loaded.emit(path, state)
-            self.status.emit(f"loaded the state {path}")
+            note = f" ({state.warning})" if state.warning else ""
+            self.status.emit(f"loaded the state {path}{note}")
 
         def failed(msg):
             self.state_load_failed.emit(msg)
@@ -185,18 +189,19 @@ class PromptJobs(QObject):
                 self._fail(f"row {row.number}: " + str(MissingValuesError(missing, [])).split(";")[0]
                            + "; fill them in the form")
                 return None
-        gen = GenerationConfig(max_tokens=self.session.options.max_tokens)
+        opts = self.session.options
+        gen = GenerationConfig(max_tokens=opts.max_tokens)
         state = self.session.state
 
         def job(engine, task):
-            st = state_or_prime(engine, tpl, state, task) if mode != "cold" else None
             for row in rows:
                 task.partial(RowStarted(row.number))
-                rep = run_prompt(engine, tpl, row.values, state=st, cold=mode != "warm",
+                rep = run_prompt(engine, tpl, row.values, reuse=opts.reuse_mode,
+                                 recompute=opts.recompute, cold=mode != "warm",
                                  warm=mode != "cold", oneshot=oneshot and mode == "both", gen=gen,
                                  task=task)
                 task.partial(RunRecord(row.number, rep))
-            return st
+            return state_to_save(engine, tpl, state, task) if mode != "cold" else None
 
         def done(st):
             self._keep_state(st)
@@ -213,12 +218,14 @@ class PromptJobs(QObject):
         if not rows:
             self._fail("there are no rows to benchmark; import or add rows first")
             return None
-        repeat = repeat or self.session.options.repeat
+        opts = self.session.options
+        repeat = repeat or opts.repeat
         state = self.session.state
 
         def job(engine, task):
-            st = state_or_prime(engine, tpl, state, task)
-            return st, bench_rows(engine, tpl, rows, repeat=repeat, state=st, task=task)
+            res = bench_rows(engine, tpl, rows, repeat=repeat, modes=opts.bench_modes,
+                             recompute=opts.recompute, task=task)
+            return state_to_save(engine, tpl, state, task), res
 
         def done(result):
             st, res = result

@@ -1,35 +1,88 @@
 """The Run panel: run selected rows cold, warm or both, stream the text, show what each run cost.
 
 Finished runs are the session's: the panel observes them and shows a table of runs, the
-equivalence verdict and a chart of cold vs warm time to first token. The streamed text and the
-row being run are transient and come from the jobs. The max-tokens box is the session's option.
+verdict (bit-identical, within-noise or diverged, coloured, with its figures), what the warm run
+reused, and a chart of cold vs warm time to first token. The streamed text and the row being
+run are transient and come from the jobs. The max-tokens, reuse-mode and recompute boxes are
+the session's options.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont, QTextCursor
-from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
-                               QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+from PySide6.QtGui import QColor, QFont, QTextCursor
+from PySide6.QtWidgets import (QComboBox, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
+                               QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
 
-from ..engine import RunReport, TextDelta
-from ..engine.session import RunRecord, Session, run_check
+from ..engine import REUSE_MODES, RunReport, TextDelta, Verdict
+from ..engine.session import Options, RunRecord, Session
 from .charts import TtftBar, TtftChart
 
-COLUMNS = ["row", "path", "reused (tokens)", "evaluated (tokens)", "restore (ms)",
-           "first token (ms)", "tokens/s", "speedup", "check"]
+COLUMNS = ["row", "path", "reuse", "reused (tokens)", "evaluated (tokens)", "first token (ms)",
+           "speedup", "verdict", "fork (ms)", "tokens/s"]
+# the verdict's word, coloured: exact, as close as the model's own noise, different
+VERDICT_COLORS = {"bit-identical": "#2e7d32", "within-noise": "#b26a00", "diverged": "#c62828"}
+MODE_TIPS = {
+    "prefix": "Reuse the template's static prefix only",
+    "chain": "Reuse the longest cached prompt: earlier rows with the same first values too (exact)",
+    "compose": "Compose the prefix with cached modules of each value (fast, approximate: "
+               "modules never attended to each other)",
+}
 
 
-def verdict(report: RunReport) -> tuple[bool | None, str]:
-    """(passed, text) for the cold/warm equivalence check; None when only one path ran."""
-    eq = run_check(report)
-    if eq is None:
-        return None, "—"
-    if eq.tokens_equal:
-        how = "bit-identical logits" if eq.max_logit_diff == 0 else \
-            f"max |Δlogit| {eq.max_logit_diff:.2g}"
-        return True, f"PASS: same tokens, {how}"
-    return False, f"FAIL: first difference at generated token {eq.first_diff}"
+def verdict_color(v: Verdict | None) -> QColor:
+    return QColor(VERDICT_COLORS.get(v.equivalence, "#455a64") if v else "#455a64")
+
+
+def verdict_details(v: Verdict) -> str:
+    """The verdict's one line (``describe()``) without its leading word, which is shown apart."""
+    rest = v.describe()[len(v.equivalence):].lstrip(" ;")
+    if rest.startswith("("):
+        inner, _, note = rest[1:].partition(")")
+        rest = inner + note
+    exact = "same tokens, logits equal bit for bit" if v.exact else ""
+    return "; ".join(x for x in (exact, rest) if x)
+
+
+def reuse_mode_box(session: Session, parent: QWidget | None = None) -> QComboBox:
+    """The reuse mode of runs, bound to the session's options."""
+    box = QComboBox(parent)
+    box.setObjectName("reuseMode")
+    for i, m in enumerate(REUSE_MODES):
+        box.addItem(m, m)
+        box.setItemData(i, MODE_TIPS[m], Qt.ToolTipRole)
+    box.setToolTip("How a warm run reuses the radix cache: " +
+                   "; ".join(f"{m}: {t}" for m, t in MODE_TIPS.items()))
+
+    def show(o: Options) -> None:
+        if box.currentData() != o.reuse_mode:
+            box.setCurrentIndex(max(box.findData(o.reuse_mode), 0))
+
+    show(session.options)
+    box.currentIndexChanged.connect(lambda _i: session.set_options(reuse_mode=box.currentData()))
+    session.events.options.connect(show)
+    return box
+
+
+def recompute_box(session: Session, parent: QWidget | None = None, bench: bool = False) -> QSpinBox:
+    """Compose mode's recompute k, bound to the session's options; enabled when runs (or, with
+    ``bench``, benchmarks) use compose."""
+    k = QSpinBox(parent)
+    k.setObjectName("recompute")
+    k.setRange(0, 32)
+    k.setPrefix("recompute k: ")
+    k.setToolTip("Compose mode: evaluate the first k tokens of each module again in context "
+                 "(more accurate, a little slower)")
+
+    def show(o: Options) -> None:
+        if k.value() != o.recompute:
+            k.setValue(o.recompute)
+        k.setEnabled("compose" in o.bench_modes if bench else o.reuse_mode == "compose")
+
+    show(session.options)
+    k.valueChanged.connect(lambda v: session.set_options(recompute=v))
+    session.events.options.connect(show)
+    return k
 
 
 class RunPanel(QWidget):
@@ -56,13 +109,30 @@ class RunPanel(QWidget):
         self.max_tokens.setPrefix("max new tokens: ")
         self.max_tokens.valueChanged.connect(lambda v: session.set_options(max_tokens=v))
         buttons.addWidget(self.max_tokens)
+        buttons.addWidget(QLabel("reuse:"))
+        self.reuse_mode = reuse_mode_box(session, self)
+        self.recompute = recompute_box(session, self)
+        buttons.addWidget(self.reuse_mode)
+        buttons.addWidget(self.recompute)
         buttons.addStretch(1)
+        # what the last warm run reused, and its verdict against the cold run
+        self.reuse = QLabel("")
+        self.reuse.setObjectName("reuseText")
+        self.reuse.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.verdict = QLabel("Select rows and press Run.")
         self.verdict.setObjectName("verdict")
+        self.verdict.setWordWrap(True)
+        self.verdict.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.details = QLabel("")
+        self.details.setObjectName("verdictDetails")
+        self.details.setWordWrap(True)
+        self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
         f = self.verdict.font()
         f.setBold(True)
         self.verdict.setFont(f)
-        buttons.addWidget(self.verdict)
+        result = QHBoxLayout()
+        result.addWidget(self.verdict)
+        result.addWidget(self.details, 1)
 
         mono = QFont("DejaVu Sans Mono")
         mono.setPointSize(9)
@@ -95,7 +165,7 @@ class RunPanel(QWidget):
         lower = QSplitter(Qt.Horizontal)
         lower.addWidget(self.table)
         lower.addWidget(self.chart)
-        lower.setSizes([600, 300])
+        lower.setSizes([660, 280])
         split = QSplitter(Qt.Vertical)
         split.addWidget(out_box)
         split.addWidget(lower)
@@ -103,6 +173,8 @@ class RunPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(buttons)
+        lay.addWidget(self.reuse)
+        lay.addLayout(result)
         lay.addWidget(split, 1)
         session.events.runs.connect(self._runs_changed)
         session.events.options.connect(lambda o: self.max_tokens.setValue(o.max_tokens))
@@ -138,30 +210,38 @@ class RunPanel(QWidget):
             if not t.toPlainText():
                 t.setPlainText(path.text)
             self._add_line(number, report, path)
-        ok, text = verdict(report)
-        if ok is not None:
-            self.verdict.setText(text)
-            self.verdict.setStyleSheet(f"color: {'#2e7d32' if ok else '#c62828'};")
+        self.show_verdict(report)
         bars = [TtftBar.single(r.row, r.report.cold.ttft_ms, r.report.warm.ttft_ms)
                 for r in self.session.runs if r.report.cold and r.report.warm]
         self.chart.set_bars(bars[-12:])
 
+    def show_verdict(self, report: RunReport) -> None:
+        if report.warm:
+            tier = f"{report.reuse} mode" + (f", {report.build_ms:,.0f} ms building modules"
+                                             if report.build_ms else "")
+            self.reuse.setText(f"Reused ({tier}): {report.reuse_text()}")
+        v = report.verdict
+        if v is None:
+            return
+        self.verdict.setText(v.equivalence)
+        self.details.setText(verdict_details(v))
+        self.verdict.setStyleSheet(f"color: {verdict_color(v).name()};")
+
     def _add_line(self, number: int, report: RunReport, path) -> None:
-        ok, text = verdict(report)
+        v, warm = report.verdict, path.mode == "warm"
         speed = report.speedup
-        cells = [str(number), path.mode, f"{path.reused_tokens:,}", f"{path.evaluated_tokens:,}",
-                 f"{path.restore_ms:.1f}" if path.mode == "warm" else "—", f"{path.ttft_ms:.1f}",
-                 f"{path.tokens_per_s:.1f}",
-                 f"×{speed:.1f}" if speed and path.mode == "warm" else "—",
-                 ("PASS" if ok else f"FAIL at {run_check(report).first_diff}")
-                 if ok is not None and path.mode == "warm" else ""]
+        cells = [str(number), path.mode, report.reuse if warm else "—",
+                 f"{path.reused_tokens:,}", f"{path.evaluated_tokens:,}", f"{path.ttft_ms:.1f}",
+                 f"×{speed:.1f}" if speed and warm else "—", v.equivalence if v and warm else "",
+                 f"{path.restore_ms:.1f}" if warm else "—", f"{path.tokens_per_s:.1f}"]
+        tip = (f"{report.reuse_text()}\n{v.describe()}" if v else report.reuse_text()) if warm else ""
         r = self.table.rowCount()
         self.table.insertRow(r)
-        for c, v in enumerate(cells):
-            item = QTableWidgetItem(v)
-            item.setToolTip(text)
-            if c == len(cells) - 1 and ok is not None and path.mode == "warm":
-                item.setForeground(Qt.darkGreen if ok else Qt.red)
+        for c, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            item.setToolTip(tip)
+            if c == COLUMNS.index("verdict") and v and warm:
+                item.setForeground(verdict_color(v))
             self.table.setItem(r, c, item)
         self.table.scrollToBottom()
 
@@ -172,3 +252,5 @@ class RunPanel(QWidget):
             t.clear()
         self.verdict.setText("Select rows and press Run.")
         self.verdict.setStyleSheet("")
+        self.details.setText("")
+        self.reuse.setText("")

@@ -1,13 +1,16 @@
-"""The States library: the saved .kvstate files in one folder, with what each one holds.
+"""The States library: the saved states in one folder, with what each one holds: KV Primer's
+.kvstate files and llama.cpp's sequence-state files (.bin, told apart by content).
 
 Listing reads only each file's header and metadata (a few KB), never the KV data, so a folder
-of 30 MB states lists at once. Loading is the engine's job (it checks checksum, model and KV
-types); its one-line reason is shown here when it refuses.
+of 30 MB states lists at once. A llama.cpp file names no model: the list says so. Loading is
+the engine's job (it checks checksum, model and KV types, or for a llama.cpp file what can be
+checked); its one-line reason is shown here when it refuses, and its warning when it loads.
 """
 from __future__ import annotations
 
 import datetime as dt
 import os
+import struct
 from pathlib import Path
 
 from PySide6.QtCore import QUrl, Signal
@@ -16,8 +19,29 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHea
                                QLabel, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
+from ..engine.llama_state_file import SUFFIX as LLAMA_SUFFIX
+from ..engine.llama_state_file import is_llama_state
 from ..engine.prefix_state import SUFFIX
-from ..engine.prefix_state import read_state_meta as state_meta
+from ..engine.prefix_state import read_state_meta
+
+LLAMA_MODEL = "llama.cpp state (names no model)"
+
+
+def state_meta(path: str | os.PathLike) -> dict:
+    """What a state file holds, from its first bytes: a .kvstate's metadata, or for a llama.cpp
+    sequence-state file its token count (the header: magic, version, token count)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return {"error": "unreadable"}
+    if not is_llama_state(head):
+        return read_state_meta(path)
+    if len(head) < 12:
+        return {"error": "truncated"}
+    _magic, version, n_tokens = struct.unpack("<III", head)
+    return {"model_name": LLAMA_MODEL, "n_tokens": n_tokens, "format": "llama.cpp",
+            "seq_state_version": version, "created": os.path.getmtime(path)}
 
 COLUMNS = ["name", "model", "tokens", "size", "created", "template"]
 
@@ -79,7 +103,9 @@ class StatesLibrary(QDockWidget):
     # ---- listing
     def refresh(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.paths = sorted(self.folder.glob(f"*{SUFFIX}"), key=lambda p: -p.stat().st_mtime)
+        found = list(self.folder.glob(f"*{SUFFIX}")) + [
+            p for p in self.folder.glob(f"*{LLAMA_SUFFIX}") if state_meta(p).get("format")]
+        self.paths = sorted(found, key=lambda p: -p.stat().st_mtime)
         self.table.setRowCount(len(self.paths))
         for r, p in enumerate(self.paths):
             m = state_meta(p)
@@ -116,15 +142,20 @@ class StatesLibrary(QDockWidget):
         self.show_message(f"saved {Path(path).name} ({size / 1e6:,.1f} MB)")
 
     def on_loaded(self, path: str, state) -> None:
-        self.show_message(f"loaded {Path(path).name}: {state.n_tokens:,} tokens restored into "
-                          "sequence 0")
+        text = (f"loaded {Path(path).name}: {state.n_tokens:,} tokens, now in the radix cache "
+                "(runs of a template with this prefix fork it)")
+        if state.warning:
+            self.show_message(f"{text}. Note: {state.warning}", warning=True)
+        else:
+            self.show_message(text)
 
     def on_load_failed(self, message: str) -> None:
         self.show_message(message, error=True)
 
     # ---- actions
-    def show_message(self, text: str, error: bool = False) -> None:
-        self.message.setStyleSheet("color: #c62828;" if error else "color: #2e7d32;")
+    def show_message(self, text: str, error: bool = False, warning: bool = False) -> None:
+        color = "#c62828" if error else "#b26a00" if warning else "#2e7d32"
+        self.message.setStyleSheet(f"color: {color};")
         self.message.setText(text)
 
     def load_selected(self) -> None:
@@ -140,11 +171,11 @@ class StatesLibrary(QDockWidget):
             new_name, ok = QInputDialog.getText(self, "Rename state", "New name:", text=p.stem)
             if not ok:
                 return None
-        new_name = new_name.strip().removesuffix(SUFFIX)
+        new_name = new_name.strip().removesuffix(p.suffix)
         if not new_name or "/" in new_name or os.sep in new_name:
             self.show_message("a state name cannot be empty or contain a slash", error=True)
             return None
-        target = p.with_name(new_name + SUFFIX)
+        target = p.with_name(new_name + p.suffix)
         if target.exists():
             self.show_message(f"{target.name} already exists; choose another name", error=True)
             return None

@@ -1,0 +1,42 @@
+"""Laying the KV cells out again, in order: how the radix cache frees evicted nodes' cells.
+
+llama.cpp places new cells in the first free ones it finds. Freeing an evicted node's cells in
+the middle of the cache would let a later run's cells land before its prefix's, and the order
+of the cells a sequence attends to changes llama.cpp's arithmetic (batch_plan.py): the run
+would no longer be bit-identical to its cold run. So evicted cells are held (cache_tiers.py)
+and, when room is needed, every resident node's own cells are copied out, the cache is
+cleared, and the nodes are put back parents first: each node's cells land after its parent's,
+in position order, and the held cells are gone. The copies are bit for bit, so what the cells
+hold does not change, only where they lie.
+"""
+from __future__ import annotations
+
+from .errors import CacheError
+
+
+def relayout(cache) -> None:
+    e = cache.e
+    plan = []
+    for node in cache.tree:  # parents before children
+        if node.seq is None:
+            continue
+        base = node.parent
+        while base is not None and base.seq is None:
+            base = base.parent
+        start = base.depth if base is not None else 0
+        plan.append((node, base, e.cells_of(node.seq, start, node.depth, cache.scratch)))
+    user_tokens, user_moved = list(e.resident[0]), 0 in e.moved
+    user = e.ctx.state_get(0) if user_tokens or user_moved else b""
+    e.ctx.clear()
+    for s in e.resident:
+        e.resident[s] = []
+    e.moved.clear()
+    for node, base, data in plan:
+        if base is not None:
+            e.fork(base.seq, node.seq)
+        if not e.add_cells(data, node.seq, cache.scratch, node.tokens()):
+            raise CacheError("llama.cpp refused cells while compacting the cache; clear the cache")
+    if user and e.ctx.state_set(user, 0):
+        e.resident[0] = user_tokens
+        if user_moved:
+            e.moved.add(0)

@@ -1,0 +1,118 @@
+"""The reuse section of `make bench`: what reusing more than the static prefix buys, and costs.
+
+On the recurring RAG workload (rag-recurring.csv: passages drawn with Zipf popularity, so rows
+share values), two measurements on one engine whose context is large enough (8,192 cells) that
+nothing is evicted:
+
+1. The resident fork against the limit, on a cache holding only the static prefix: forking the
+   prefix's resident node into a working sequence and evaluating the suffix, against evaluating
+   the same suffix, in the same batches, right after the prefix in the prefix's own sequence
+   (then trimmed back). The two paths alternate (ABBA), so drift on a shared machine cancels in
+   the per-pair ratios.
+2. One ``bench_rows`` call with modes prefix, chain and compose (the engine's own benchmark, as
+   `kvprimer bench --reuse prefix,chain,compose` runs it): one cold run per row serves every
+   mode whose warm history used the same batches; each mode's cache starts with the prefix only.
+
+Figures go under "reuse" in results.json; the ratios and goals are in ratios.py.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from app.engine import (Engine, EngineConfig, GenerationConfig, TaskState, Template, bench_rows,
+                        read_rows)
+from app.resources_path import examples_dir
+
+from .ours import OurPaths
+from .ratios import compose_accuracy, compute_reuse_ratios
+from .stats import summary
+from .workload import load_workload
+
+MODES = ("prefix", "chain", "compose")
+
+
+@dataclass(frozen=True)
+class ReuseConfig:
+    rows: int = 12  # the first rows of the workload (each costs three cold runs: see BENCHMARKS.md)
+    fork_repeats: int = 4  # pairs of (resident fork, limit) per row
+    n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    n_batch: int = 256
+    n_ctx: int = 8192
+    max_tokens: int = 8  # generated per run; the verdict compares them
+    check_tokens: int = 8  # greedy tokens compared between the resident fork and the limit
+    model_path: str | None = None
+    template_path: str | None = None  # None: resources/examples/rag.tmpl
+    rows_path: str | None = None  # None: resources/examples/rag-recurring.csv
+
+
+def run_reuse(cfg: ReuseConfig, log=print) -> dict:
+    t_start = time.perf_counter()
+    ex = examples_dir()
+    tpl_path = Path(cfg.template_path) if cfg.template_path else ex / "rag.tmpl"
+    rows_path = Path(cfg.rows_path) if cfg.rows_path else ex / "rag-recurring.csv"
+    tpl = Template.parse(tpl_path.read_text(encoding="utf-8"))
+    rows = read_rows(rows_path, tpl.placeholders)[:cfg.rows]
+    out: dict = {"settings": {**asdict(cfg), "template": tpl_path.name,
+                              "rows_file": rows_path.name, "modes": list(MODES)}}
+    with Engine(EngineConfig(model_path=cfg.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                             n_threads=cfg.n_threads)) as engine:
+        work = load_workload(engine, cfg.rows, tpl_path, rows_path)
+        log(f"reuse: {len(rows)} rows of {rows_path.name}; prefix {len(work.prefix)} tokens; "
+            "resident fork against the limit")
+        prefix = engine.prime_node(tpl)
+        out["resident_fork"] = resident_fork_vs_limit(OurPaths(engine, prefix), work.rows,
+                                                      cfg.fork_repeats, cfg.check_tokens)
+        log(f"reuse: bench_rows modes {','.join(MODES)}")
+        done = [0]
+
+        def progress(p):
+            if p.stage == "bench" and p.done != done[0]:
+                done[0] = p.done
+                log(f"reuse: {p.done}/{p.total} row runs ({p.elapsed_s:.0f} s)")
+
+        res = bench_rows(engine, tpl, rows, modes=MODES, gen=GenerationConfig(
+            max_tokens=cfg.max_tokens), task=TaskState(on_progress=progress))
+        out["rows"] = [asdict(r) for r in res.rows]
+        out["summary"] = res.summary()
+        out["cache_tiers"] = [asdict(t) for t in engine.cache.tiers()]
+    out["ratios"], out["goals"] = compute_reuse_ratios(out)
+    out["compose_accuracy"] = compose_accuracy(out["rows"])
+    out["chain_exact"] = _exact(out["rows"], "chain")
+    out["duration_s"] = round(time.perf_counter() - t_start, 1)
+    return out
+
+
+def resident_fork_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> dict:
+    fork_ms, limit_ms, lookup_fork_ms, equal = [], [], [], True
+    k = 0
+    for rep in range(repeats):
+        for row in rows:
+            more = check if rep == 0 else 0
+            first_fork = k % 4 in (0, 3)  # ABBA: each path as often first as second
+            k += 1
+            if first_fork:
+                f, lim = ours.warm_memory(row, more), ours.limit(row, more)
+            else:
+                lim, f = ours.limit(row, more), ours.warm_memory(row, more)
+            if f.evaluated != lim.evaluated or f.evaluated != len(row.suffix):
+                raise RuntimeError(f"row {row.number}: the resident fork evaluated {f.evaluated} "
+                                   f"tokens, the limit {lim.evaluated}")
+            if more:
+                equal = equal and f.tokens == lim.tokens and bool((f.logits == lim.logits).all())
+            fork_ms.append(f.ms)
+            lookup_fork_ms.append(f.restore_ms)
+            limit_ms.append(lim.ms)
+    return {"fork_ms": fork_ms, "limit_ms": limit_ms, "fork": summary(fork_ms),
+            "limit": summary(limit_ms), "lookup_and_fork_ms": summary(lookup_fork_ms),
+            "bit_identical": equal, "repeats": repeats,
+            "suffix_tokens": [len(r.suffix) for r in rows]}
+
+
+def _exact(rows: list[dict], mode: str) -> dict:
+    ok = [r for r in rows if r["reuse"] == mode and r.get("error") is None]
+    exact = [r for r in ok if r["tokens_equal"] and r["max_logit_diff"] == 0.0]
+    return {"rows": len(ok), "bit_identical_rows": len(exact),
+            "all": bool(ok) and len(exact) == len(ok)}

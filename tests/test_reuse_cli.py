@@ -1,0 +1,115 @@
+"""`kvprimer bench --reuse ...`, `kvprimer cache` and `kvprimer run --reuse` on the tiny model."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+TPL = ("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
+       + "hello world of the answer and question. " * 3
+       + "\n<c1>\n<c2>\n<|im_end|>\n<|im_start|>user\n<q><|im_end|>\n")
+ROWS = ("c1,c2,q\n"
+        "the world is a question,hello answer,why?\n"
+        "the world is a question,a helpful assistant,how?\n"
+        "the world is a question,hello answer,what?\n")
+FIELDS = ("row", "reuse", "reused_by_source", "evaluated_tokens", "cold_ms", "warm_ms",
+          "tokens_equal", "first_diff", "max_logit_diff", "kl_divergence", "top1_agree",
+          "equivalence")
+
+
+@pytest.fixture
+def files(tmp_path, tiny_model):
+    (tmp_path / "t.tmpl").write_text(TPL, encoding="utf-8")
+    (tmp_path / "rows.csv").write_text(ROWS, encoding="utf-8")
+    return tmp_path, ["-m", str(tiny_model), "-t", "1", "-c", "1024", "-b", "32"]
+
+
+def test_bench_every_reuse_mode_writes_one_entry_per_row_and_mode(files, capsys):
+    d, m = files
+    out = d / "out.json"
+    rc = main(["bench", str(d / "t.tmpl"), *m, "--rows", str(d / "rows.csv"), "--max-tokens", "3",
+               "--reuse", "prefix,chain,compose", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert [(r["row"], r["reuse"]) for r in rows] == [
+        (row, mode) for mode in ("prefix", "chain", "compose") for row in (2, 3, 4)]
+    for r in rows:
+        for f in FIELDS:
+            assert f in r, f
+        assert r["error"] is None
+        assert r["equivalence"] in ("bit-identical", "within-noise", "diverged")
+        assert (r["first_diff"] is None) == r["tokens_equal"]
+        assert all(set(s) == {"source", "tokens"} for s in r["reused_by_source"])
+        assert sum(s["tokens"] for s in r["reused_by_source"]) == r["reused_tokens"]
+    by = {(r["row"], r["reuse"]): r for r in rows}
+    # exact modes stay bit-identical; chain reuses through <c1> (row 3) and <c1>, <c2> (row 4)
+    for row in (2, 3, 4):
+        for mode in ("prefix", "chain"):
+            assert by[row, mode]["equivalence"] == "bit-identical"
+            assert by[row, mode]["max_logit_diff"] == 0 and by[row, mode]["tokens_equal"]
+    assert [s["source"].split(" = ")[0] for s in by[3, "chain"]["reused_by_source"]] == [
+        "static prefix", "<c1>"]
+    assert [s["source"].split(" = ")[0] for s in by[4, "chain"]["reused_by_source"]][:3] == [
+        "static prefix", "<c1>", "<c2>"]
+    assert by[4, "chain"]["evaluated_tokens"] < by[4, "prefix"]["evaluated_tokens"]
+    assert any(s["source"].startswith("module") for s in by[4, "compose"]["reused_by_source"])
+    # one cold run per row serves every mode whose warm history had the same batch starts
+    assert by[2, "prefix"]["cold_ms"] == by[2, "chain"]["cold_ms"]
+    summary = res["summary"]
+    for mode in ("prefix", "chain", "compose"):
+        assert summary[mode]["warm_ms_median"] > 0 and summary[mode]["rows"] == 3
+    assert summary["modes"] == ["prefix", "chain", "compose"]
+    assert "DIFF at None" not in text
+
+
+@pytest.mark.parametrize("bad", ["bogus", "prefix,nope", ","])
+def test_a_bad_reuse_value_is_one_line_and_exit_2(files, capfd, bad):
+    d, m = files
+    capfd.readouterr()
+    try:
+        rc = main(["bench", str(d / "t.tmpl"), *m, "--rows", str(d / "rows.csv"), "--reuse", bad])
+    except SystemExit as e:
+        rc = e.code
+    _out, err = capfd.readouterr()
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "reuse" in lines[0] and "prefix" in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_cache_lists_tiers_and_nodes(files, capsys):
+    d, m = files
+    assert main(["cache", str(d / "t.tmpl"), *m, "--rows", str(d / "rows.csv"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [t["name"] for t in out["tiers"]] == ["resident", "ram", "file"]
+    for t in out["tiers"]:
+        assert 0 <= t["used_bytes"] <= t["cap_bytes"]
+    labels = [n["label"] for n in out["nodes"]]
+    assert "static prefix" in labels and any(lab.startswith("<c1>") for lab in labels)
+    assert [h["row"] for h in out["rows"]] == [2, 3, 4]
+    assert main(["cache", str(d / "t.tmpl"), *m, "--rows", str(d / "rows.csv")]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^resident\s+\d+", text, re.M) and re.search(r"^file\s+\d+", text, re.M)
+    assert "static prefix" in text
+
+
+def test_run_with_recompute_and_compose(files, capsys):
+    d, m = files
+    vals = ["--set", "c1=the world", "--set", "c2=hello answer", "--set", "q=why?"]
+    assert main(["run", str(d / "t.tmpl"), *m, *vals, "--reuse", "compose", "--recompute", "1",
+                 "--json", "--max-tokens", "2"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["reuse"] == "compose" and rep["verdict"]["equivalence"] in (
+        "bit-identical", "within-noise", "diverged")
+
+
+def test_diff_at_none_exists_nowhere():
+    root = Path(__file__).resolve().parents[1] / "app"
+    hits = [str(p) for p in root.rglob("*.py") if "DIFF at None" in p.read_text(encoding="utf-8")]
+    assert hits == []

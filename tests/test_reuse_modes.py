@@ -1,0 +1,236 @@
+"""Reuse modes on the tiny models: chain through repeated values, compose modules, the verdict
+seen failing on corrupted cells, exactness with batches of 64 and more, cancelling, and the
+architecture matrix."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.engine import (CacheError, Cancelled, Engine, EngineConfig, GenerationConfig,
+                        KvPrimerError, TaskState, Template, run_prompt)
+from tests.cache_checks import assert_tree_consistent
+from tests.tiny_model import ATTENTION_ARCHITECTURES
+
+TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
+                     + "hello world of the answer and question. " * 3
+                     + "\n<c1>\n<c2>\n<|im_end|>\n<|im_start|>user\n<question><|im_end|>\n")
+A, B, C = "the world is a question", "hello answer of the context", "a helpful assistant"
+GEN = GenerationConfig(max_tokens=4)
+
+
+def run(eng, values, **kw):
+    kw.setdefault("gen", GEN)
+    return run_prompt(eng, TPL, values, **kw)
+
+
+def names(rep) -> list[str]:
+    return [s.split(" = ")[0] for s, _n in rep.sources]
+
+
+# ---- chain
+
+
+def test_chain_reuses_through_repeated_values_bit_identically(engine):
+    first = run(engine, {"c1": A, "c2": B, "question": "why?"})
+    assert names(first) == ["static prefix"] and first.verdict.exact
+    p = first.prefix_tokens
+    one = run(engine, {"c1": A, "c2": C, "question": "how?"})  # shares <c1>
+    assert names(one) == ["static prefix", "<c1>"] and one.reused_tokens > p
+    assert one.verdict.equivalence == "bit-identical"
+    two = run(engine, {"c1": A, "c2": B, "question": "and what?"})  # shares <c1> and <c2>
+    assert names(two)[:3] == ["static prefix", "<c1>", "<c2>"]
+    assert two.reused_tokens > one.reused_tokens
+    assert two.verdict.equivalence == "bit-identical"
+    assert sum(n for _s, n in two.sources) == two.reused_tokens
+    assert two.reused_tokens + two.evaluated_tokens == two.prompt_tokens
+    assert "<c1> = the world is a question" in two.reuse_text()
+    # prefix mode on the same cache reuses the static prefix only
+    pre = run(engine, {"c1": A, "c2": B, "question": "and why?"}, reuse="prefix")
+    assert names(pre) == ["static prefix"] and pre.reused_tokens == p and pre.verdict.exact
+    assert_tree_consistent(engine)
+
+
+def test_chain_with_batches_of_64_and_more_is_bit_identical(tiny_model):
+    """n_batch 128 and values of more than 64 tokens: the static prefix goes in one batch of
+    128-token ubatches, what follows in chunks under 64, and the cold run replays the same
+    batch starts."""
+    long_a = " ".join(["hello world of the answer and question"] * 12)
+    long_b = " ".join(["the context of a helpful assistant is"] * 12)
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=128,
+                             n_threads=1)) as eng:
+        first = run(eng, {"c1": long_a, "c2": long_b, "question": "why?"})
+        assert first.prefix_tokens > 64 and first.evaluated_tokens > 128
+        assert first.verdict.equivalence == "bit-identical"
+        pre = run(eng, {"c1": long_a, "c2": long_a, "question": "what?"}, reuse="prefix")
+        assert pre.evaluated_tokens > 128 and pre.verdict.equivalence == "bit-identical"
+        chained = run(eng, {"c1": long_a, "c2": long_b, "question": "how so?"})
+        assert chained.reused_tokens - chained.prefix_tokens > 128
+        assert chained.verdict.equivalence == "bit-identical"
+        assert max(b - a for a, b in zip(chained.plan, chained.plan[1:])) >= 64  # the prefix's
+
+
+@pytest.mark.parametrize("reuse", ["chain", "compose"])
+def test_cancelling_a_chained_or_composed_run_leaves_the_tree_consistent(engine, reuse):
+    run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse=reuse)
+    reference = run(engine, {"c1": A, "c2": C, "question": "how?"}, reuse=reuse)
+    engine.cache.clear()
+    run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse=reuse)
+    values = {"c1": A, "c2": C, "question": "how?"}
+    cancelled = 0
+    for k in range(1, 300):
+        seen = [0]
+
+        def tick(_p, k=k):
+            seen[0] += 1
+            if seen[0] == k:
+                task.cancel()
+
+        task = TaskState(on_progress=tick)
+        try:
+            rep = run(engine, values, reuse=reuse, task=task)
+        except Cancelled:
+            cancelled += 1
+            assert_tree_consistent(engine)
+            continue
+        break
+    assert cancelled >= 3
+    assert_tree_consistent(engine)
+    again = run(engine, values, reuse=reuse)
+    assert again.warm.tokens == reference.warm.tokens
+    assert again.verdict.equivalence == reference.verdict.equivalence
+    if reuse == "chain":
+        assert again.verdict.equivalence == "bit-identical" and rep.verdict.exact
+
+
+# ---- compose
+
+
+def test_compose_builds_modules_once_and_reports_a_verdict(engine):
+    first = run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse="compose")
+    assert first.build_ms > 0 and first.verdict is not None
+    assert names(first) == ["static prefix", "module <c1>", "module <c2>"]
+    assert first.evaluated_tokens < first.prompt_tokens - first.prefix_tokens
+    assert first.verdict.note  # composed modules never attended to each other
+    # the same values in the other slot order: both modules exist already
+    again = run(engine, {"c1": B, "c2": A, "question": "how?"}, reuse="compose")
+    assert again.build_ms > 0  # <c1> = B is a new module (it follows the prefix, not <c1> = A)
+    third = run(engine, {"c1": A, "c2": B, "question": "what then?"}, reuse="compose")
+    assert third.build_ms == 0 and third.verdict is not None
+    assert third.verdict.equivalence in ("bit-identical", "within-noise", "diverged")
+    assert third.verdict.describe()
+    assert_tree_consistent(engine)
+
+
+def test_compose_recompute_evaluates_the_first_tokens_of_each_module_in_context(engine):
+    vals = {"c1": A, "c2": B, "question": "why?"}
+    k0 = run(engine, vals, reuse="compose")
+    k2 = run(engine, vals, reuse="compose", recompute=2)
+    assert k2.reused_tokens == k0.reused_tokens - 2 * 2
+    assert k2.evaluated_tokens == k0.evaluated_tokens + 2 * 2
+    assert any("(recomputed 2)" in s for s, _n in k2.sources)
+    big = run(engine, vals, reuse="compose", recompute=1000)  # whole modules: nothing composed
+    assert big.reused_tokens == big.prefix_tokens and big.verdict.exact
+    with pytest.raises(KvPrimerError, match="--recompute must be 0 or more"):
+        run(engine, vals, reuse="compose", recompute=-1)
+
+
+def test_compose_is_refused_on_a_model_that_cannot_shift(engine, monkeypatch):
+    traits = dataclasses.replace(engine.info.traits, can_shift=False)
+    monkeypatch.setattr(engine, "info", dataclasses.replace(engine.info, traits=traits))
+    with pytest.raises(CacheError, match="cannot shift positions.*use --reuse prefix or chain"):
+        run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse="compose")
+    assert_tree_consistent(engine)
+    assert run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse="chain").verdict.exact
+
+
+def test_an_unknown_mode_is_one_clear_error(engine):
+    with pytest.raises(KvPrimerError, match="unknown reuse mode 'bogus'; use one of prefix, chain, compose"):
+        run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse="bogus")
+
+
+# ---- the verdict seen failing
+
+
+def test_corrupted_cells_under_a_node_are_not_bit_identical(engine):
+    vals = {"c1": A, "c2": B, "question": "why?"}
+    good = run(engine, vals, reuse="prefix")
+    assert good.verdict.exact
+    node = next(n for n in engine.cache.tree if n.label == "static prefix")
+    # another prompt's cells, of the same length, put under the node's tokens
+    other = engine.model.tokenize("the answer of the world " * 200)[:node.depth]
+    engine.evaluate(other, 0, want_logits=False)
+    data = engine.ctx.state_get(0)
+    engine.clear_seq(0)
+    assert engine.ctx.state_set(data, node.seq)
+    assert engine.resident[node.seq] == node.tokens()  # the cache still believes its tokens
+    bad = run(engine, vals, reuse="prefix")
+    v = bad.verdict
+    assert bad.reused_tokens == node.depth
+    assert not v.exact and v.equivalence == "diverged"
+    assert v.max_logit_diff > 0 and v.kl_divergence > 0
+    assert (v.first_diff is None) == v.tokens_equal
+    text = v.describe()
+    assert text.startswith("diverged (") and "KL" in text and "DIFF at None" not in text
+
+
+# ---- architectures
+
+
+@pytest.mark.parametrize("arch", ATTENTION_ARCHITECTURES)
+def test_prefix_and_chain_from_memory_are_bit_identical_on_every_architecture(arch_models, arch):
+    with Engine(EngineConfig(model_path=str(arch_models[arch]), n_ctx=1024, n_batch=32,
+                             n_threads=1)) as eng:
+        reps = [run(eng, {"c1": A, "c2": B, "question": "why?"}, reuse="chain"),
+                run(eng, {"c1": A, "c2": C, "question": "how?"}, reuse="chain"),
+                run(eng, {"c1": A, "c2": B, "question": "what?"}, reuse="chain"),
+                run(eng, {"c1": C, "c2": B, "question": "when?"}, reuse="prefix")]
+        assert names(reps[1])[:2] == ["static prefix", "<c1>"]
+        assert names(reps[2])[:3] == ["static prefix", "<c1>", "<c2>"]
+        for r in reps:
+            assert r.verdict.equivalence == "bit-identical", (arch, r.verdict.describe())
+            assert r.note == ""
+        assert_tree_consistent(eng)
+
+
+def test_a_sliding_window_state_file_is_labelled_approximate(arch_models, tmp_path):
+    path = arch_models["gemma3"]
+    with Engine(EngineConfig(model_path=str(path), n_ctx=1024, n_batch=32, n_threads=1)) as eng:
+        eng.prime(TPL).save(tmp_path / "g.kvstate")
+    with Engine(EngineConfig(model_path=str(path), n_ctx=1024, n_batch=32, n_threads=1)) as eng:
+        state = eng.load_state(tmp_path / "g.kvstate")
+        assert state.n_tokens > eng.n_swa
+        for q in ("why?", "how?"):
+            rep = run(eng, {"c1": A, "c2": B, "question": q}, state=state)
+            v = rep.verdict
+            assert rep.note and v.note == rep.note and "sliding-window" in v.note
+            # never says bit-identical unless the logits are
+            assert v.exact == (v.tokens_equal and v.max_logit_diff == 0.0)
+            assert v.note in v.describe()
+
+
+def test_recurrent_models_get_a_clear_error(arch_models):
+    with Engine(EngineConfig(model_path=str(arch_models["mamba"]), n_ctx=512, n_batch=32,
+                             n_threads=1)) as eng:
+        for reuse in ("prefix", "chain", "compose"):
+            try:
+                rep = run(eng, {"c1": A, "c2": B, "question": "why?"}, reuse=reuse)
+            except KvPrimerError as e:
+                msg = str(e)
+                assert "\n" not in msg and "Traceback" not in msg and len(msg) < 300
+                continue
+            # a run that goes through must be exact, or say why not
+            assert rep.verdict.exact or rep.verdict.note, (reuse, rep.verdict.describe())
+
+
+@pytest.mark.parametrize("op", ["keep_only", "clear_all"])
+def test_dropping_sequences_outside_the_cache_keeps_later_runs_exact(engine, op):
+    """The KV dock's keep-only and clear drop the cache's sequences behind its back: its nodes
+    must lose their cells, not fork empty sequences."""
+    run(engine, {"c1": A, "c2": B, "question": "why?"})
+    getattr(engine, op)(*([0] if op == "keep_only" else []))
+    assert_tree_consistent(engine)
+    assert all(n.tier != "resident" for n in engine.cache.tree)
+    rep = run(engine, {"c1": A, "c2": B, "question": "how?"})
+    assert rep.verdict.equivalence == "bit-identical", rep.verdict.describe()
+    assert_tree_consistent(engine)
