@@ -181,10 +181,20 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         labels = {s.end: s.label for s in segments}
         marks = [s.start for s in segments if s.start > reused] + [len(tokens)]
 
+        # Each segment's end becomes a node. Where the cells are exact whatever follows, the
+        # nodes are added after the first token (the radix bookkeeping, spills included, stays
+        # out of the time to first token); a sliding-window model's node must be forked while
+        # the sequence ends there.
+        later: list[int] = []
+
         def remember(pos: int) -> None:
-            if keep and reuse == "chain" and pos in labels:
+            if not (keep and reuse == "chain" and pos in labels):
+                return
+            if cache.windowed:
                 cache.add(work, labels[pos], head + engine.last_starts, template.sha256,
                           hit.approx)
+            else:
+                later.append(pos)
 
         engine.evaluate(tokens[reused:], work, task, stage="warm", chunk=EXACT_CHUNK,
                                  marks=marks, at_mark=remember)
@@ -204,6 +214,8 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         g = generate(engine.ctx, engine.model,
                      lambda tok: engine.evaluate([tok], work, stage="generate"),
                      gen, max_new, task, "warm", min(max_new, KEEP_LOGITS))
+        for pos in later:
+            cache.add(work, labels[pos], report.plan, template.sha256, hit.approx, upto=pos)
     finally:
         cache.give_back(work)
         cache.enforce()  # what this run added may have left no node free to move until now

@@ -131,9 +131,12 @@ class RadixCache(CacheTiers):
 
     # ---- adding nodes
     def add(self, work: int, label: str, starts: list[int], template_sha256: str = "",
-            approx: str = "") -> RadixNode:
-        """Cache what ``work`` holds now (all of it, from position 0) as a node."""
-        tokens = list(self.e.resident[work])
+            approx: str = "", upto: int | None = None) -> RadixNode:
+        """Cache what ``work`` holds now (its first ``upto`` tokens) as a node.
+
+        A node must be pristine: on a sliding-window model fork at ``upto`` = None while the
+        sequence ends there (a later fork up to a position loses the window cells past it)."""
+        tokens = list(self.e.resident[work][:upto])
         node, created = self.tree.insert(tokens)
         if created or node.tier == "gone":
             self._last_generation = node.created = next(self._generation)
@@ -148,7 +151,7 @@ class RadixCache(CacheTiers):
                 seq = self._take_seq()
             finally:
                 self._busy.discard(node.id)
-            self.e.fork(work, seq)
+            self.e.fork(work, seq, upto=upto)
             self._drop_lower(node)
             node.seq = seq
             node.approx = approx
