@@ -22,7 +22,7 @@ import numpy as np
 
 from app.engine import Engine, GenerationConfig, PrefixState
 from app.engine.batch_plan import EXACT_CHUNK
-from app.engine.native import NativeSampler
+from app.engine.generation import generate
 from app.engine.radix_tree import RadixNode
 
 from .workload import RowTokens
@@ -39,20 +39,6 @@ class Sample:
     tokens: list[int] = field(default_factory=list)  # the first token and the untimed ones after
 
 
-def greedy(engine: Engine) -> int:
-    with NativeSampler() as s:  # temperature 0: greedy, as every path here samples
-        return s.sample(engine.ctx)
-
-
-def continue_greedy(engine: Engine, seq: int, first: int, n: int) -> list[int]:
-    """``n`` greedy tokens starting with ``first`` (untimed: for the equivalence check)."""
-    out = [first]
-    while len(out) < n and not engine.model.is_eog(out[-1]):
-        engine.evaluate([out[-1]], seq, stage="generate")
-        out.append(greedy(engine))
-    return out
-
-
 class OurPaths:
     """The paths on one engine whose radix cache holds ``prefix`` (the primed static prefix)."""
 
@@ -66,12 +52,15 @@ class OurPaths:
                 load_ms: float = 0.0) -> Sample:
         e = self.engine
         before = len(e.resident[seq])
-        logits = e.evaluate(row.suffix, seq, chunk=EXACT_CHUNK, marks=list(row.marks))
-        tok = greedy(e)
-        ms = (time.perf_counter() - t0) * 1000
-        s = Sample(ms, len(e.resident[seq]) - before, tok, logits, restore_ms, load_ms)
-        s.tokens = continue_greedy(e, seq, tok, more) if more else [tok]
-        return s
+        e.evaluate(row.suffix, seq, chunk=EXACT_CHUNK, marks=list(row.marks))
+        evaluated = len(e.resident[seq]) - before
+        # greedy, as every path here samples; the tokens after the first are untimed (they
+        # are for the equivalence check)
+        n = max(1, more)
+        g = generate(e.ctx, e.model, lambda tok: e.evaluate([tok], seq, stage="generate"),
+                     GenerationConfig(max_tokens=n), n, None, "bench", 1)
+        ms = (g.t_first - t0) * 1000
+        return Sample(ms, evaluated, g.tokens[0], g.logits[0], restore_ms, load_ms, g.tokens)
 
     # ---- the paths
     def cold(self, row: RowTokens, more: int = 0) -> Sample:

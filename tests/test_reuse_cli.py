@@ -113,3 +113,36 @@ def test_diff_at_none_exists_nowhere():
     root = Path(__file__).resolve().parents[1] / "app"
     hits = [str(p) for p in root.rglob("*.py") if "DIFF at None" in p.read_text(encoding="utf-8")]
     assert hits == []
+
+
+def test_bench_runs_a_projects_rows_and_saves_the_results_into_it(files, capsys):
+    """The CLI drives the same session the window saves: a project's template and rows in,
+    the benchmark back into the project file, where the window finds it."""
+    from app.engine.project_file import ProjectFile
+    from app.engine.session import Session
+
+    d, m = files
+    s = Session()
+    s.set_template(TPL)
+    s.set_rows([{"c1": "the world", "c2": "hello", "q": "why?"},
+                {"c1": "the world", "c2": "answer", "q": "how?"}])
+    proj = d / "p.kvproj"
+    s.to_project().save(proj)
+    rc = main(["bench", str(proj), *m, "--reuse", "prefix,chain", "--max-tokens", "2", "--save"])
+    assert rc == 0, capsys.readouterr()
+    back = Session()
+    back.apply_project(ProjectFile.load(proj), str(proj))
+    assert back.template_text == TPL and len(back.rows) == 2
+    assert back.bench is not None
+    assert [(r.row, r.reuse) for r in back.bench.rows] == [(1, "prefix"), (2, "prefix"),
+                                                           (1, "chain"), (2, "chain")]
+    assert all(r.equivalence == "bit-identical" for r in back.bench.rows)
+
+
+def test_bench_without_rows_says_where_rows_come_from(files, capsys):
+    d, m = files
+    assert main(["bench", str(d / "t.tmpl"), *m]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--rows" in err[0]
+    assert main(["bench", str(d / "t.tmpl"), *m, "--rows", str(d / "rows.csv"), "--save"]) == 2
+    assert ".kvproj" in capsys.readouterr().err

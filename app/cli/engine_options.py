@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..engine import CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template
+from pathlib import Path
+
+from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template,
+                      read_rows)
+from ..engine.project_file import SUFFIX, ProjectFile
+from ..engine.session import Session
 from ..engine.ggml_types import KV_TYPES
 from ..engine.llama_state_file import load_any_state
 from ..engine.task_state import Progress
@@ -79,7 +84,34 @@ def load_state_file(eng: Engine, path: str | None, tpl: Template):
 
 
 def read_template(path: str) -> Template:
+    """A template file, or the template of a project file (.kvproj) saved by the window."""
+    if Path(path).suffix == SUFFIX:
+        return read_project(path).template
     return Template.load(path)
+
+
+def read_project(path: str) -> Session:
+    """A project file opened as the window opens it: template, rows, options, results."""
+    session = Session()
+    for problem in session.apply_project(ProjectFile.load(path), path):
+        print(f"kvprimer: note: {path}: {problem}", file=sys.stderr)
+    if session.template is None:
+        raise KvPrimerError(f"{path}: the project's template has an error "
+                            f"({session.template_error}); fix it in the window first")
+    return session
+
+
+def rows_of(args, tpl: Template) -> list:
+    """--rows, else the rows of the project given as the template."""
+    if args.rows:
+        return read_rows(args.rows, tpl.placeholders)
+    if Path(args.template).suffix == SUFFIX:
+        rows = read_project(args.template).all_rows()
+        if rows:
+            return rows
+        raise KvPrimerError(f"{args.template} has no rows; add some in the window or give --rows")
+    raise KvPrimerError("give the rows to run with --rows FILE (CSV or JSONL), or a project "
+                        "file with rows instead of the template")
 
 
 def progress_printer() -> TaskState:

@@ -5,9 +5,9 @@ import argparse
 import json
 from pathlib import Path
 
-from ..engine import GenerationConfig, KvPrimerError, read_rows
+from ..engine import GenerationConfig, KvPrimerError
 from ..engine.forked_bench import bench_forked
-from .engine_options import load_state_file, open_engine, progress_printer, read_template
+from .engine_options import load_state_file, open_engine, progress_printer, read_template, rows_of
 
 
 def kv_options(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def cmd_kv(args) -> int:
 
 def cmd_bench_forked(args) -> int:
     tpl = read_template(args.template)
-    rows = read_rows(args.rows, tpl.placeholders)
+    rows = rows_of(args, tpl)
     with open_engine(args) as eng:
         state = load_state_file(eng, args.state, tpl)
         res = bench_forked(eng, tpl, rows, args.fork, state=state,

@@ -8,8 +8,9 @@ from pathlib import Path
 from ..engine import (GenerationConfig, KvPrimerError, bench_rows, read_rows, report_dict,
                       run_prompt)
 from ..engine.llama_state_file import FORMATS, save_state
-from .engine_options import (load_state_file, open_engine, progress_printer, read_template,
-                             reuse_modes)
+from ..engine.project_file import SUFFIX
+from .engine_options import (load_state_file, open_engine, progress_printer, read_project,
+                             read_template, reuse_modes, rows_of)
 from .kv_commands import cmd_bench_forked
 
 
@@ -51,8 +52,10 @@ def _reuse_options(p: argparse.ArgumentParser, default: str) -> None:
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("template")
-    p.add_argument("--rows", required=True, help="CSV or JSONL file of values")
+    p.add_argument("template", help="template file, or a project file (.kvproj) with its rows")
+    p.add_argument("--rows", help="CSV or JSONL file of values (default: the project's rows)")
+    p.add_argument("--save", action="store_true",
+                   help="store the results in the project file given as the template")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--state", help="a saved state to restore, .kvstate or llama.cpp's (default: prime now)")
     p.add_argument("--max-tokens", type=int, default=8)
@@ -138,7 +141,10 @@ def cmd_bench(args) -> int:
     if args.fork:
         return cmd_bench_forked(args)
     tpl = read_template(args.template)
-    rows = read_rows(args.rows, tpl.placeholders)
+    rows = rows_of(args, tpl)
+    if args.save and Path(args.template).suffix != SUFFIX:
+        raise KvPrimerError("--save stores results in a project file: give a .kvproj instead "
+                            "of the template")
     modes = reuse_modes(args.reuse)
     with open_engine(args) as eng:
         state = load_state_file(eng, args.state, tpl)
@@ -167,6 +173,11 @@ def cmd_bench(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(res.as_dict(), indent=2))
         print(f"wrote {args.json}")
+    if args.save:
+        session = read_project(args.template)
+        session.set_bench(res)
+        session.to_project().save(args.template)
+        print(f"saved the results in {args.template}")
     return 0 if not s["failed_rows"] else 2
 
 
