@@ -75,9 +75,15 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
+        traits = info.pop("traits")
+        notes = traits.pop("notes")
         width = max(map(len, info))
         for k, v in info.items():
             print(f"{k:<{width}}  {v:,}" if isinstance(v, int) else f"{k:<{width}}  {v}")
+        print("architecture traits: " + ", ".join(f"{k} {v}" for k, v in traits.items()))
+        print("for caching:")
+        for line in notes:
+            print(f"  - {line}")
     return 0
 
 

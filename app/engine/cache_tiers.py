@@ -18,8 +18,8 @@ from .cell_compaction import relayout
 from .errors import CacheError
 from .radix_tree import RadixNode, RadixTree
 
-APPROX_RESTORED = ("restored from a snapshot: llama.cpp puts sliding-window cells back out of "
-                   "place (upstream issue 25295)")
+APPROX_RESTORED = ("restored from a snapshot on a sliding-window model: approximate in general "
+                   "(llama.cpp may put window cells back out of place, upstream issue 25295)")
 
 
 @dataclass(frozen=True)
