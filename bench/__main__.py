@@ -28,7 +28,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-reuse", action="store_true",
                     help="skip the reuse section (prefix, chain, compose on rag-recurring.csv)")
     ap.add_argument("--reuse-rows", type=int,
-                    help="rows of rag-recurring.csv the reuse section runs (12; --quick: 3)")
+                    help="rows of rag-recurring.csv the reuse section runs (all 48; --quick: 3)")
     ap.add_argument("--reuse-repeats", type=int,
                     help="resident fork / limit pairs per row in the reuse section (4)")
     ap.add_argument("--no-soak", action="store_true", help="skip the 1,000-run memory soak")
@@ -80,7 +80,7 @@ def reuse_figures(results: dict, args) -> None:
     from .reuse_bench import ReuseConfig, run_reuse
     from .suite import _Log
 
-    cfg = ReuseConfig(rows=args.reuse_rows or (3 if args.quick else 12),
+    cfg = ReuseConfig(rows=args.reuse_rows or (3 if args.quick else 48),
                       fork_repeats=args.reuse_repeats or (2 if args.quick else 4),
                       n_threads=args.threads or os.cpu_count() or 1, n_batch=args.batch)
     try:

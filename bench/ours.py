@@ -143,6 +143,7 @@ class OurPaths:
         cache = self.engine.cache
         if self.prefix.seq is not None:
             cache.spill(self.prefix)
+            cache.compact()  # free its cells, not only hold them
         try:
             yield
         finally:

@@ -116,7 +116,13 @@ class CacheTiers:
                 if base is None:
                     raise CacheError("a cached prompt lost the prefix it was built on; run it again")
                 base_seq = self.materialise(base)
-            seq = self._take_seq()
+                self._busy.add(base.id)
+            try:
+                self.ensure_free_cells(node.depth - node.ram_start)
+                seq = self._take_seq()
+            finally:
+                if base is not None:
+                    self._busy.discard(base.id)
             if base_seq is not None:
                 self.e.fork(base_seq, seq, upto=node.ram_start)
             if not self.e.add_cells(data, seq, self.scratch, node.tokens()):
