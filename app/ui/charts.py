@@ -73,7 +73,8 @@ def fit_labels(forms: list[tuple[str, ...]], width_px: float, metrics: QFontMetr
     """Per category its label forms, longest first: the longest form that fits every
     category's width; unique (repeated rows differ by invisible zero-width spaces, since a
     category axis merges equal names)."""
-    per = width_px / max(len(forms), 1) - 6
+    # Qt elides a category label well before it touches the next one: keep a wide margin
+    per = width_px / max(len(forms), 1) - 28
     labels = [f[-1] for f in forms]
     for i in range(max((len(f) for f in forms), default=0)):
         texts = [f[min(i, len(f) - 1)] for f in forms]
