@@ -173,3 +173,23 @@ def test_cache_clear_and_close_remove_an_own_folder(tiny_model):
     assert len(eng.cache.tree) == 0 and list(folder.iterdir()) == [] and eng.used_cells() == 0
     eng.close()
     assert not folder.exists()
+
+
+def test_a_node_promoted_over_the_cap_stays_until_the_run_has_forked_it(tiny_model, tmp_path):
+    """The resident cap leaves room for the static prefix alone: every row's nodes go to RAM
+    after its run, and a repeated row promotes them back over the cap. The promoted node must
+    not be evicted again before the run forks it (nested uses of one node count)."""
+    with make(tiny_model, tmp_path) as probe:
+        kv = probe.info.kv_bytes_per_token
+    eng = make(tiny_model, tmp_path, resident_bytes=200 * kv)
+    try:
+        vals = rows(1)[0]
+        first = run_prompt(eng, TPL, vals, reuse="chain", gen=GEN, oneshot=False)
+        assert any(n.tier == "ram" for n in eng.cache.tree)
+        again = run_prompt(eng, TPL, vals, reuse="chain", gen=GEN, oneshot=False)
+        assert again.hit_tier == "ram" and again.reused_tokens > first.reused_tokens
+        assert again.verdict.exact, again.verdict.describe()
+        assert again.warm.tokens == first.warm.tokens
+        assert_tree_consistent(eng)
+    finally:
+        eng.close()

@@ -7,8 +7,8 @@ also depend on where the cells lie, modulo 256: measured on SmolLM2, the same 69
 after a resident prefix differed by 0.54 in the logits once another sequence's cells sat
 between them, and by 0 in chunks of 63. Small batches still depend on the order of the cells:
 a suffix whose cells sit before its prefix's differs (0.75 on SmolLM2). llama.cpp fills freed
-cells first, so after evictions a warm run can come out within-noise instead of bit-identical;
-the verdict says which. So everything evaluated after the static prefix goes
+cells first, so the radix cache holds evicted cells and lays the cache out again in order
+instead of freeing them in the middle (cell_compaction.py). So everything evaluated after the static prefix goes
 in chunks of at most ``EXACT_CHUNK`` tokens, and the cold run replays the same batch starts in
 a fresh context.
 """

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +61,7 @@ class CacheTiers:
         self.holding = None if self.windowed else n - 2
         self._free = list(range(n - (2 if self.windowed else 3), 0, -1))
         self._out: set[int] = set()  # working sequences handed out and not given back yet
-        self._busy: set[int] = set()  # node ids a running job relies on
+        self._busy: Counter[int] = Counter()  # node ids a running job relies on (nested uses count)
         self._own_folder = limits.folder is None
         self.folder = Path(limits.folder or tempfile.mkdtemp(prefix="kvprimer-cache-"))
         try:
@@ -101,43 +104,48 @@ class CacheTiers:
             stack.extend(n.children.values())
         return None
 
+    @contextmanager
+    def busy(self, *nodes: RadixNode | None):
+        """While inside, eviction leaves these nodes where they are."""
+        ids = [n.id for n in nodes if n is not None]
+        self._busy.update(ids)
+        try:
+            yield
+        finally:
+            self._busy.subtract(ids)
+            self._busy += Counter()  # drop the zero counts
+
     def materialise(self, node: RadixNode) -> int:
-        """The node's sequence, promoting it (and the ancestors it needs) from RAM or a file."""
+        """The node's sequence, promoting it (and the ancestors it needs) from RAM or a file.
+        The node stays resident until the caller's own ``busy`` ends (or the next eviction)."""
         if node.seq is not None:
             return node.seq
         if node.tier == "gone":
             raise CacheError("that cached prompt was evicted; run it again to cache it")
         data = node.ram if node.ram is not None else self._read_file(node)
-        self._busy.add(node.id)
-        try:
-            base = self._base(node)
+        base = self._base(node)
+        with self.busy(node, base):
             base_seq = None
             if node.ram_start > 0:
                 if base is None:
                     raise CacheError("a cached prompt lost the prefix it was built on; run it again")
                 base_seq = self.materialise(base)
-                self._busy.add(base.id)
-            try:
-                self.ensure_free_cells(node.depth - node.ram_start)
-                seq = self._take_seq()
-            finally:
-                if base is not None:
-                    self._busy.discard(base.id)
+            self.ensure_free_cells(node.depth - node.ram_start)
+            seq = self._take_seq()
             if base_seq is not None:
-                self.e.fork(base_seq, seq, upto=node.ram_start)
+                self.e.fork(base.seq, seq, upto=node.ram_start)
             if not self.e.add_cells(data, seq, self.scratch, node.tokens()):
                 self.e.clear_seq(seq)
                 self._free.append(seq)
                 raise CacheError("llama.cpp refused a cached snapshot; clear the cache")
-        finally:
-            self._busy.discard(node.id)
-        self._drop_lower(node)
-        node.seq = seq
-        node.nbytes = self._resident_bytes(node)
-        if self.windowed and not node.approx:
-            node.approx = APPROX_RESTORED
-        self.enforce()
-        return seq
+            self._drop_lower(node)
+            node.seq = seq
+            node.nbytes = self._resident_bytes(node)
+            node.last_used = time.monotonic()
+            if self.windowed and not node.approx:
+                node.approx = APPROX_RESTORED
+            self.enforce()
+        return node.seq
 
     # ---- sequences and eviction
     def take_work_seq(self) -> int:

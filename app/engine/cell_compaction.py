@@ -35,8 +35,16 @@ def relayout(cache) -> None:
         if base is not None:
             e.fork(base.seq, node.seq)
         if not e.add_cells(data, node.seq, cache.scratch, node.tokens()):
-            raise CacheError("llama.cpp refused cells while compacting the cache; clear the cache")
-    if user and e.ctx.state_set(user, 0):
+            e.ctx.clear()
+            for s in e.resident:
+                e.resident[s] = []
+            cache.lost_sequences()  # every node now says it holds nothing, as it does
+            raise CacheError("llama.cpp refused cells while compacting the cache; it was "
+                             "cleared, and the next runs cache their prompts again")
+    if user:
+        if not e.ctx.state_set(user, 0):
+            raise CacheError("sequence 0 could not be put back after compacting the cache; "
+                             "fork or evaluate it again")
         e.resident[0] = user_tokens
         if user_moved:
             e.moved.add(0)

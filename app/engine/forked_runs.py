@@ -112,20 +112,22 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
     if need > engine.ctx.n_ctx:
         raise KvPrimerError(f"these {k} rows need up to {need} KV cells but the context has "
                             f"{engine.ctx.n_ctx}; run fewer rows per batch or raise --ctx-size")
-    engine.cache.ensure_free_cells(need - len(prefix))
+    marks = [[seg.start for seg in prompt_segments(engine.tokenize, template, v, toks)]
+             for v, toks in zip(values, prompts)]
     out = ForkedBatch(prefix_tokens=len(prefix), rows=rows)
-    for r in rows:
-        r.seq = engine.cache.take_work_seq()
-
     samplers = [NativeSampler(gen.temperature, gen.top_p, gen.seed) for _ in rows]
+    cache = engine.cache
     try:
+        with cache.busy(node):
+            cache.ensure_free_cells(need - len(prefix))
+            for r in rows:
+                r.seq = cache.take_work_seq()
+            prefix_seq = cache.materialise(node)
         t0 = time.perf_counter()
         for r in rows:
-            engine.fork(node.seq, r.seq, upto=r.reused_tokens)
+            engine.fork(prefix_seq, r.seq, upto=r.reused_tokens)
         t1 = time.perf_counter()
         out.fork_ms = (t1 - t0) * 1000
-        marks = [[seg.start for seg in prompt_segments(engine.tokenize, template, v, toks)]
-                 for v, toks in zip(values, prompts)]
         first = _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact)
         out.prompt_ms = (time.perf_counter() - t1) * 1000
         out.ttft_ms = (time.perf_counter() - t0) * 1000
@@ -136,7 +138,8 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
         for s in samplers:
             s.close()
         for r in rows:
-            engine.cache.give_back(r.seq)
+            if r.seq >= 0:
+                cache.give_back(r.seq)
     return out
 
 

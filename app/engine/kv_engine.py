@@ -281,20 +281,22 @@ class Engine(SequenceOps):
                                 "nothing to prime")
         self.check_fits(len(tokens))
         hit = self.cache.lookup(tokens)
-        if hit.reused == len(tokens) and hit.node.depth == len(tokens):
-            self.cache.touch(hit.node)
-            return hit.node
-        chunk = None if self.used_cells() == 0 else EXACT_CHUNK
-        self.cache.ensure_free_cells(len(tokens) - hit.reused)
-        work = self.cache.take_work_seq()
-        try:
-            self.cache.fork_into(hit, work)
-            self.evaluate(tokens[hit.reused:], work, task, stage="prime", want_logits=False,
-                          chunk=chunk)
-            starts = [*(hit.node.all_cuts() if hit.node else []), *self.last_starts]
-            return self.cache.add(work, "static prefix", starts, template.sha256, hit.approx)
-        finally:
-            self.cache.give_back(work)
+        with self.cache.busy(hit.node):
+            if hit.reused == len(tokens) and hit.node.depth == len(tokens):
+                self.cache.materialise(hit.node)
+                self.cache.touch(hit.node)
+                return hit.node
+            chunk = None if self.used_cells() == 0 else EXACT_CHUNK
+            self.cache.ensure_free_cells(len(tokens) - hit.reused)
+            work = self.cache.take_work_seq()
+            try:
+                self.cache.fork_into(hit, work)
+                self.evaluate(tokens[hit.reused:], work, task, stage="prime", want_logits=False,
+                              chunk=chunk)
+                return self.cache.add(work, "static prefix", hit.head_cuts() + self.last_starts,
+                                      template.sha256, hit.approx)
+            finally:
+                self.cache.give_back(work)
 
     def prime(self, template: Template, task: TaskState | None = None) -> PrefixState:
         """Prime the template's static prefix into the radix cache and return its state (to

@@ -18,7 +18,7 @@ token ids, the KV layout and row sizes, the template's prefix tokens) and mark t
 ``origin="llama.cpp"`` so that the CLI and the window say how little was checked.
 
 We write the file from a ``PrefixState``'s bytes rather than by calling
-``llama_state_seq_save_file``: a state in the store or library need not be resident in any
+``llama_state_seq_save_file``: a state from a file or the library need not be resident in any
 sequence, and llama.cpp's call writes in place, not atomically. The tests check that our bytes
 equal what llama.cpp writes for the same sequence, and that llama.cpp's loader reads ours.
 """

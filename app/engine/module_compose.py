@@ -36,7 +36,6 @@ class ModulePlan:
 class Composition:
     reused: int
     sources: tuple[tuple[str, int], ...]
-    starts: list[int]  # batch starts of what was evaluated in context (recomputed tokens)
     recomputed: int = 0  # tokens of modules evaluated in context, within ``reused``'s range
 
 
@@ -50,6 +49,9 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
     exact = max((b for b in starts if b <= hit.reused), default=0)
     if hit.reused != exact:
         hit = engine.cache.lookup(tokens, limit=exact)
+    if hit.reused < segments[0].end:  # only a sliding-window model refuses the part it needs
+        raise CacheError("the static prefix's last tokens merge with the first value's here, "
+                         "and this model cannot reuse part of a cached prompt; use --reuse chain")
     cache = engine.cache
     p = prefix.depth
     base = prefix.tokens()
@@ -86,7 +88,6 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
     cur = plan.hit.reused
     sources = list(plan.hit.sources)
     p = plan.prefix.depth
-    starts: list[int] = []
     recomputed = 0
     for seg, node in plan.modules:
         n = seg.end - seg.start
@@ -95,15 +96,11 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
         if k:
             engine.evaluate(tokens[seg.start:seg.start + k], work, task, stage="recompute",
                             want_logits=False, chunk=EXACT_CHUNK)
-            starts += engine.last_starts
         if k < n:
-            cache._busy.add(node.id)
-            try:
+            with cache.busy(node):
                 src = cache.materialise(node)
-            finally:
-                cache._busy.discard(node.id)
-            engine.place_cells(src, p + k, p + n, work, cur + k - (p + k), cache.scratch,
-                               tokens[seg.start + k:seg.end])
+                engine.place_cells(src, p + k, p + n, work, cur + k - (p + k), cache.scratch,
+                                   tokens[seg.start + k:seg.end])
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
         cur += n
-    return Composition(cur, tuple(sources), starts, recomputed)
+    return Composition(cur, tuple(sources), recomputed)

@@ -163,20 +163,21 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         report.build_ms = plan.build_ms
         hit = plan.hit
     report.note = hit.approx
-    cache.ensure_free_cells(len(tokens) - hit.reused + max_new)
-    work = cache.take_work_seq()
+    with cache.busy(hit.node):  # making room must not evict what this run reuses
+        cache.ensure_free_cells(len(tokens) - hit.reused + max_new)
+        work = cache.take_work_seq()
     try:
         t0 = time.perf_counter()
-        if compose:
-            c = compose_into(engine, plan, tokens, work, recompute, task)
-            reused, sources, recomputed = c.reused, c.sources, c.recomputed
-            head = [x for x in (hit.node.all_cuts() if hit.node else []) if x < hit.reused]
-            head += c.starts
-            report.note = report.note or "composed modules never attended to each other"
-        else:
-            cache.fork_into(hit, work)
-            reused, sources, recomputed = hit.reused, hit.sources, 0
-            head = [x for x in (hit.node.all_cuts() if hit.node else []) if x < reused]
+        with cache.busy(hit.node):
+            if compose:
+                c = compose_into(engine, plan, tokens, work, recompute, task)
+                reused, sources, recomputed = c.reused, c.sources, c.recomputed
+                head = []  # the plan is the shared cold run's, set below
+                report.note = report.note or "composed modules never attended to each other"
+            else:
+                cache.fork_into(hit, work)
+                reused, sources, recomputed = hit.reused, hit.sources, 0
+                head = hit.head_cuts()
         t1 = time.perf_counter()
         labels = {s.end: s.label for s in segments}
         marks = [s.start for s in segments if s.start > reused] + [len(tokens)]

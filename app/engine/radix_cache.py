@@ -54,6 +54,10 @@ class CacheHit:
     tier: str  # where the reused node was found: "resident", "ram", "file" or ""
     approx: str  # why reusing it may not be exact ("" when it is)
 
+    def head_cuts(self) -> list[int]:
+        """Batch starts of the reused part's history (the cold run replays them)."""
+        return [c for c in self.node.all_cuts() if c < self.reused] if self.node else []
+
 
 class RadixCache(CacheTiers):
     def __init__(self, engine, limits: CacheLimits = CacheLimits()):
@@ -117,13 +121,10 @@ class RadixCache(CacheTiers):
         self.e.clear_seq(work)
         if hit.node is None:
             return
-        self._busy.add(hit.node.id)
-        try:
+        with self.busy(hit.node):
             seq = self.materialise(hit.node)
-        finally:
-            self._busy.discard(hit.node.id)
-        self.e.fork(seq, work, upto=hit.reused)
-        self.touch(hit.node)
+            self.e.fork(seq, work, upto=hit.reused)
+            self.touch(hit.node)
 
     def touch(self, node: RadixNode) -> None:
         node.hits += 1
@@ -145,23 +146,16 @@ class RadixCache(CacheTiers):
             node.template_sha256 = template_sha256
         if created or node.tier == "gone" or not node.cuts:
             node.cuts = tuple(s for s in starts if node.start <= s < node.depth)
-        if node.seq is None:
-            self._busy.add(node.id)
-            try:
+        with self.busy(node):  # the caps hold after every addition; the new node stays
+            if node.seq is None:
                 seq = self._take_seq()
-            finally:
-                self._busy.discard(node.id)
-            self.e.fork(work, seq, upto=upto)
-            self._drop_lower(node)
-            node.seq = seq
-            node.approx = approx
-            node.nbytes = self._resident_bytes(node)
-        self.touch(node)
-        self._busy.add(node.id)  # the caps hold after every addition; the new node stays
-        try:
+                self.e.fork(work, seq, upto=upto)
+                self._drop_lower(node)
+                node.seq = seq
+                node.approx = approx
+                node.nbytes = self._resident_bytes(node)
+            self.touch(node)
             self.enforce()
-        finally:
-            self._busy.discard(node.id)
         return node
 
     def adopt(self, state, label: str) -> RadixNode:
@@ -173,14 +167,11 @@ class RadixCache(CacheTiers):
         seq = self._take_seq()
         try:
             self.e.restore(state, seq)
-        except Exception:
+            return self.add(seq, label, list(range(0, state.n_tokens, self.e.config.n_batch)),
+                            state.template_sha256, APPROX_RESTORED if self.windowed else "")
+        finally:
+            self.e.clear_seq(seq)
             self._free.append(seq)
-            raise
-        node = self.add(seq, label, list(range(0, state.n_tokens, self.e.config.n_batch)),
-                        state.template_sha256, APPROX_RESTORED if self.windowed else "")
-        self.e.clear_seq(seq)
-        self._free.append(seq)
-        return node
 
     # ---- user actions
     def find(self, node_id: int) -> RadixNode:

@@ -3,7 +3,8 @@
 Each node stands for the token sequence on the path from the root to it; an edge holds the
 tokens a node adds to its parent. Lookup walks the query once (O(len(query))), splitting no
 edge; insertion splits an edge where a new prompt leaves it. The tree knows nothing of where a
-node's KV cells live: ``radix_cache.py`` keeps that in the nodes' ``place`` fields.
+node's KV cells live: the cache (radix_cache.py, cache_tiers.py) sets their ``seq``, ``ram``
+and ``file`` fields.
 """
 from __future__ import annotations
 

@@ -76,7 +76,10 @@ def compare_runs(ref_tokens: list[int], ref_logits: list[np.ndarray], tokens: li
     diff = kl = 0.0
     agree = 0
     for a, b in zip(ref_logits[:n], logits[:n]):
-        diff = max(diff, float(np.max(np.abs(a - b))))
+        d = np.abs(a - b)
+        # a NaN anywhere is a difference, never a match (max() would skip it)
+        diff = max(diff, float("inf") if not np.all(np.isfinite(d)) and not np.array_equal(a, b)
+                   else float(np.max(d)))
         kl = max(kl, kl_divergence(a, b))
         agree += int(np.argmax(a) == np.argmax(b))
     return Comparison(first is None, first, diff, kl, agree / n if n else 1.0, n)
