@@ -1,6 +1,7 @@
 """Versions of KV Primer and of the llama.cpp it runs on: one home for the CLI and the window."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from . import __version__
@@ -14,6 +15,7 @@ class Versions:
     system: str
 
 
+@functools.lru_cache(maxsize=1)
 def versions() -> Versions:
     from .engine.native import versions as native_versions  # loads llama.cpp: only when asked
 

@@ -193,3 +193,21 @@ def test_a_node_promoted_over_the_cap_stays_until_the_run_has_forked_it(tiny_mod
         assert_tree_consistent(eng)
     finally:
         eng.close()
+
+
+def test_the_users_operations_stay_off_the_caches_sequences(tiny_model, tmp_path):
+    """The KV dock's clear/trim/shift/keep act on sequence 0 only; the engine refuses the cache's
+    sequences when the job runs, and a fork into sequence 0 refuses to overwrite it."""
+    eng = make(tiny_model, tmp_path)
+    try:
+        node = eng.prime_node(TPL)
+        with pytest.raises(CacheError, match="static prefix"):
+            eng.cache.check_user_sequence(node.seq)
+        eng.cache.check_user_sequence(0)
+        eng.fork_into_user_sequence(node.seq)
+        assert eng.resident[0] == node.tokens()
+        with pytest.raises(Exception, match="sequence 0 is in use"):
+            eng.fork_into_user_sequence(node.seq)
+        assert_tree_consistent(eng)
+    finally:
+        eng.close()

@@ -183,15 +183,16 @@ def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
     assert lib.paths == [] and not (tmp_path / "two.kvstate").exists()
 
 
-def test_model_panel_builds_the_config(qtbot):
+def test_model_panel_builds_the_config(qtbot, engine):
     from app.ui.model_panel import ModelPanel
-
-    from app.ui.model_panel import gpu_offload_available
 
     p = ModelPanel(EngineConfig(model_path="/m.gguf", n_ctx=1024, n_threads=1))
     qtbot.addWidget(p)
-    # -ngl: usable on a build with GPU offload, else disabled and saying why
-    assert p.ngl.isEnabled() == gpu_offload_available() and p.ngl.minimum() == -1
+    # -ngl: unknown until a model's facts arrive (the build is asked on the worker thread);
+    # then usable on a build with GPU offload, else disabled and saying why
+    assert not p.ngl.isEnabled() and p.ngl.minimum() == -1
+    p.show_info(engine.info)
+    assert p.ngl.isEnabled() == engine.info.gpu_offload
     if not p.ngl.isEnabled():
         assert "no GPU offload" in p.ngl.toolTip()
     got = []

@@ -190,6 +190,16 @@ class CacheTiers:
                                  "unpin some in the Cache panel or clear the cache")
         return self._free.pop()
 
+    def check_user_sequence(self, seq: int) -> None:
+        """Raise unless ``seq`` is the user's own (sequence 0): every other one is the cache's,
+        and changing it behind the cache's back would corrupt what later runs reuse."""
+        if seq == 0:
+            return
+        node = next((n for n in self.tree if n.seq == seq), None)
+        what = f"the radix cache's '{node.label}'" if node else "the radix cache"
+        raise CacheError(f"sequence {seq} belongs to {what}; fork it into sequence 0 and work "
+                         "on that")
+
     def lost_sequences(self, kept: int | None = None) -> None:
         """llama.cpp dropped every sequence but ``kept``: the nodes there lose their cells
         (their RAM and file snapshots stay usable while their base does)."""

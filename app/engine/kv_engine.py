@@ -20,7 +20,7 @@ from .kv_debug_log import TrackedContext
 from .kv_view import KvCacheView, build_view
 from .llama_state_file import check_rows_fit, read_any_state
 from .ggml_types import kv_bytes_per_token
-from .native import SEQ_STATE_VERSION, ContextParams, NativeModel
+from .native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
 from .prefix_state import PrefixState
 from .radix_cache import CacheLimits, RadixCache
 from .radix_tree import RadixNode
@@ -72,6 +72,7 @@ class ModelInfo:
     type_v: str
     kv_bytes_per_token: int
     traits: ModelTraits  # what the architecture means for caching
+    gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "traits": self.traits.as_dict()}
@@ -94,7 +95,7 @@ class Engine(SequenceOps):
             path=str(path), sha256=model_fingerprint(path), n_ctx=self.ctx.n_ctx,
             n_batch=config.n_batch, n_seq_max=config.n_seq_max, type_k=config.type_k,
             type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
-            traits=read_traits(self.model, self.ctx, path),
+            traits=read_traits(self.model, self.ctx, path), gpu_offload=gpu_offload_supported(),
             **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
                                      "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                      "file_bytes")})

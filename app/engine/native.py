@@ -49,13 +49,18 @@ GPU_OFFLOAD_MISSING = ("this llama-cpp-python build has no GPU offload; reinstal
                        "support (see README) or drop -ngl")
 
 
+def gpu_offload_supported() -> bool:
+    """Can this llama.cpp build offload layers to a GPU? (A property of the build.)"""
+    return bool(L.llama_supports_gpu_offload())
+
+
 def check_gpu_layers(n_gpu_layers: int) -> None:
     """Raise ModelError unless ``n_gpu_layers`` (llama.cpp's -ngl) can be honoured: a CPU-only
     build would silently run everything on the CPU."""
     if n_gpu_layers < -1:
         raise ModelError(f"-ngl must be 0 (CPU only), a layer count, or -1 (all layers), "
                          f"not {n_gpu_layers}")
-    if n_gpu_layers != 0 and not L.llama_supports_gpu_offload():
+    if n_gpu_layers != 0 and not gpu_offload_supported():
         raise ModelError(GPU_OFFLOAD_MISSING)
 
 

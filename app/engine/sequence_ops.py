@@ -58,6 +58,13 @@ class SequenceOps:
             self.ctx.seq_cp(src, dst, 0, upto)
             self.resident[dst] = self.resident[src][:upto]
 
+    def fork_into_user_sequence(self, src: int) -> None:
+        """Fork ``src`` into sequence 0, the user's, which must be empty: a fork replaces what
+        the destination holds, and the user's sequence is theirs to clear."""
+        if self.resident[0] or 0 in self.moved:
+            raise KvPrimerError("sequence 0 is in use: clear it first, then fork into it")
+        self.fork(src, 0)
+
     def cells_of(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
         """A state of only the cells of ``seq`` at positions p0..p1-1 (through ``scratch``)."""
         self.ctx.seq_rm(scratch)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, Signal
 
 from ..engine import Cancelled, Engine, EngineConfig, KvPrimerError, TaskState
+from ..versions import version_text
 
 log = logging.getLogger("kvprimer.ui")
 _ids = itertools.count(1)
@@ -125,9 +126,10 @@ class EngineWorker(QObject):
         """Run ``fn(engine, task)`` on the worker thread. Callbacks run on the GUI thread."""
         if self._closed:
             raise RuntimeError("the worker is shut down")
-        if cancel_running:
+        if cancel_running:  # the user's new job replaces their old one, not background work
             for j in self._jobs:
-                j.task.cancel()
+                if not j.kind.background:
+                    j.task.cancel()
         job = Job(kind, fn, label, on_done=on_done, on_error=on_error, on_cancelled=on_cancelled)
         job.task.on_progress = lambda p, j=job: self.progress.emit(j, p)
         job.task.on_partial = lambda r, j=job: self.partial.emit(j, r)
@@ -141,8 +143,10 @@ class EngineWorker(QObject):
         return job
 
     def cancel(self) -> None:
+        """Cancel the user's jobs (background refreshes finish on their own)."""
         for j in self._jobs:
-            j.task.cancel()
+            if not j.kind.background:
+                j.task.cancel()
 
     def load(self, config: EngineConfig, **kw) -> Job:
         """Replace the engine (closing the old one on the worker thread)."""
@@ -153,6 +157,7 @@ class EngineWorker(QObject):
             if old is not None:
                 old.close()
             self._engine = Engine(config)
+            version_text()  # read llama.cpp's build here, so the About box need not call it
             task.report("load", 1, 1)
             return self._engine.info
 

@@ -266,16 +266,19 @@ class KvCacheDock(QDockWidget):
             self.set_view(self.view, self.nodes)
 
     def fork_selected(self) -> None:
-        src = self.selected_seq
         if self.view and self.view.seq(0) is not None:
             self.status.setText("Sequence 0 is in use: clear it first, then fork into it.")
             return
-        self._op("fork to 0", lambda e, s: e.fork(s, 0), seq=src)
+        self._op("fork to 0", lambda e, s: e.fork_into_user_sequence(s), seq=self.selected_seq,
+                 own_only=False)
 
-    def _op(self, name: str, fn, seq: int | None = None) -> None:
+    def _op(self, name: str, fn, seq: int | None = None, own_only: bool = True) -> None:
         seq = self.selected_seq if seq is None else seq
 
         def job(engine, task):
+            # the engine decides, when the job runs: the view the buttons followed may be old
+            if own_only:
+                engine.cache.check_user_sequence(seq)
             fn(engine, seq)
             return engine.kv_view(), seq_nodes(engine)
 
@@ -283,3 +286,4 @@ class KvCacheDock(QDockWidget):
         self._submit(JobKind.KV_OP, job, label=f"KV {name}",
                      on_done=lambda v: (self.status.setText(f"{name}: done"), self._show_now(v)),
                      on_error=lambda msg: self.status.setText(msg))
+

@@ -14,18 +14,11 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QFormLayout,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox,
                                QVBoxLayout, QWidget)
 
-from ..engine import EngineConfig, ModelError, ModelInfo
-from ..engine.native import GPU_OFFLOAD_MISSING, check_gpu_layers
+from ..engine import EngineConfig, ModelInfo
+from ..engine.native import GPU_OFFLOAD_MISSING
 
-
-def gpu_offload_available() -> bool:
-    """Whether the installed llama.cpp can offload layers to a GPU: a property of the build,
-    read once (a constant query, no model or context involved)."""
-    try:
-        check_gpu_layers(1)
-    except ModelError:
-        return False
-    return True
+NGL_UNKNOWN = "Layers offloaded to the GPU (llama.cpp's -ngl): known once a model is loaded"
+NGL_TIP = "Layers offloaded to the GPU (llama.cpp's -ngl); -1: all, 0: none"
 
 KV_TYPES = ["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
@@ -64,11 +57,9 @@ class ModelPanel(QDockWidget):
         self.ngl.setObjectName("nGpuLayers")
         self.ngl.setRange(-1, 999)
         self.ngl.setSpecialValueText("all (-1)")
-        if gpu_offload_available():
-            self.ngl.setToolTip("Layers offloaded to the GPU (llama.cpp's -ngl); -1: all, 0: none")
-        else:
-            self.ngl.setEnabled(False)
-            self.ngl.setToolTip(GPU_OFFLOAD_MISSING)
+        # whether the build can offload comes with the model's facts, from the worker thread
+        self.ngl.setEnabled(False)
+        self.ngl.setToolTip(NGL_UNKNOWN)
         self.type_k, self.type_v = QComboBox(), QComboBox()
         for c in (self.type_k, self.type_v):
             c.addItems(KV_TYPES)
@@ -161,6 +152,8 @@ class ModelPanel(QDockWidget):
                 lab.setText("—")
             self.notes.setText("—")
             return
+        self.ngl.setEnabled(info.gpu_offload)
+        self.ngl.setToolTip(NGL_TIP if info.gpu_offload else GPU_OFFLOAD_MISSING)
         f["name"].setText(info.name or Path(info.path).name)
         f["architecture"].setText(info.architecture)
         f["layers"].setText(str(info.n_layer))
