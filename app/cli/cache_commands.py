@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict
 
 from ..engine import GenerationConfig, read_rows, run_prompt
-from .engine_options import open_engine, progress_printer, read_template, reuse_modes
+from .engine_options import open_engine, progress_printer, read_template, reuse_mode
 
 
 def cache_options(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def cache_options(p: argparse.ArgumentParser) -> None:
 def cmd_cache(args) -> int:
     tpl = read_template(args.template)
     rows = read_rows(args.rows, tpl.placeholders) if args.rows else []
-    (mode,) = reuse_modes(args.reuse)[:1]
+    mode = reuse_mode(args.reuse)
     task = progress_printer()
     with open_engine(args) as eng:
         eng.prime_node(tpl, task)

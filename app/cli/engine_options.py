@@ -60,6 +60,15 @@ def open_engine(args) -> Engine:
                                cache=limits))
 
 
+def reuse_mode(text: str) -> str:
+    """--reuse for a command that runs one mode."""
+    modes = reuse_modes(text)
+    if len(modes) > 1:
+        raise KvPrimerError(f"--reuse {text!r}: this command runs one mode; compare several "
+                            "with kvprimer bench")
+    return modes[0]
+
+
 def reuse_modes(text: str) -> tuple[str, ...]:
     """--reuse: one mode or a comma list."""
     from ..engine import REUSE_MODES

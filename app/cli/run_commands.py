@@ -10,7 +10,7 @@ from ..engine import (GenerationConfig, KvPrimerError, bench_rows, read_rows, re
 from ..engine.llama_state_file import FORMATS, save_state
 from ..engine.project_file import SUFFIX
 from .engine_options import (load_state_file, open_engine, progress_printer, read_project,
-                             read_template, reuse_modes, rows_of)
+                             read_template, reuse_mode, reuse_modes, rows_of)
 from .kv_commands import cmd_bench_forked
 
 
@@ -45,8 +45,9 @@ def run_options(p: argparse.ArgumentParser) -> None:
 def _reuse_options(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--reuse", default=default, metavar="MODE",
                    help=f"what a warm run reuses: prefix (the static prefix), chain (the deepest "
-                        f"cached prompt: exact), compose (cached modules per slot: approximate); "
-                        f"bench takes a comma list ({default})")
+                        f"cached prompt: exact), compose (cached modules per slot: approximate)"
+                        f"{'; a comma list compares several' if default == 'prefix' else ''} "
+                        f"({default})")
     p.add_argument("--recompute", type=int, default=0, metavar="K",
                    help="compose: evaluate the first K tokens of each module in context (0)")
 
@@ -120,7 +121,7 @@ def cmd_run(args) -> int:
     tpl = read_template(args.template)
     values = _values(args)
     tpl.fill(values)  # report missing/unknown values before loading the model
-    (mode,) = reuse_modes(args.reuse)[:1]
+    mode = reuse_mode(args.reuse)
     gen = GenerationConfig(args.max_tokens, args.temp, args.top_p, args.seed)
     with open_engine(args) as eng:
         state = load_state_file(eng, args.state, tpl)

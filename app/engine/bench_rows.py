@@ -105,7 +105,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                task: TaskState | None = None) -> BenchResult:
     task = task or TaskState()
     if repeat < 1:
-        raise KvPrimerError("--repeat must be at least 1")
+        raise KvPrimerError(f"the repeat count must be at least 1 (each row runs that many "
+                            f"times), not {repeat}")
     modes = tuple(modes)
     bad = [m for m in modes if m not in REUSE_MODES]
     if bad or not modes:

@@ -71,7 +71,7 @@ def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
                  task: TaskState | None = None, exact: bool = True) -> ForkedBenchResult:
     task = task or TaskState()
     if k < 1:
-        raise KvPrimerError("--fork must be at least 1")
+        raise KvPrimerError("forked batches need at least 1 row each")
     node = engine.prime_node(template, task) if state is None else engine.cache.adopt(state, "saved state")
     result = ForkedBenchResult(k=k, prefix_tokens=node.depth)
     for start in range(0, len(rows), k):

@@ -276,6 +276,13 @@ class Engine(SequenceOps):
         run places it; otherwise in small batches, whose results do not depend on where the
         cells land (batch_plan.py).
         """
+        t = self.info.traits
+        if t.recurrent or t.hybrid:
+            # one state per sequence, not a cell per token: no prefix can be cut, forked or
+            # extended from a cached segment
+            raise KvPrimerError(f"{self.info.name or 'this model'} has recurrent layers, whose "
+                                "cache holds one state per sequence, not one cell per token: "
+                                "KV Primer cannot cache its prefixes; run it cold only")
         tokens = self.tokenize(template.prefix_prompt())
         if not tokens:
             raise KvPrimerError("the template has no static prefix (it starts with a placeholder); "

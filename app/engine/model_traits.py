@@ -86,12 +86,14 @@ class ModelTraits:
 
     def notes(self) -> list[str]:
         """What the architecture means for caching, one user-facing line each."""
-        out = ["warm runs from memory: exact (a forked resident prefix)"]
         stateful = self.recurrent or self.hybrid
         layers = "recurrent" if self.recurrent else "hybrid attention/recurrent"
         if stateful:
-            out.append(f"trimming a sequence back: impossible ({layers} layers keep one state per "
-                       "sequence, not one cell per token); a prefix is reusable only whole")
+            out = [f"caching prefixes: unavailable ({layers} layers keep one state per sequence, "
+                   "not one cell per token, so no prefix can be cut, forked or extended); cold "
+                   "runs only"]
+        else:
+            out = ["warm runs from memory: exact (a forked resident prefix)"]
         if self.sliding:
             where = f"{self.swa_layers} of {self.n_layer} layers" if self.swa_layers else "some layers"
             window = "chunked" if self.swa_kind == "chunked" else "sliding-window"

@@ -101,7 +101,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     if not (cold or warm):
         raise KvPrimerError("choose cold, warm or both")
     if recompute < 0:
-        raise KvPrimerError(f"--recompute must be 0 or more, not {recompute}")
+        raise KvPrimerError(f"recompute k must be 0 or more tokens, not {recompute}")
     task = task or TaskState()
     t0 = time.perf_counter()
     tokens = engine.tokenize(template.fill(values))
@@ -120,9 +120,10 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     keep_n = min(max_new, KEEP_LOGITS)
     colds = cold_cache if cold_cache is not None else {}
     if cold:
-        # without a warm run to match, the cold run is the plain one a user would make
+        # without a warm run to match, the cold run is the plain one a user would make (the
+        # one-shot run: one computation serves both)
         plan = report.plan if warm else None
-        key = ("cold", tuple(plan or ()), gen, max_new)
+        key = ("cold", tuple(plan), gen, max_new) if plan else ("oneshot", gen, max_new)
         if key not in colds:
             colds[key] = engine.cold.run(tokens, plan, gen, max_new, task, "cold", keep_n)
         report.cold = colds[key]

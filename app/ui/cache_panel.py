@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBo
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
 from ..engine.radix_cache import CacheNodeInfo, TierUsage
+from .units import size_text
 from .engine_worker import EngineWorker, Job, JobKind
 
 COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…"),
@@ -29,7 +30,6 @@ COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefi
            ("pinned", "A pinned node is never evicted")]
 TIERS = {"resident": "resident (KV cells)", "ram": "RAM snapshots", "file": "files"}
 # jobs that cannot change the cache: no refresh after them
-QUIET_KINDS = (JobKind.CACHE_VIEW, JobKind.CACHE_OP, JobKind.KV_VIEW, JobKind.COUNT_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,6 @@ def read_cache(engine) -> CacheSnapshot | None:
     if engine is None:
         return None
     return CacheSnapshot(engine.cache.nodes(), engine.cache.tiers(), time.monotonic())
-
-
-def size_text(n: float) -> str:
-    for unit in ("B", "kB", "MB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def ago_text(seconds: float) -> str:
@@ -128,7 +120,9 @@ class CachePanel(QDockWidget):
 
     # ---- reading the cache
     def _job_finished(self, job: Job) -> None:
-        if job.kind not in QUIET_KINDS and self.worker.info is not None:
+        # a cache operation brings its view with it
+        if (job.kind.changes_cache and job.kind is not JobKind.CACHE_OP
+                and self.worker.info is not None):
             self.refresh()
 
     def refresh(self) -> None:

@@ -51,6 +51,11 @@ class JobKind(Enum):
         return self in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.KV_OP, JobKind.CACHE_VIEW,
                         JobKind.CACHE_OP)
 
+    @property
+    def changes_cache(self) -> bool:
+        """Can it change the KV cells or the radix cache (so views of them need refreshing)?"""
+        return self not in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.CACHE_VIEW)
+
 
 @dataclass
 class Job:

@@ -18,6 +18,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QGridLayout, QHBoxLayout, QLabel,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
+from .units import size_text
 from ..engine.kv_view import KvCacheView
 from .engine_worker import EngineWorker, JobKind
 from .kv_grid import EMPTY, KvGrid, SeqNode, seq_color, seq_nodes
@@ -27,11 +28,6 @@ __all__ = ["EMPTY", "KvCacheDock", "seq_color"]
 REDRAW_MS = 50  # at most ~20 redraws a second
 LEGEND_LINES = 8
 # they return a view or get one, or (the Cache panel's reads) change no cell
-OWN_KINDS = (JobKind.KV_VIEW, JobKind.KV_OP, JobKind.LOAD_MODEL, JobKind.CACHE_VIEW)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 class KvCacheDock(QDockWidget):
@@ -190,7 +186,9 @@ class KvCacheDock(QDockWidget):
         self._submit(JobKind.KV_VIEW, watch, on_done=self._show_now)
 
     def _job_finished(self, job) -> None:
-        if job.kind in OWN_KINDS or self.worker.info is None:
+        # its own operations and a model load bring their view with them
+        if (not job.kind.changes_cache or job.kind in (JobKind.KV_OP, JobKind.LOAD_MODEL)
+                or self.worker.info is None):
             return
         self.refresh()
 
@@ -232,9 +230,9 @@ class KvCacheDock(QDockWidget):
             self.note.setText("")
             return
         used = "?" if view.used_cells is None else f"{view.used_cells:,}"
-        used_b = "?" if view.used_bytes is None else _mb(view.used_bytes)
+        used_b = "?" if view.used_bytes is None else size_text(view.used_bytes)
         self.summary.setText(f"{used} / {view.n_cells:,} cells used · {used_b} of "
-                             f"{_mb(view.total_bytes)} · source: {view.source}")
+                             f"{size_text(view.total_bytes)} · source: {view.source}")
         self.note.setText("" if view.source == "debug-log" else
                           f"Position ranges only, no cell map: {view.note}. Cells are counted "
                           "from each range; shared and used cells are unknown.")

@@ -14,17 +14,15 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QFormLayout,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox,
                                QVBoxLayout, QWidget)
 
+from .units import size_text
 from ..engine import EngineConfig, ModelInfo
+from ..engine.ggml_types import KV_TYPES as GGML_KV_TYPES
 from ..engine.native import GPU_OFFLOAD_MISSING
 
 NGL_UNKNOWN = "Layers offloaded to the GPU (llama.cpp's -ngl): known once a model is loaded"
 NGL_TIP = "Layers offloaded to the GPU (llama.cpp's -ngl); -1: all, 0: none"
 
-KV_TYPES = ["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+KV_TYPES = ["f16", *(t for t in GGML_KV_TYPES if t != "f16")]  # the default first
 
 
 class ModelPanel(QDockWidget):
@@ -159,9 +157,9 @@ class ModelPanel(QDockWidget):
         f["layers"].setText(str(info.n_layer))
         f["heads"].setText(f"{info.n_head} (KV {info.n_head_kv}) × {info.n_embd // max(info.n_head, 1)}")
         f["parameters"].setText(f"{info.n_params / 1e6:,.1f} M")
-        f["file"].setText(f"{Path(info.path).name} · {_mb(info.file_bytes)}")
+        f["file"].setText(f"{Path(info.path).name} · {size_text(info.file_bytes)}")
         f["kv per token"].setText(f"{info.kv_bytes_per_token:,} bytes ({info.type_k}/{info.type_v})")
         f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
-                             f"full KV {_mb(info.n_ctx * info.kv_bytes_per_token)}")
+                             f"full KV {size_text(info.n_ctx * info.kv_bytes_per_token)}")
         f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences")
         self.notes.setText("".join(f"• {escape(n)}<br>" for n in info.traits.notes()).removesuffix("<br>"))

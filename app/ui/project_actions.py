@@ -29,16 +29,8 @@ class ProjectMixin:
     def dirty(self) -> bool:
         return self.session.dirty
 
-    @dirty.setter
-    def dirty(self, value: bool) -> None:
-        self.session.mark_dirty() if value else self.session.mark_clean()
-
     def mark_dirty(self) -> None:
         self.session.mark_dirty()
-
-    @property
-    def project_path(self) -> str:
-        return self.session.path
 
     def _update_title(self) -> None:
         name = Path(self.session.path).name if self.session.path else "untitled"

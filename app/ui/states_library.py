@@ -23,6 +23,7 @@ from ..engine.llama_state_file import SUFFIX as LLAMA_SUFFIX
 from ..engine.llama_state_file import is_llama_state
 from ..engine.prefix_state import SUFFIX
 from ..engine.prefix_state import read_state_meta
+from .units import size_text
 
 LLAMA_MODEL = "llama.cpp state (names no model)"
 
@@ -44,15 +45,6 @@ def state_meta(path: str | os.PathLike) -> dict:
             "seq_state_version": version, "created": os.path.getmtime(path)}
 
 COLUMNS = ["name", "model", "tokens", "size", "created", "template"]
-
-
-def _size(n: float) -> str:
-    """Decimal units, as the rest of the window uses."""
-    for unit in ("B", "kB", "MB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 class StatesLibrary(QDockWidget):
@@ -112,7 +104,7 @@ class StatesLibrary(QDockWidget):
             created = m.get("created")
             cells = [p.stem, m.get("model_name", m.get("error", "?")),
                      f"{m['n_tokens']:,}" if isinstance(m.get("n_tokens"), int) else "?",
-                     _size(p.stat().st_size),
+                     size_text(p.stat().st_size),
                      dt.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M")
                      if isinstance(created, (int, float)) else "?",
                      " ".join(str(m.get("text", "")).split())[:60]]
