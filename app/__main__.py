@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(version_text())
         return 0
+    if args.threads < 0:  # before any window or event loop exists
+        print("kvprimer-gui: error: --threads must be 0 (all cores) or more", file=sys.stderr)
+        return 2
     from app.desktop_check import exit_if_xcb_libs_missing
     exit_if_xcb_libs_missing()  # before Qt, which would abort on a missing xcb library
 
@@ -116,9 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     log_path = setup_file_logging()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    if args.threads < 0:
-        print("kvprimer-gui: error: --threads must be 0 (all cores) or more", file=sys.stderr)
-        return 2
     config = EngineConfig(model_path=args.model, n_threads=args.threads)
 
     if args.screenshot:

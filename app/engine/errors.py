@@ -30,7 +30,8 @@ class MissingValuesError(TemplateError):
             parts.append("missing values for " + ", ".join(f"<{n}>" for n in missing))
         if unknown:
             parts.append("unknown names " + ", ".join(unknown) + " (not placeholders of this template)")
-        super().__init__("; ".join(parts) + "; give each placeholder a value with --set name=value")
+        super().__init__("; ".join(parts) + "; give each placeholder a value (the window's form, "
+                         "or --set name=value on the command line)")
 
 
 class ModelError(KvPrimerError):

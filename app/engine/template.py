@@ -114,6 +114,11 @@ class Template:
                 spans.append(Span(str(values[p.name]), False))
         return FilledPrompt(tuple(s for s in spans if s.text))
 
+    def blank(self, values: dict[str, str]) -> list[str]:
+        """Placeholders whose value is missing or only white space: a row not filled in yet
+        (``fill`` accepts an empty value, which a program may mean)."""
+        return [n for n in self.placeholders if not str(values.get(n, "")).strip()]
+
     def prefix_prompt(self) -> FilledPrompt:
         """The static prefix alone, as a prompt to prime."""
         text = self.static_prefix

@@ -184,10 +184,9 @@ class PromptJobs(QObject):
             self._fail("there is no row to run; fill the form or import rows first")
             return None
         for row in rows:
-            missing = [n for n in tpl.placeholders if not str(row.values.get(n, "")).strip()]
-            if missing:
-                self._fail(f"row {row.number}: " + str(MissingValuesError(missing, [])).split(";")[0]
-                           + "; fill them in the form")
+            blank = tpl.blank(row.values)
+            if blank:
+                self._fail(f"row {row.number}: {MissingValuesError(blank, [])}")
                 return None
         opts = self.session.options
         gen = GenerationConfig(max_tokens=opts.max_tokens)
