@@ -211,3 +211,21 @@ def test_the_users_operations_stay_off_the_caches_sequences(tiny_model, tmp_path
         assert_tree_consistent(eng)
     finally:
         eng.close()
+
+
+def test_promotions_in_a_nearly_full_context_make_room_first(tiny_model, tmp_path):
+    """Rows come back after their nodes went to RAM while the context is nearly full: the
+    promotions take cells too, so room is made after them, and every run stays exact."""
+    with make(tiny_model, tmp_path) as probe:
+        kv = probe.info.kv_bytes_per_token
+    for cap, n_new in ((340, 8), (300, 24)):  # both failed "the KV cache is full" before
+        eng = make(tiny_model, tmp_path, n_ctx=512, resident_bytes=cap * kv)
+        try:
+            vals = rows(6)
+            for v in vals + vals:
+                rep = run_prompt(eng, TPL, v, reuse="chain", oneshot=False,
+                                 gen=GenerationConfig(max_tokens=n_new))
+                assert rep.verdict.exact, rep.verdict.describe()
+                assert_tree_consistent(eng)
+        finally:
+            eng.close()

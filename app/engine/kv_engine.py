@@ -294,6 +294,8 @@ class Engine(SequenceOps):
                 self.cache.materialise(hit.node)
                 self.cache.touch(hit.node)
                 return hit.node
+            if hit.node is not None:
+                self.cache.materialise(hit.node)
             chunk = None if self.used_cells() == 0 else EXACT_CHUNK
             self.cache.ensure_free_cells(len(tokens) - hit.reused)
             work = self.cache.take_work_seq()

@@ -164,7 +164,12 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         report.build_ms = plan.build_ms
         hit = plan.hit
     report.note = hit.approx
-    with cache.busy(hit.node):  # making room must not evict what this run reuses
+    reused_nodes = [hit.node] + ([m for _s, m in plan.modules] if compose else [])
+    with cache.busy(*reused_nodes):  # making room must not evict what this run reuses
+        # promotions from RAM or files take cells too: make them first, then room for the rest
+        for n in reused_nodes:
+            if n is not None:
+                cache.materialise(n)
         cache.ensure_free_cells(len(tokens) - hit.reused + max_new)
         work = cache.take_work_seq()
     try:
