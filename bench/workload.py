@@ -14,7 +14,7 @@ from pathlib import Path
 
 from app.engine import Engine, Template, read_rows
 from app.engine.batch_plan import EXACT_CHUNK, batch_starts
-from app.engine.kv_engine import common_prefix
+from app.engine.prompt_tokens import common_prefix
 from app.engine.prompt_segments import prompt_segments
 from app.resources_path import examples_dir
 

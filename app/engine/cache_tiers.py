@@ -86,12 +86,26 @@ class CacheTiers:
         return [TierUsage(t, self.tier_bytes(t), cap, sum(1 for n in self.tree if n.tier == t))
                 for t, cap in caps.items()]
 
-    def _resident_bytes(self, node: RadixNode) -> int:
-        """Bytes a resident node adds: its tokens past its nearest resident ancestor (whose
-        cells it shares)."""
+    @staticmethod
+    def resident_ancestor(node: RadixNode) -> RadixNode | None:
+        """The nearest ancestor with a sequence (whose cells ``node``'s sequence shares)."""
         a = node.parent
         while a is not None and a.seq is None:
             a = a.parent
+        return a
+
+    @staticmethod
+    def _holding_ancestor(node: RadixNode) -> RadixNode | None:
+        """The nearest ancestor holding cells in some tier (None: the root)."""
+        a = node.parent
+        while a is not None and a.parent is not None and a.tier == "gone":
+            a = a.parent
+        return a if a is not None and a.parent is not None else None
+
+    def _resident_bytes(self, node: RadixNode) -> int:
+        """Bytes a resident node adds: its tokens past its nearest resident ancestor (whose
+        cells it shares)."""
+        a = self.resident_ancestor(node)
         return (node.depth - (a.depth if a else 0)) * self.e.info.kv_bytes_per_token
 
     def _resident_below(self, node: RadixNode, usable=None) -> RadixNode | None:
@@ -262,9 +276,7 @@ class CacheTiers:
 
     def spill(self, node: RadixNode) -> None:
         """Resident → RAM: keep the node's own cells, free its sequence."""
-        anchor = node.parent
-        while anchor is not None and anchor.parent is not None and anchor.tier == "gone":
-            anchor = anchor.parent
+        anchor = self._holding_ancestor(node)
         start = anchor.depth if anchor is not None else 0
         data = self.e.cells_of(node.seq, start, node.depth, self.scratch)
         self._release(node.seq)
@@ -313,12 +325,8 @@ class CacheTiers:
     def _base(self, node: RadixNode) -> RadixNode | None:
         """The ancestor a snapshot's cells go on top of: the nearest one holding cells, if it
         reaches the snapshot's first position."""
-        a = node.parent
-        while a is not None and a.parent is not None and a.tier == "gone":
-            a = a.parent
-        if a is None or a.parent is None or a.depth < node.ram_start:
-            return None
-        return a
+        a = self._holding_ancestor(node)
+        return a if a is not None and a.depth >= node.ram_start else None
 
     def _restorable(self, node: RadixNode) -> bool:
         if node.ram_start == 0:

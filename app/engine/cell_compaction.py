@@ -20,9 +20,7 @@ def relayout(cache) -> None:
     for node in cache.tree:  # parents before children
         if node.seq is None:
             continue
-        base = node.parent
-        while base is not None and base.seq is None:
-            base = base.parent
+        base = cache.resident_ancestor(node)
         start = base.depth if base is not None else 0
         plan.append((node, base, e.cells_of(node.seq, start, node.depth, cache.scratch)))
     user_tokens, user_moved = list(e.resident[0]), 0 in e.moved

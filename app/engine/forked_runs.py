@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import KvPrimerError
-from .kv_engine import Engine, common_prefix
+from .kv_engine import Engine
+from .prompt_tokens import common_prefix
 from .native import NativeSampler
 from .prefix_state import PrefixState
 from .batch_plan import EXACT_CHUNK, batch_starts, batches

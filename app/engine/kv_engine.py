@@ -314,13 +314,3 @@ class Engine(SequenceOps):
         node = self.prime_node(template, task)
         return self.snapshot(node.seq, template, template.static_prefix)
 
-
-def _common_prefix(a, b) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-common_prefix = _common_prefix

@@ -14,7 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from .errors import KvPrimerError
-from .kv_engine import Engine, common_prefix
+from .kv_engine import Engine
+from .prompt_tokens import common_prefix
 from .task_state import TaskState
 from .template import Template
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .prompt_tokens import common_prefix
 from .template import FilledPrompt, Literal, Span, Template
 
 
@@ -39,7 +40,7 @@ def prompt_segments(tokenize, template: Template, values: dict[str, str],
     bounds = []
     for before, _label_, _slot in cuts:
         head = tokenize(FilledPrompt(tuple(s for s in before if s.text)))
-        bounds.append(_common(head, tokens))
+        bounds.append(common_prefix(head, tokens))
     # labels: the static prefix ends where the first placeholder starts
     edges = [*bounds, len(tokens)]
     names = [("static prefix", None)] + [(lab, slot) for _b, lab, slot in cuts]
@@ -51,10 +52,3 @@ def prompt_segments(tokenize, template: Template, values: dict[str, str],
         start = end
     return [s for s in out if s.end > s.start or s.slot is None]
 
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

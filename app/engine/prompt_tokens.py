@@ -14,6 +14,15 @@ from .native import NativeModel
 from .template import FilledPrompt
 
 
+def common_prefix(a, b) -> int:
+    """How many leading tokens two token sequences share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class PromptTokenizer:
     def __init__(self, model: NativeModel):
         self.model = model

@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Signal
 
 from ..engine import (BenchResult, GenerationConfig, MissingValuesError, PrefixState, TextDelta,
                       bench_rows, run_prompt)
-from ..engine.kv_engine import common_prefix
+from ..engine.prompt_tokens import common_prefix
 from ..engine.llama_state_file import load_any_state, save_state
 from ..engine.prefix_sweep import prefix_sweep
 from ..engine.session import RunRecord, Session, bench_summary
