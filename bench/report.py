@@ -5,8 +5,10 @@ from .stats import summary
 
 LABELS = {
     "cold": "cold (whole prompt, empty sequence)",
-    "limit": "limit (prefix resident, suffix only)",
-    "warm_memory": "ours warm, resident prefix forked",
+    "limit": "fastest limit (plain context, prefix resident, suffix only)",
+    "limit_cache_context": "old limit (cache's shared context, small batches)",
+    "warm_in_place": "ours warm, prefix kept in the work context",
+    "warm_memory": "ours warm, prefix copied from the radix cache",
     "warm_file": "ours warm, from .kvstate file",
     "llamacpp_ram": "llama-cpp-python LlamaRAMCache",
     "llamacpp_disk": "llama-cpp-python LlamaDiskCache",
@@ -116,12 +118,17 @@ def format_reuse(rz: dict) -> str:
         lines.append(f"{mode:<10} {m['warm_ms_median']:>9.1f} {m['cold_ms_median']:>9.0f} "
                      f"{m['reused_tokens_median']:>7.0f} {m['evaluated_tokens_median']:>10.0f}  "
                      f"{verdicts}")
-    f = rz.get("resident_fork")
+    f = rz.get("warm_in_place")
     if f:
-        lines.append(f"resident fork {f['fork']['median']:.1f} ms (lookup + fork "
-                     f"{f['lookup_and_fork_ms']['median']:.2f} ms) vs limit "
+        lines.append(f"prefix mode warm {f['fork']['median']:.1f} ms (lookup + keep "
+                     f"{f['lookup_and_fork_ms']['median']:.2f} ms) vs fastest limit "
                      f"{f['limit']['median']:.1f} ms, {f['fork']['n']} pairs; bit-identical: "
                      f"{'yes' if f['bit_identical'] else 'NO'}")
+    peer = rz.get("llamacpp_ram_recurring")
+    if peer:
+        ms = sorted(r["ttft_ms"] for r in peer)
+        lines.append(f"llama-cpp-python LlamaRAMCache, same rows in order: median "
+                     f"{ms[len(ms) // 2]:.1f} ms to the first token")
     ce = rz.get("chain_exact", {})
     if ce.get("rows"):
         lines.append(f"chain: {ce['bit_identical_rows']}/{ce['rows']} rows bit-identical to cold")

@@ -4,14 +4,17 @@ On the recurring RAG workload (rag-recurring.csv: passages drawn with Zipf popul
 share values), two measurements on one engine whose context is large enough (8,192 cells) that
 nothing is evicted:
 
-1. The resident fork against the limit, on a cache holding only the static prefix: forking the
-   prefix's resident node into a working sequence and evaluating the suffix, against evaluating
-   the same suffix, in the same batches, right after the prefix in the prefix's own sequence
-   (then trimmed back). The two paths alternate (ABBA), so drift on a shared machine cancels in
-   the per-pair ratios.
+1. The app's warm run in prefix mode against the fastest limit (ours.py), on a cache holding
+   only the static prefix: the work context keeps the prefix and evaluates the row's suffix,
+   against a plain context holding the prefix that evaluates the same suffix in the same
+   batches. The two paths alternate (ABBA), so drift on a shared machine cancels in the
+   per-pair ratios.
 2. One ``bench_rows`` call with modes prefix, chain and compose (the engine's own benchmark, as
    `kvprimer bench --reuse prefix,chain,compose` runs it): one cold run per row serves every
    mode whose warm history used the same batches; each mode's cache starts with the prefix only.
+3. The peer: llama-cpp-python with a LlamaRAMCache large enough for every row, the same rows in
+   the same order (llamacpp_paths.recurring_rows); per-row ratios of each mode's time to first
+   token against its.
 
 Figures go under "reuse" in results.json; the ratios and goals are in ratios.py.
 """
@@ -26,6 +29,7 @@ from app.engine import (Engine, EngineConfig, GenerationConfig, TaskState, Templ
                         read_rows)
 from app.resources_path import examples_dir
 
+from .llamacpp_paths import LlamaPaths, recurring_rows
 from .ours import OurPaths
 from .ratios import compose_accuracy, compute_reuse_ratios
 from .stats import summary
@@ -46,6 +50,7 @@ class ReuseConfig:
     model_path: str | None = None
     template_path: str | None = None  # None: resources/examples/rag.tmpl
     rows_path: str | None = None  # None: resources/examples/rag-recurring.csv
+    llamacpp: bool = True  # llama-cpp-python with a LlamaRAMCache on the same rows, in order
 
 
 def run_reuse(cfg: ReuseConfig, log=print) -> dict:
@@ -62,9 +67,12 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
         work = load_workload(engine, cfg.rows, tpl_path, rows_path)
         log(f"reuse: {len(rows)} rows of {rows_path.name}; prefix {len(work.prefix)} tokens; "
             "resident fork against the limit")
-        prefix = engine.prime_node(tpl)
-        out["resident_fork"] = resident_fork_vs_limit(OurPaths(engine, prefix), work.rows,
-                                                      cfg.fork_repeats, cfg.check_tokens)
+        ours = OurPaths(engine, tpl)
+        try:
+            out["warm_in_place"] = warm_in_place_vs_limit(ours, work.rows, cfg.fork_repeats,
+                                                          cfg.check_tokens)
+        finally:
+            ours.close()
         log(f"reuse: bench_rows modes {','.join(MODES)}")
         done = [0]
 
@@ -78,6 +86,9 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
         out["rows"] = [asdict(r) for r in res.rows]
         out["summary"] = res.summary()
         out["cache_tiers"] = [asdict(t) for t in engine.cache.tiers()]
+        if cfg.llamacpp:
+            log("reuse: llama-cpp-python with a LlamaRAMCache, the same rows in order")
+            out["llamacpp_ram_recurring"] = _llamacpp_recurring(engine, tpl, rows, cfg)
     out["ratios"], out["goals"] = compute_reuse_ratios(out)
     out["compose_accuracy"] = compose_accuracy(out["rows"])
     out["chain_exact"] = _exact(out["rows"], "chain")
@@ -85,7 +96,22 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
     return out
 
 
-def resident_fork_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> dict:
+def _llamacpp_recurring(engine, tpl, rows, cfg: ReuseConfig) -> list[dict]:
+    import tempfile
+
+    tokens = [engine.tokenize(tpl.fill(r.values)) for r in rows]
+    with tempfile.TemporaryDirectory(prefix="kvprimer-bench-") as tmp:
+        llama = LlamaPaths(engine.info.path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                           n_threads=cfg.n_threads, cache_dir=Path(tmp),
+                           flash_attn=engine.kernels.flash_attn)
+        try:
+            got = recurring_rows(llama, tokens, cfg.max_tokens)
+        finally:
+            llama.close()
+    return [{"row": r.number, **g} for r, g in zip(rows, got)]
+
+
+def warm_in_place_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> dict:
     fork_ms, limit_ms, lookup_fork_ms, equal = [], [], [], True
     k = 0
     for rep in range(repeats):
@@ -94,9 +120,9 @@ def resident_fork_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> di
             first_fork = k % 4 in (0, 3)  # ABBA: each path as often first as second
             k += 1
             if first_fork:
-                f, lim = ours.warm_memory(row, more), ours.limit(row, more)
+                f, lim = ours.warm_in_place(row, more), ours.limit(row, more)
             else:
-                lim, f = ours.limit(row, more), ours.warm_memory(row, more)
+                lim, f = ours.limit(row, more), ours.warm_in_place(row, more)
             if f.evaluated != lim.evaluated or f.evaluated != len(row.suffix):
                 raise RuntimeError(f"row {row.number}: the resident fork evaluated {f.evaluated} "
                                    f"tokens, the limit {lim.evaluated}")

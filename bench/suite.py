@@ -28,7 +28,7 @@ from .report import path_summaries
 from .restore_probe import probe_restore
 from .workload import RowTokens, Workload, load_workload
 
-OURS_F16 = ("cold", "limit", "warm_memory", "warm_file")
+OURS_F16 = ("cold", "limit", "warm_in_place", "warm_memory", "warm_file", "limit_cache_context")
 THEIRS = ("llamacpp_ram", "llamacpp_disk", "llamacpp_in_context")
 OURS_Q8 = ("q8_0_warm_memory", "q8_0_limit", "q8_0_warm_file")
 
@@ -63,12 +63,13 @@ def run_suite(cfg: BenchConfig, log=None) -> dict:
     t_start = time.perf_counter()
     share = CpuShare(cfg.n_threads)
     results: dict = {"machine": machine_info(), "settings": asdict(cfg)}
-    results["settings"].update(n_ubatch=cfg.n_batch, flash_attn="on (ours: AUTO, resolves on; "
-                               "Llama: flash_attn=True)", sampling="greedy, first token timed")
     tmp = Path(tempfile.mkdtemp(prefix="kvprimer-bench-"))
     engine = Engine(EngineConfig(model_path=cfg.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
                                  n_threads=cfg.n_threads))
-    q8 = llama = None
+    results["settings"].update(n_ubatch=cfg.n_batch, sampling="greedy, first token timed",
+                               kernels=engine.kernels.as_dict(),
+                               flash_attn=f"{engine.kernels.describe()} (ours and Llama alike)")
+    q8 = llama = ours = ours_q8 = None
     try:
         results["model"] = {k: engine.info.as_dict()[k] for k in (
             "path", "name", "n_layer", "n_head_kv", "n_vocab", "kv_bytes_per_token")}
@@ -79,7 +80,6 @@ def run_suite(cfg: BenchConfig, log=None) -> dict:
         log(f"prefix {len(work.prefix)} tokens; rows {[len(r.suffix) for r in work.rows]} "
             f"suffix tokens; priming ours (f16)")
         state = engine.prime(work.template)
-        prefix_node = engine.prime_node(work.template)  # cached by prime: no evaluation
         state_file = tmp / "rag.kvstate"
         sizes = {"prefix_tokens": state.n_tokens, "state_file_bytes": state.save(state_file),
                  "raw_kv_bytes": state.n_tokens * engine.info.kv_bytes_per_token,
@@ -88,7 +88,8 @@ def run_suite(cfg: BenchConfig, log=None) -> dict:
         if cfg.llamacpp:
             log("loading llama_cpp.Llama and priming its caches")
             llama = LlamaPaths(engine.info.path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                               n_threads=cfg.n_threads, cache_dir=tmp / "llama-disk-cache")
+                               n_threads=cfg.n_threads, cache_dir=tmp / "llama-disk-cache",
+                               flash_attn=engine.kernels.flash_attn)
             entry = llama.prime(work.prefix)
             sizes.update(llamacpp_ram_entry_bytes=llama.ram_entry_bytes(),
                          llamacpp_ram_entry_parts={
@@ -104,15 +105,14 @@ def run_suite(cfg: BenchConfig, log=None) -> dict:
                                      n_batch=cfg.n_batch, n_threads=cfg.n_threads,
                                      type_k="q8_0", type_v="q8_0"))
             q8_state = q8.prime(work.template)
-            q8_node = q8.prime_node(work.template)
             sizes.update(q8_0_state_file_bytes=q8_state.save(q8_file),
                          q8_0_raw_kv_bytes=q8_state.n_tokens * q8.info.kv_bytes_per_token,
                          q8_0_kv_bytes_per_token=q8.info.kv_bytes_per_token)
             paths.update({n: [] for n in OURS_Q8})
         results["sizes"] = sizes
 
-        ours = OurPaths(engine, prefix_node)
-        ours_q8 = OurPaths(q8, q8_node) if q8 else None
+        ours = OurPaths(engine, work.template)
+        ours_q8 = OurPaths(q8, work.template) if q8 else None
         equivalence: dict = {}
         for rep in range(cfg.repeats):
             for row in work.rows:
@@ -131,7 +131,7 @@ def run_suite(cfg: BenchConfig, log=None) -> dict:
             results["sweep"] = sweep.run_sweep(ours, state, work, cfg.sweep_points,
                                                cfg.sweep_repeats, paths, log)
     finally:
-        for thing in (llama, q8, engine):
+        for thing in (ours, ours_q8, llama, q8, engine):
             if thing is not None:
                 thing.close()
         for p in sorted(tmp.rglob("*"), reverse=True):
@@ -167,7 +167,9 @@ def _one_repeat(cfg, work: Workload, row: RowTokens, ours: OurPaths, ours_q8, ll
     ours_run("cold", ours, ours.cold)
     ours_run("limit", ours, ours.limit)
     ours_run("warm_memory", ours, ours.warm_memory)
+    ours_run("warm_in_place", ours, ours.warm_in_place)
     ours_run("warm_file", ours, ours.warm_file, state_file)
+    ours_run("limit_cache_context", ours, ours.limit_cache_context)
     if llama:
         theirs_run("llamacpp_ram", llama.ram_warm, work.unrelated)
         theirs_run("llamacpp_disk", llama.disk_warm, work.unrelated)

@@ -4,8 +4,8 @@ Everything is tokenized once, by our engine's tokenizer, and every path (ours an
 llama-cpp-python's) is fed these exact id lists, so all of them evaluate the same suffix tokens.
 The boundary of a row is where its tokens leave the prefix state's tokens (the last prefix token
 can merge with a value's first characters), capped so at least one token is evaluated. Its marks
-are where the prompt's later segments start (prompt_segments): a warm run's decode batches start
-there and every EXACT_CHUNK tokens (batch_plan.py), and every path here evaluates those batches.
+are where the prompt's later segments start (prompt_segments): a chain-mode run starts a batch
+there; prefix-mode runs, and every path here, evaluate the suffix in n_batch batches.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine import Engine, Template, read_rows
-from app.engine.batch_plan import EXACT_CHUNK, batch_starts
+from app.engine.batch_plan import batch_starts
 from app.engine.prompt_tokens import common_prefix
 from app.engine.prompt_segments import prompt_segments
 from app.resources_path import examples_dir
@@ -35,9 +35,10 @@ class RowTokens:
     def suffix(self) -> list[int]:
         return self.tokens[self.boundary:]
 
-    def suffix_starts(self) -> list[int]:
-        """Where the suffix's decode batches start: as a warm run of the app evaluates it."""
-        return batch_starts(self.boundary, len(self.tokens), EXACT_CHUNK, self.marks)
+    def suffix_starts(self, n_batch: int) -> list[int]:
+        """Where the suffix's decode batches start: as a warm run of the app in prefix mode
+        evaluates it (n_batch batches)."""
+        return batch_starts(self.boundary, len(self.tokens), n_batch)
 
 
 @dataclass(frozen=True)

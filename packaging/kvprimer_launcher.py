@@ -5,10 +5,15 @@
     kvprimer --version            versions of KV Primer, llama-cpp-python and llama.cpp
     kvprimer info|prime|run|...   the `kvprimer` command line (app.cli); its commands are read
                                   from the CLI's own list, so none is left to the window
+
+The engine also starts this executable as its crash check's child process (a bundle has no
+`python -m`): CRASH_PROBE_ARG sends it to app/crash_probe_child.py.
 """
 from __future__ import annotations
 
 import sys
+
+CRASH_PROBE_ARG = "--kvprimer-crash-probe"  # app.engine.crash_probe.CHILD_ARG
 
 
 def wants_cli(argv: list[str]) -> bool:
@@ -19,6 +24,10 @@ def wants_cli(argv: list[str]) -> bool:
 
 def main() -> int:
     argv = sys.argv[1:]
+    if argv[:1] == [CRASH_PROBE_ARG]:
+        from app.crash_probe_child import main as crash_probe_child
+
+        return crash_probe_child(argv[1:])
     if wants_cli(argv):
         from app.cli import main as cli_main
 

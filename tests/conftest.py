@@ -9,7 +9,6 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import app.ui  # noqa: E402,F401  (applies the guard against PySide6 6.12.0's emit refcount bug)
 from tests.tiny_model import ARCHITECTURES, write_arch_model, write_tiny_model  # noqa: E402
 
 

@@ -65,12 +65,15 @@ def test_suite_on_tiny_model_reports_same_suffix_tokens(tiny_model, files, tmp_p
     assert len(res["paths"]["warm_memory"]) == 4  # 2 repeats x 2 rows, paired by index
     for row in res["workload"]["rows"]:
         eq = res["equivalence"][str(row["row"])]
-        for name in ("limit", "warm_memory", "warm_file"):  # same batch boundary: exact
-            assert eq[name]["tokens_equal"] and eq[name]["max_abs_logit_diff"] == 0.0
+        # the same batches and cells where a cold run puts them: exact
+        for name in ("limit", "warm_memory", "warm_in_place", "warm_file"):
+            assert eq[name]["tokens_equal"] and eq[name]["max_abs_logit_diff"] == 0.0, name
         assert "q8_0_warm_memory" in eq and "llamacpp_ram" in eq
-    for name in ("warm_vs_limit", "warm_vs_llamacpp_ram", "warm_vs_llamacpp_disk",
+    for name in ("warm_vs_fastest_limit", "warm_vs_llamacpp_ram", "warm_vs_llamacpp_disk",
                  "state_bytes_vs_raw_kv", "q8_0_state_bytes_vs_raw_kv"):
         assert res["ratios"][name] > 0 and name in res["goals"]
+    for name in ("warm_vs_limit", "warm_copy_vs_fastest_limit", "limit_cache_context_vs_fastest_limit"):
+        assert res["ratios"][name] > 0
     assert res["ratios"]["state_bytes_vs_raw_kv"] < 1.1
     assert [p["prefix_tokens"] for p in res["sweep"]][0] == 16
     text = format_report(res)
@@ -102,8 +105,8 @@ def test_reuse_section_on_tiny_model(tiny_model, tmp_path):
     rz = run_reuse(cfg, log=lambda msg: None)
     rows = {(r["row"], r["reuse"]): r for r in rz["rows"]}
     assert len(rows) == 12 and not any(r["error"] for r in rows.values())
-    # the resident fork is the limit's computation exactly, in the same batches
-    fork = rz["resident_fork"]
+    # the warm run in prefix mode is the fastest limit's computation exactly, same batches
+    fork = rz["warm_in_place"]
     assert fork["bit_identical"] and len(fork["fork_ms"]) == len(fork["limit_ms"]) == 8
     # chain: exact on every row, and rows repeating an earlier c1 reuse past the prefix
     assert rz["chain_exact"] == {"rows": 4, "bit_identical_rows": 4, "all": True}
@@ -117,8 +120,14 @@ def test_reuse_section_on_tiny_model(tiny_model, tmp_path):
     assert acc["bit_identical"] + acc["within_noise"] + acc["diverged"] == pytest.approx(1.0)
     assert 0.0 <= acc["top1_agree_min"] <= acc["top1_agree_mean"] <= 1.0
     assert acc["kl_max"] >= acc["kl_median"] >= 0.0
-    for name in ("chain_vs_prefix_warm", "compose_vs_prefix_warm", "resident_fork_vs_limit"):
+    for name in ("chain_vs_prefix_warm", "compose_vs_prefix_warm",
+                 "warm_in_place_vs_fastest_limit_recurring", "chain_vs_llamacpp_ram_recurring"):
         assert rz["ratios"][name] > 0 and name in rz["goals"]
+    assert rz["ratios"]["prefix_vs_llamacpp_ram_recurring"] > 0
+    peer = rz["llamacpp_ram_recurring"]
+    assert [r["row"] for r in peer] == [2, 3, 4, 5]
+    # the peer reuses from its cache too: later rows evaluate less than the whole prompt
+    assert all(r["reused_tokens"] > 0 for r in peer[1:])
     text = format_reuse(rz)
     assert "compose accuracy over 4 rows" in text and "chain: 4/4 rows bit-identical" in text
     json.dumps(rz)

@@ -48,18 +48,22 @@ def _samples(ms, row=1):
 def test_compute_ratios_names_and_goals():
     res = {
         "paths": {"cold": _samples([1000, 1100]), "limit": _samples([100, 100]),
-                  "warm_memory": _samples([104, 110]), "warm_file": _samples([120, 130]),
+                  "warm_in_place": _samples([104, 110]), "warm_memory": _samples([120, 130]),
+                  "warm_file": _samples([120, 130]), "limit_cache_context": _samples([400, 400]),
                   "llamacpp_ram": _samples([200, 220]), "llamacpp_disk": _samples([400, 500])},
         "sizes": {"state_file_bytes": 1010, "raw_kv_bytes": 1000,
                   "llamacpp_ram_entry_bytes": 2020, "llamacpp_disk_entry_bytes": 2525},
     }
     ratios, goals = compute_ratios(res)
-    assert ratios["warm_vs_limit"] == pytest.approx((1.04 + 1.10) / 2)
-    assert ratios["warm_vs_llamacpp_ram"] == pytest.approx((0.52 + 0.5) / 2)
+    assert ratios["warm_vs_fastest_limit"] == pytest.approx((1.04 + 1.10) / 2)
+    assert ratios["warm_copy_vs_fastest_limit"] == pytest.approx((1.2 + 1.3) / 2)
+    assert ratios["warm_vs_limit"] == pytest.approx((0.3 + 0.325) / 2)  # the old limit
+    assert ratios["warm_vs_llamacpp_ram"] == pytest.approx((0.6 + 130 / 220) / 2)
+    assert goals["warm_vs_fastest_limit"]["met"] is False
     assert ratios["state_bytes_vs_raw_kv"] == pytest.approx(1.01)
     assert ratios["state_bytes_vs_llamacpp_ram_entry"] == pytest.approx(0.5)
     assert goals["state_bytes_vs_raw_kv"]["met"] is True
-    assert goals["warm_vs_llamacpp_ram"]["met"] is False
+    assert goals["warm_vs_llamacpp_ram"]["met"] is True
     assert "q8_0_warm_vs_limit" not in ratios  # paths not run are not reported
     assert set(goals) <= set(GOALS)
 
@@ -80,11 +84,17 @@ def test_mode_ratios_pair_each_row_with_its_prefix_run():
     assert mode_vs_prefix(rows, "chain") == 0.5
     assert mode_vs_prefix(rows, "compose") is None  # failed rows are left out
     fork = {"fork_ms": [101.0, 99.0, 100.0], "limit_ms": [100.0, 100.0, 100.0]}
-    ratios, goals = compute_reuse_ratios({"rows": rows, "resident_fork": fork})
+    peer = [{"row": 2, "ttft_ms": 800.0}, {"row": 3, "ttft_ms": 500.0}, {"row": 4, "ttft_ms": 50.0}]
+    ratios, goals = compute_reuse_ratios({"rows": rows, "warm_in_place": fork,
+                                          "llamacpp_ram_recurring": peer})
     assert ratios["chain_vs_prefix_warm"] == 0.5
-    assert ratios["resident_fork_vs_limit"] == pytest.approx(1.0)
+    assert ratios["warm_in_place_vs_fastest_limit_recurring"] == pytest.approx(1.0)
     assert goals["chain_vs_prefix_warm"] == {"goal": "<= 0.8", "value": 0.5, "met": True}
-    assert goals["resident_fork_vs_limit"]["met"] is True
+    assert goals["warm_in_place_vs_fastest_limit_recurring"]["met"] is True
+    # per row against the peer: chain 400/800, 250/500, 30/50 -> median 0.5
+    assert ratios["chain_vs_llamacpp_ram_recurring"] == 0.5
+    assert goals["chain_vs_llamacpp_ram_recurring"]["met"] is True
+    assert ratios["prefix_vs_llamacpp_ram_recurring"] == pytest.approx(1.0)
     assert goals["compose_vs_prefix_warm"]["met"] is None  # not measured: no verdict
 
 

@@ -103,8 +103,8 @@ def test_rejected_kv_data_leaves_sequence_empty_not_corrupt(engine):
                       model_sha256=good.model_sha256, model_name="x", type_k="f16", type_v="f16",
                       seq_state_version=good.seq_state_version)
     with pytest.raises(StateFileError, match="rejected"):
-        engine.restore(bad, 1)
-    assert engine.resident[1] == [] and engine.ctx.pos_range(1) == (-1, -1)
+        engine.restore(bad, 0)
+    assert engine.resident[0] == [] and engine.ctx.pos_range(0) == (-1, -1)
     assert run_prompt(engine, TPL, VALUES, oneshot=False).verdict.exact
 
 

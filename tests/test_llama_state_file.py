@@ -1,6 +1,7 @@
 """llama.cpp's own per-sequence state file: ours loads in llama.cpp's loader, llama.cpp's loads
 through ours, and bad files give one-line errors. Tiny model, real llama.cpp calls."""
 import ctypes
+from dataclasses import replace
 
 import llama_cpp as L
 import numpy as np
@@ -22,6 +23,12 @@ SUFFIX = "the world is a question"
 def _engine(model):
     return Engine(EngineConfig(model_path=str(model), n_ctx=PARAMS.n_ctx, n_batch=PARAMS.n_batch,
                                n_threads=1))
+
+
+def primed_kernel(model) -> bool | None:
+    """The flash attention setting the engine measured for this model (cached)."""
+    with _engine(model) as e:
+        return e.kernels.flash_attn
 
 
 def _decode(ctx: NativeContext, tokens, start: int, seq: int = 0) -> np.ndarray:
@@ -65,7 +72,9 @@ def test_our_export_loads_in_llama_cpps_own_loader(primed, tiny_model, tmp_path)
     expected = _cold_logits(eng, state, suffix)
 
     model = NativeModel(tiny_model)
-    ctx = NativeContext(model, PARAMS)  # fresh context, llama.cpp's own file loader
+    # fresh context, llama.cpp's own file loader, with the engine's attention kernel (it
+    # decides V's layout)
+    ctx = NativeContext(model, replace(PARAMS, flash_attn=primed_kernel(tiny_model)))
     try:
         cap = state.n_tokens + 16
         toks = (L.llama_token * cap)()
@@ -97,7 +106,8 @@ def test_a_file_llama_cpp_wrote_loads_through_ours_bit_identically(tiny_model, t
     try:
         prefix = eng.tokenize(TPL.prefix_prompt())
         model = NativeModel(tiny_model)
-        ctx = NativeContext(model, PARAMS)  # another context writes the file, as a server would
+        # another context writes the file, as a server would (with the engine's kernel)
+        ctx = NativeContext(model, replace(PARAMS, flash_attn=primed_kernel(tiny_model)))
         try:
             _decode(ctx, prefix, 0)
             arr = (L.llama_token * len(prefix))(*prefix)
@@ -240,3 +250,13 @@ def test_sliding_window_model_files_hold_both_caches(tmp_path):
         assert eng.resident[3] == list(state.tokens)
     finally:
         eng.close()
+
+
+def test_a_state_saved_with_the_other_attention_kernel_is_one_clear_error(tiny_model, tmp_path):
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32, n_threads=1,
+                             flash_attn="off")) as off:
+        save_state(off.prime(TPL), tmp_path / "off.kvstate")
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32, n_threads=1,
+                             flash_attn="on")) as on:
+        with pytest.raises(StateFileError, match="saved with flash attention off.*runs it on"):
+            on.load_state(tmp_path / "off.kvstate")

@@ -73,8 +73,10 @@ def test_traits_say_what_constrains_caching(arch_models, arch):
         assert not t.hybrid and not t.mrope and t.can_shift  # none of these shift-blockers
         assert t.sliding == (arch == "gemma3")
         notes = t.notes()
-        assert notes[0] == ("warm runs from memory: exact (a forked resident prefix)"
-                            if arch != "mamba" else notes[0])
+        if arch == "gemma3":
+            assert notes[0] == "warm runs from memory: exact (a forked resident prefix, in the cache's cells)"
+        elif arch != "mamba":
+            assert notes[0] == "warm runs: exact (cells copied or kept where a cold run puts them)"
         if arch == "mamba":
             assert notes[0].startswith("caching prefixes: unavailable (recurrent layers")
         if arch == "gemma3":

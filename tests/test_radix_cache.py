@@ -82,6 +82,7 @@ def test_a_promoted_node_gives_a_bit_identical_run(tiny_model, tmp_path, tier):
         _evict_down(eng, others, tier)
         assert_tree_consistent(eng)
         assert all(n.tier == tier for n in others) and prefix[0].tier == "resident"
+        eng.work.reset()  # the work context forgets b: its cells must come from the cache
         rep = run_prompt(eng, TPL, b, reuse="chain", gen=GEN, oneshot=False)
         assert rep.hit_tier == tier and rep.reused_tokens == base.reused_tokens
         assert rep.verdict.equivalence == "bit-identical", rep.verdict.describe()

@@ -59,8 +59,9 @@ def test_bench_every_reuse_mode_writes_one_entry_per_row_and_mode(files, capsys)
         "static prefix", "<c1>", "<c2>"]
     assert by[4, "chain"]["evaluated_tokens"] < by[4, "prefix"]["evaluated_tokens"]
     assert any(s["source"].startswith("module") for s in by[4, "compose"]["reused_by_source"])
-    # one cold run per row serves every mode whose warm history had the same batch starts
-    assert by[2, "prefix"]["cold_ms"] == by[2, "chain"]["cold_ms"]
+    # one cold run per row serves every mode whose warm history had the same batch starts:
+    # chain and compose start a batch at every segment; prefix mode evaluates the suffix whole
+    assert by[2, "chain"]["cold_ms"] == by[2, "compose"]["cold_ms"]
     summary = res["summary"]
     for mode in ("prefix", "chain", "compose"):
         assert summary[mode]["warm_ms_median"] > 0 and summary[mode]["rows"] == 3

@@ -164,6 +164,7 @@ def test_corrupted_cells_under_a_node_are_not_bit_identical(engine):
     engine.clear_seq(0)
     assert engine.ctx.state_set(data, node.seq)
     assert engine.resident[node.seq] == node.tokens()  # the cache still believes its tokens
+    engine.work.reset()  # the run must take the prefix from the cache, not the work context
     bad = run(engine, vals, reuse="prefix")
     v = bad.verdict
     assert bad.reused_tokens == node.depth

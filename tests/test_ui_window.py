@@ -539,4 +539,4 @@ def test_model_panel_says_what_the_architecture_means_for_caching(qtbot, make_wi
     w = make_window()
     notes = w.worker.info.traits.notes()
     assert notes and all(n in w.model_panel.notes.text() for n in notes[:1])
-    assert "warm runs from memory" in w.model_panel.notes.text()
+    assert "warm runs: exact" in w.model_panel.notes.text()

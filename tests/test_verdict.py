@@ -85,3 +85,23 @@ def test_a_shorter_run_differs_where_it_stops():
     assert not c.tokens_equal and c.first_diff == 2
     c = compare_runs(TOKENS, [], TOKENS, [])
     assert c.positions == 0 and c.top1_agree == 1.0 and c.tokens_equal
+
+
+def test_a_rounding_difference_is_within_noise_even_when_the_measured_noise_is_zero():
+    # a kernel insensitive to batch grouping and placement measures no noise at all; a
+    # difference in the last bits must still not read as a changed prediction
+    warm = compare_runs(TOKENS, LOGITS, TOKENS, nudged(1e-6))
+    zero = compare_runs(TOKENS, LOGITS, TOKENS, [x.copy() for x in LOGITS])
+    assert warm.max_logit_diff > 0 and zero.max_logit_diff == 0.0
+    v = judge(warm, zero)
+    assert v.equivalence == WITHIN_NOISE and "float rounding" in v.describe()
+    # but a real difference past the rounding floor, with no noise to cover it, diverges
+    assert judge(compare_runs(TOKENS, LOGITS, TOKENS, nudged(0.5)), zero).equivalence == DIVERGED
+
+
+def test_nothing_compared_is_not_called_identical():
+    c = compare_runs([], [], [], [])
+    assert c.positions == 0
+    v = judge(c, c)
+    assert v.equivalence == DIVERGED and not v.exact
+    assert "no position compared" in v.describe()

@@ -41,13 +41,16 @@ def write_tiny_model(path: Path, *, n_embd: int = 128, n_layer: int = 2, n_head:
 def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
                      n_layer: int | None = None, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 256, n_ctx: int = 4096, seed: int = 7, n_swa: int = 8,
-                     swa_pattern: int | list[bool] | None = 2) -> Path:
+                     swa_pattern: int | list[bool] | None = 2, weight_type: str = "f32") -> Path:
     """A tiny random-weight model of ``arch`` (one of ARCHITECTURES).
 
     ``n_layer`` defaults to 4 for gemma3 (so its pattern S F S F shows) and 2 otherwise.
     ``n_swa`` and ``swa_pattern`` apply to gemma3: the window in tokens, and the period of the
     layer pattern (llama.cpp: a layer il slides when il % period < period - 1), or one flag a
     layer (True: slides), or None for no pattern key (llama.cpp then uses gemma3's period, 6).
+    ``weight_type`` ("f32", "f16", or a gguf quantization such as "q4_0") is the type of the
+    attention, feed-forward and output matrices: the types that AMX and repacked CPU kernels
+    take (app/engine/cpu_kernels.py).
     """
     import gguf
 
@@ -94,21 +97,30 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     def ones(n):
         return np.ones(n, dtype=np.float32)
 
+    def mat(name, a):  # a 2-D weight in the model's weight type
+        if weight_type == "f32":
+            w.add_tensor(name, a)
+        elif weight_type == "f16":
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            qtype = gguf.GGMLQuantizationType[weight_type.upper()]
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+
     # numpy shapes are ggml's dimensions reversed: a {n_in, n_out} weight is (n_out, n_in)
     head_dim = n_embd // n_head
     n_kv = n_head_kv * head_dim
     w.add_tensor("token_embd.weight", t(n_vocab, n_embd, scale=1.0))
     w.add_tensor("output_norm.weight", ones(n_embd))
-    w.add_tensor("output.weight", t(n_vocab, n_embd, scale=0.5))
+    mat("output.weight", t(n_vocab, n_embd, scale=0.5))
     for i in range(n_layer):
         blk = f"blk.{i}."
         w.add_tensor(blk + "attn_norm.weight", ones(n_embd))
         if arch == "mamba":
             _mamba_layer(w, blk, n_embd, t)
             continue
-        w.add_tensor(blk + "attn_q.weight", t(n_embd, n_embd))
-        w.add_tensor(blk + "attn_k.weight", t(n_kv, n_embd))
-        w.add_tensor(blk + "attn_v.weight", t(n_kv, n_embd))
+        mat(blk + "attn_q.weight", t(n_embd, n_embd))
+        mat(blk + "attn_k.weight", t(n_kv, n_embd))
+        mat(blk + "attn_v.weight", t(n_kv, n_embd))
         if arch == "qwen2":
             w.add_tensor(blk + "attn_q.bias", t(n_embd, scale=0.1))
             w.add_tensor(blk + "attn_k.bias", t(n_kv, scale=0.1))
@@ -116,13 +128,13 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
         if arch in ("qwen3", "gemma3"):
             w.add_tensor(blk + "attn_q_norm.weight", ones(head_dim))
             w.add_tensor(blk + "attn_k_norm.weight", ones(head_dim))
-        w.add_tensor(blk + "attn_output.weight", t(n_embd, n_embd))
+        mat(blk + "attn_output.weight", t(n_embd, n_embd))
         if arch == "gemma3":
             w.add_tensor(blk + "post_attention_norm.weight", ones(n_embd))
         w.add_tensor(blk + "ffn_norm.weight", ones(n_embd))
-        w.add_tensor(blk + "ffn_gate.weight", t(n_ff, n_embd))
-        w.add_tensor(blk + "ffn_up.weight", t(n_ff, n_embd))
-        w.add_tensor(blk + "ffn_down.weight", t(n_embd, n_ff))
+        mat(blk + "ffn_gate.weight", t(n_ff, n_embd))
+        mat(blk + "ffn_up.weight", t(n_ff, n_embd))
+        mat(blk + "ffn_down.weight", t(n_embd, n_ff))
         if arch == "gemma3":
             w.add_tensor(blk + "post_ffw_norm.weight", ones(n_embd))
     w.write_header_to_file()

@@ -16,6 +16,8 @@ from .kv_commands import cmd_bench_forked
 
 def info_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
+    p.add_argument("--remeasure", action="store_true",
+                   help="time both attention kernels again instead of using the cached measurement")
 
 
 def prime_options(p: argparse.ArgumentParser) -> None:
@@ -78,13 +80,26 @@ def cmd_info(args) -> int:
     else:
         traits = info.pop("traits")
         notes = traits.pop("notes")
+        cpu = info.pop("cpu_kernels", None)
+        kernels = info.pop("kernels", None)
         width = max(map(len, info))
         for k, v in info.items():
+            if isinstance(v, bool):  # before int: a bool is an int to Python
+                v = "yes" if v else "no"
             print(f"{k:<{width}}  {v:,}" if isinstance(v, int) else f"{k:<{width}}  {v}")
-        print("architecture traits: " + ", ".join(f"{k} {v}" for k, v in traits.items()))
+        print("architecture traits: " + ", ".join(
+            f"{k} {('yes' if v else 'no') if isinstance(v, bool) else v}" for k, v in traits.items()))
         print("for caching:")
         for line in notes:
             print(f"  - {line}")
+        if kernels:  # flash attention on or off: measured here, or why there was no choice
+            state = {True: "on", False: "off", None: "not used"}[kernels["flash_attn"]]
+            print(f"attention kernel: flash attention {state} ({kernels['how']})")
+            print(f"  - {kernels['reason']}")
+        if cpu:  # AMX / repacked weights: what llama.cpp runs here, and why (cpu_kernels.py)
+            print(f"cpu kernels: {cpu['summary']}")
+            print(f"  - {cpu['reason']}")
+            print(f"  - crash check: {cpu['probe']}")
     return 0
 
 

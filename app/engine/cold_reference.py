@@ -6,8 +6,10 @@ run. Here a second context with the same model and parameters is cleared before 
 its cells always start at cell 0 in position order. Two kinds of cold run:
 - ``same_boundary``: the batch starts of the warm run's history replayed exactly (see
   batch_plan.py): the reference a warm run must match bit for bit;
-- ``oneshot``: plain batches from token 0, as any llama.cpp program would evaluate the prompt;
-  its difference from the same-boundary run is the model's own batch-grouping noise.
+- ``oneshot``: plain batches, as any llama.cpp program would evaluate the prompt, with its cells
+  one cell further on (a padding cell of another sequence comes first). Its difference from the
+  same-boundary run is the model's own numeric noise: what batch grouping and cell placement
+  change in the arithmetic, both of which a cache could change without being wrong.
 """
 from __future__ import annotations
 
@@ -60,16 +62,19 @@ class ColdReference:
         if self._ctx is None:
             c = self._engine.config
             self._ctx = NativeContext(self._engine.model, ContextParams(
-                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 1, c.n_threads_gen))
+                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 2, c.n_threads_gen,
+                self._engine.kernels.flash_attn))
         return self._ctx
 
     def run(self, tokens: list[int], marks: list[int] | None, gen: GenerationConfig,
             max_new: int, task: TaskState | None, mode: str, keep_logits: int) -> PathResult:
         """Evaluate ``tokens`` from scratch with batches starting at ``marks`` (None: plain
-        n_batch batches), then generate."""
+        n_batch batches, one cell further on), then generate."""
         task = task or TaskState()
         ctx = self._context()
-        ctx.seq_rm(0)
+        ctx.clear()
+        if marks is None:  # the noise run: another sequence's cell first moves every cell by one
+            ctx.decode([(tokens[0], 0, (1,), False)])
         n_batch = self._engine.config.n_batch
         starts = batch_starts(0, len(tokens), n_batch, marks or ())
         t0 = time.perf_counter()
@@ -86,6 +91,6 @@ class ColdReference:
             pos[0] += 1
 
         g = generate(ctx, self._engine.model, step, gen, max_new, task, mode, keep_logits)
-        ctx.seq_rm(0)
+        ctx.clear()
         return PathResult(mode, 0, len(tokens), 0.0, prompt_s * 1000, (g.t_first - t0) * 1000,
                           (g.t_end - g.t_first) * 1000, g.tokens, g.text, g.logits, starts)

@@ -6,10 +6,11 @@ prefix's node with seq_cp, so the prefix cells are shared, not copied. The k suf
 run would cut it, and see SMALL_UBATCH), and then every generation step decodes one token for
 each unfinished row in a single batch.
 
-Compared with the same rows run one by one warm (run_prompt): bit for bit equal for suffixes
-under 64 tokens; above, llama.cpp's own numerics move with the cells' place in the cache (see
-SMALL_UBATCH). ``compare_with_sequential`` compares the greedy tokens and reports the max
-|Δlogit| of the first generated token.
+Compared with the same rows run one by one warm (run_prompt, in the work context, whose cells
+lie where a cold run puts them): the forked rows share one context, where llama.cpp's numerics
+move with the cells' place (batch_plan.py, work_context.py), so their logits can differ in the
+last bits. ``compare_with_sequential`` compares the greedy tokens and reports the max |Δlogit|
+of the first generated token.
 """
 from __future__ import annotations
 

@@ -8,11 +8,13 @@ from scratch in a context of its own, to prove warm runs equal.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .batch_plan import EXACT_CHUNK, batch_starts, batches
 from .cold_reference import ColdReference
+from .crash_probe import CpuKernels, checked_cpu_kernels
+from .kernel_choice import KernelChoice, choose_kernels
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .model_files import check_gguf_file, default_model_path, model_fingerprint
 from .model_traits import ModelTraits, read_traits
@@ -25,10 +27,11 @@ from .prefix_state import PrefixState
 from .radix_cache import CacheLimits, RadixCache
 from .radix_tree import RadixNode
 from .prompt_tokens import PromptTokenizer
-from .seq_payload import in_position_order
+from .seq_payload import in_position_order, v_transposed
 from .sequence_ops import SequenceOps
 from .task_state import TaskState
 from .template import FilledPrompt, Template
+from .work_context import WorkContext
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class EngineConfig:
     cache: CacheLimits = CacheLimits()
     kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
     n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp's -ngl); -1: all of them
+    # flash attention: "auto" measures which kernel is faster here (kernel_choice.py)
+    flash_attn: str = "auto"
+    remeasure_kernels: bool = False  # measure again even when a measurement is cached
 
 
 @dataclass(frozen=True)
@@ -73,26 +79,42 @@ class ModelInfo:
     kv_bytes_per_token: int
     traits: ModelTraits  # what the architecture means for caching
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
+    kernels: KernelChoice | None = None  # the attention kernel, and why
+    cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
 
     def as_dict(self) -> dict:
-        return {**self.__dict__, "traits": self.traits.as_dict()}
+        return {**self.__dict__, "traits": self.traits.as_dict(),
+                "kernels": self.kernels.as_dict() if self.kernels else None,
+                "cpu_kernels": self.cpu_kernels.as_dict() if self.cpu_kernels else None}
 
 
 class Engine(SequenceOps):
     def __init__(self, config: EngineConfig = EngineConfig()):
         self.config = config
         path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
-        self.model = NativeModel(path, config.n_gpu_layers)
+        self.cpu_kernels = checked_cpu_kernels(path)  # crash-checked in a child process, cached
+        self.model = NativeModel(path, config.n_gpu_layers, self.cpu_kernels.use_extra_bufts)
+        sha256 = model_fingerprint(path)
         try:
-            self.ctx = TrackedContext(self.model, ContextParams(
-                config.n_ctx, config.n_batch, config.n_threads, config.type_k, config.type_v,
-                config.n_seq_max, config.n_threads_gen), config.kv_debug_log)
+            params = ContextParams(config.n_ctx, config.n_batch, config.n_threads, config.type_k,
+                                   config.type_v, config.n_seq_max, config.n_threads_gen)
+            early = read_traits(self.model, None, path)
+            # every context of the engine runs the same kernel: states move between them, and
+            # flash attention decides V's layout
+            self.kernels = choose_kernels(
+                self.model, params, sha256, config.flash_attn, windowed=early.n_swa > 0,
+                quantized_v=config.type_v not in ("f16", "f32", "bf16"),
+                no_attention=early.recurrent and not early.hybrid,
+                remeasure=config.remeasure_kernels)
+            self.ctx = TrackedContext(self.model, replace(params, flash_attn=self.kernels.flash_attn),
+                                      config.kv_debug_log)
         except Exception:
             self.model.close()
             raise
         facts = self.model.facts()
         self.info = ModelInfo(
-            path=str(path), sha256=model_fingerprint(path), n_ctx=self.ctx.n_ctx,
+            path=str(path), sha256=sha256, n_ctx=self.ctx.n_ctx, kernels=self.kernels,
+            cpu_kernels=self.cpu_kernels,
             n_batch=config.n_batch, n_seq_max=config.n_seq_max, type_k=config.type_k,
             type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
             traits=read_traits(self.model, self.ctx, path), gpu_offload=gpu_offload_supported(),
@@ -108,11 +130,19 @@ class Engine(SequenceOps):
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
         self.cold = ColdReference(self)
+        self.work = WorkContext(self)
         self.cache = RadixCache(self, config.cache)
+
+    @property
+    def runs_in_work_context(self) -> bool:
+        """Warm runs evaluate in the work context (work_context.py), cells laid out as a cold
+        run lays them out; sliding-window models fork in the cache's context instead."""
+        return self.n_swa == 0
 
     # ---- lifetime
     def close(self) -> None:
         self.cache.close()
+        self.work.close()
         self.cold.close()
         self.ctx.close()
         self.model.close()
@@ -237,6 +267,14 @@ class Engine(SequenceOps):
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         state.check_payload(self.info.n_vocab)
+        trans = v_transposed(state.data)
+        if trans is not None and self.kernels.flash_attn is not None \
+                and trans == bool(self.kernels.flash_attn):
+            # llama.cpp stores V transposed without flash attention and would refuse the rows
+            had, now = ("off", "on") if trans else ("on", "off")
+            raise StateFileError(f"this state was saved with flash attention {had}, and this "
+                                 f"context runs it {now}; load it with flash attention {had} or "
+                                 "prime the prefix again")
         if state.origin == "llama.cpp":  # no model identity: at least the rows must fit
             check_rows_fit(state, self.info.n_layer, self.info.kv_bytes_per_token)
 
@@ -272,9 +310,10 @@ class Engine(SequenceOps):
     def prime_node(self, template: Template, task: TaskState | None = None) -> RadixNode:
         """The radix cache's node holding the template's static prefix, evaluated if needed.
 
-        Into an empty cache the prefix goes in plain n_batch batches from cell 0, as a cold
-        run places it; otherwise in small batches, whose results do not depend on where the
-        cells land (batch_plan.py).
+        The prefix is evaluated in the work context in plain n_batch batches from cell 0, as a
+        cold run evaluates it. (Sliding-window models evaluate in the cache's context: into an
+        empty cache in plain batches from cell 0, otherwise in small batches, whose results do
+        not depend on where the cells land, batch_plan.py.)
         """
         t = self.info.traits
         if t.recurrent or t.hybrid:
@@ -294,6 +333,13 @@ class Engine(SequenceOps):
                 self.cache.materialise(hit.node)
                 self.cache.touch(hit.node)
                 return hit.node
+            if self.runs_in_work_context:
+                hit = self.cache.whole_batches(hit)
+                self.cache.bring_to_work(hit, tokens)
+                self.work.evaluate(tokens[hit.reused:],
+                                   batch_starts(hit.reused, len(tokens), self.config.n_batch),
+                                   task, stage="prime", want_logits=False)
+                return self.cache.store(tokens, "static prefix", template.sha256, hit.approx)
             if hit.node is not None:
                 self.cache.materialise(hit.node)
             chunk = None if self.used_cells() == 0 else EXACT_CHUNK

@@ -93,7 +93,9 @@ class ModelTraits:
                    "not one cell per token, so no prefix can be cut, forked or extended); cold "
                    "runs only"]
         else:
-            out = ["warm runs from memory: exact (a forked resident prefix)"]
+            out = ["warm runs from memory: exact (a forked resident prefix, in the cache's cells)"
+                   if self.sliding else
+                   "warm runs: exact (cells copied or kept where a cold run puts them)"]
         if self.sliding:
             where = f"{self.swa_layers} of {self.n_layer} layers" if self.swa_layers else "some layers"
             window = "chunked" if self.swa_kind == "chunked" else "sliding-window"
@@ -114,9 +116,9 @@ class ModelTraits:
         return out
 
 def read_traits(model, ctx, path: str | os.PathLike | None = None) -> ModelTraits:
-    """The traits of a loaded NativeModel and its NativeContext; ``path`` is the model file,
-    read only when its sliding-window pattern is a per-layer list (llama.cpp does not expose
-    list-valued metadata)."""
+    """The traits of a loaded NativeModel and its NativeContext (None: before there is one;
+    ``can_shift`` is then False); ``path`` is the model file, read only when its sliding-window
+    pattern is a per-layer list (llama.cpp does not expose list-valued metadata)."""
     arch = model.meta("general.architecture") or "unknown"
     n_layer = int(L.llama_model_n_layer(model.ptr))
     n_swa = max(int(L.llama_model_n_swa(model.ptr)), 0)
@@ -132,7 +134,7 @@ def read_traits(model, ctx, path: str | os.PathLike | None = None) -> ModelTrait
         recurrent=bool(L.llama_model_is_recurrent(model.ptr)),
         hybrid=bool(L.llama_model_is_hybrid(model.ptr)),
         rope_type=rope, mrope=rope in _MULTI_AXIS,
-        can_shift=bool(L.llama_memory_can_shift(ctx.mem)))
+        can_shift=bool(L.llama_memory_can_shift(ctx.mem)) if ctx is not None else False)
 
 
 def _swa_pattern(model, arch: str, n_layer: int, path) -> str | None:

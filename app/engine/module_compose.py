@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .batch_plan import EXACT_CHUNK
+from .batch_plan import EXACT_CHUNK, batch_starts
 from .errors import CacheError
 from .prompt_segments import Segment
 from .radix_cache import CacheHit
@@ -63,7 +63,15 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
         key = base + tokens[seg.start:seg.end]
         m = cache.tree.match(key)
         node = m.node if (m.child is None and m.node.depth == len(key) and m.node.tier != "gone") else None
-        if node is None:
+        if node is None and engine.runs_in_work_context:
+            # built where cells lie as a cold run lays them out, like every cached prompt
+            t0 = time.perf_counter()
+            cache.bring_to_work(CacheHit(prefix, p, (), prefix.tier, prefix.approx), key)
+            engine.work.evaluate(key[p:], batch_starts(p, len(key), engine.config.n_batch), task,
+                                 stage="module", want_logits=False)
+            node = cache.store(key, f"module {seg.label}", approx=prefix.approx)
+            build_s += time.perf_counter() - t0
+        elif node is None:
             t0 = time.perf_counter()
             cache.ensure_free_cells(seg.end - seg.start)
             work = cache.take_work_seq()
@@ -101,6 +109,33 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
                 src = cache.materialise(node)
                 engine.place_cells(src, p + k, p + n, work, cur + k - (p + k), cache.scratch,
                                    tokens[seg.start + k:seg.end])
+        sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
+        cur += n
+    return Composition(cur, tuple(sources), recomputed)
+
+
+def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompute: int,
+                            task) -> Composition:
+    """The same composition in the work context (work_context.py): the exact part kept or
+    copied, each module's cells copied from the cache and shifted into place, recomputed
+    tokens evaluated in place. With every module recomputed, the run is a chain run."""
+    cache, work, n_batch = engine.cache, engine.work, engine.config.n_batch
+    cache.bring_to_work(plan.hit, tokens)
+    cur = plan.hit.reused
+    sources = list(plan.hit.sources)
+    p = plan.prefix.depth
+    recomputed = 0
+    for seg, node in plan.modules:
+        n = seg.end - seg.start
+        k = min(recompute, n)
+        recomputed += k
+        if k:
+            work.evaluate(tokens[seg.start:seg.start + k], batch_starts(cur, cur + k, n_batch),
+                          task, stage="recompute", want_logits=False)
+        if k < n:
+            with cache.busy(node):
+                data = engine.cells_of(cache.materialise(node), p + k, p + n, cache.scratch)
+            work.append_cells(data, tokens[seg.start + k:seg.end], [cur + k], shift=cur - p)
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
         cur += n
     return Composition(cur, tuple(sources), recomputed)

@@ -65,15 +65,31 @@ def check_gpu_layers(n_gpu_layers: int) -> None:
 
 
 class NativeModel:
-    def __init__(self, path: Path, n_gpu_layers: int = 0):
+    def __init__(self, path: Path, n_gpu_layers: int = 0, use_extra_bufts: bool = True):
+        """``use_extra_bufts`` False keeps weights out of the CPU's extra buffer types (AMX,
+        repacked weights): cpu_kernels.py says when, crash_probe.py checks it."""
         check_gpu_layers(n_gpu_layers)
         ensure_backend()
         params = L.llama_model_default_params()
         # -1 is "all layers" (llama-cpp-python's convention); llama.cpp caps a count at the layers
         params.n_gpu_layers = 1 << 30 if n_gpu_layers == -1 else n_gpu_layers
         params.use_mmap = True
+        params.use_extra_bufts = use_extra_bufts
+        # the buffer types llama.cpp puts weights into (CPU_Mapped, CPU_REPACK, AMX, CUDA0, ...)
+        # are only in its load log: "load_tensors:   CPU_REPACK model buffer size = 1.50 MiB"
+        buffers: list[str] = []
+
+        def listen(_level: int, text: str) -> None:
+            if " model buffer size" in text:
+                buffers.append(text.split(" model buffer size")[0].split()[-1])
+
         last_problem()
-        ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        add_log_listener(listen)
+        try:
+            ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        finally:
+            remove_log_listener(listen)
+        self.buffer_types = tuple(dict.fromkeys(buffers))
         if not ptr:
             raise ModelError(f"llama.cpp could not load {Path(path).name}: the file is truncated, "
                              f"corrupt or of an unsupported architecture{last_problem()}")
@@ -186,6 +202,9 @@ class ContextParams:
     type_v: str = "f16"
     n_seq_max: int = 8
     n_threads_gen: int = 0  # threads for one-token decodes; 0: as n_threads
+    # flash attention: True/False, or None for llama.cpp's AUTO (on where supported). The
+    # engine decides it by measurement (kernel_choice.py); a quantized V cache needs it on.
+    flash_attn: bool | None = None
 
 
 class NativeContext:
@@ -217,8 +236,8 @@ class NativeContext:
         p.n_threads_batch = threads
         p.type_k = KV_TYPES[params.type_k].id
         p.type_v = KV_TYPES[params.type_v].id
-        # A quantized V cache needs flash attention; AUTO turns it on where it is supported.
-        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_AUTO
+        p.flash_attn_type = {None: L.LLAMA_FLASH_ATTN_TYPE_AUTO, True: L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                             False: L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[params.flash_attn]
         p.kv_unified = True  # one cell pool shared by all sequences, so seq_cp shares cells
         p.no_perf = True
         last_problem()

@@ -16,7 +16,7 @@ from .batch_plan import EXACT_CHUNK, batch_starts
 from .cold_reference import PathResult
 from .errors import KvPrimerError
 from .generation import GenerationConfig, TextDelta, generate
-from .module_compose import compose_into, plan_modules
+from .module_compose import compose_in_work_context, compose_into, plan_modules
 from .prefix_state import PrefixState
 from .prompt_segments import prompt_segments
 from .task_state import TaskState
@@ -27,7 +27,7 @@ REUSE_MODES = ("prefix", "chain", "compose")
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
 
 __all__ = ["GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
-           "run_prompt", "report_dict"]
+           "run_prompt", "report_dict", "warm_in_work_context"]
 
 
 @dataclass
@@ -47,6 +47,7 @@ class RunReport:
     oneshot: PathResult | None = None
     verdict: Verdict | None = None
     note: str = ""  # why the reused cells may not be exact, when they may not
+    copied_tokens: int = 0  # reused tokens copied from the cache (the rest were in place)
     plan: list[int] = field(default_factory=list, repr=False)  # the warm history's batch starts
 
     @property
@@ -76,6 +77,7 @@ def report_dict(rep: RunReport) -> dict:
             "reuse": rep.reuse, "reused_tokens": rep.reused_tokens,
             "reused_by_source": [{"source": s, "tokens": n} for s, n in rep.sources],
             "hit_tier": rep.hit_tier, "evaluated_tokens": rep.evaluated_tokens,
+            "copied_tokens": rep.copied_tokens,
             "tokenize_ms": rep.tokenize_ms, "build_ms": rep.build_ms,
             "state_bytes": rep.state_bytes, "speedup": rep.speedup,
             "cold": path(rep.cold), "warm": path(rep.warm), "oneshot": path(rep.oneshot),
@@ -163,6 +165,12 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         plan = plan_modules(engine, tokens, segments, hit, node, task)
         report.build_ms = plan.build_ms
         hit = plan.hit
+    if engine.runs_in_work_context:
+        if compose:
+            return _compose_in_work_context(engine, tokens, plan, gen, max_new, recompute, task,
+                                            report)
+        return _warm_in_work_context(engine, template, tokens, segments, reuse, hit, gen,
+                                     max_new, keep, task, report)
     report.note = hit.approx
     reused_nodes = [hit.node] + ([m for _s, m in plan.modules] if compose else [])
     with cache.busy(*reused_nodes):  # making room must not evict what this run reuses
@@ -229,3 +237,75 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
     return PathResult("warm", report.reused_tokens, report.evaluated_tokens, (t1 - t0) * 1000, prompt_s * 1000,
                       (g.t_first - t0) * 1000, (g.t_end - g.t_first) * 1000, g.tokens, g.text,
                       g.logits, report.plan)
+
+
+def _warm_in_work_context(engine, template, tokens, segments, reuse, hit, gen, max_new, keep,
+                          task, report) -> PathResult:
+    """Run mode prefix or chain in the work context; chain caches each segment's end."""
+    hit = engine.cache.whole_batches(hit)
+    report.note = hit.approx
+    add_nodes = keep and reuse == "chain"
+    # a node must end where a batch ends, so a later run reusing it replays whole batches
+    marks = [s.start for s in segments if s.start > hit.reused] if add_nodes else []
+    nodes = [(s.end, s.label) for s in segments if s.end > hit.reused] if add_nodes else []
+    result, report.copied_tokens = warm_in_work_context(
+        engine, tokens, hit, gen, max_new, task, marks=marks, nodes=nodes,
+        template_sha256=template.sha256)
+    report.plan = result.starts
+    report.reused_tokens, report.sources, report.hit_tier = hit.reused, hit.sources, hit.tier
+    report.evaluated_tokens = len(tokens) - hit.reused
+    return result
+
+
+def _compose_in_work_context(engine, tokens, plan, gen, max_new, recompute, task,
+                             report) -> PathResult:
+    report.note = plan.hit.approx or "composed modules never attended to each other"
+    t0 = time.perf_counter()
+    c = compose_in_work_context(engine, plan, tokens, recompute, task)
+    t1 = time.perf_counter()
+    report.reused_tokens, report.sources = c.reused - c.recomputed, c.sources
+    report.evaluated_tokens = len(tokens) - report.reused_tokens
+    report.hit_tier = plan.hit.tier
+    result = _evaluate_and_generate(engine, tokens, c.reused, (), gen, max_new, task, t0, t1,
+                                    KEEP_LOGITS)
+    result.reused_tokens, result.evaluated_tokens = report.reused_tokens, report.evaluated_tokens
+    report.plan = result.starts
+    engine.cache.enforce()
+    return result
+
+
+def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, max_new: int,
+                         task: TaskState | None = None, *, marks=(), nodes=(),
+                         template_sha256: str = "", keep_logits: int = KEEP_LOGITS
+                         ) -> tuple[PathResult, int]:
+    """The warm run where cells lie as a cold run lays them out (work_context.py): keep or copy
+    the hit's tokens (whole batches), evaluate the rest in n_batch batches (also starting at
+    ``marks``), generate; after the first token, cache ``tokens[:pos]`` for each (pos, label)
+    of ``nodes``. Returns the result (``starts``: the batch starts a cold run replays) and the
+    number of tokens copied from the cache."""
+    cache = engine.cache
+    t0 = time.perf_counter()
+    copied = cache.bring_to_work(hit, tokens)
+    t1 = time.perf_counter()
+    result = _evaluate_and_generate(engine, tokens, hit.reused, marks, gen, max_new, task, t0, t1,
+                                    keep_logits)
+    for pos, label in nodes:  # after the first token: the bookkeeping stays out of its time
+        cache.store(tokens[:pos], label, template_sha256, hit.approx)
+    cache.enforce()  # what this run promoted stayed while it was busy
+    return result, copied
+
+
+def _evaluate_and_generate(engine, tokens, reused, marks, gen, max_new, task, t0, t1,
+                           keep_logits) -> PathResult:
+    """Evaluate tokens[reused:] in the work context in n_batch batches (also starting at
+    ``marks``), then generate; times are from ``t0`` (the reused part was ready at ``t1``)."""
+    work = engine.work
+    work.evaluate(tokens[reused:], batch_starts(reused, len(tokens), engine.config.n_batch, marks),
+                  task, stage="warm")
+    prompt_s = time.perf_counter() - t1
+    plan = [c for c in work.cuts if c < len(tokens)]
+    g = generate(work.ctx, engine.model, work.step, gen, max_new, task, "warm",
+                 min(max_new, keep_logits))
+    return PathResult("warm", reused, len(tokens) - reused, (t1 - t0) * 1000, prompt_s * 1000,
+                      (g.t_first - t0) * 1000, (g.t_end - g.t_first) * 1000, g.tokens, g.text,
+                      g.logits, plan)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .errors import CacheError
 from .radix_tree import RadixNode, RadixTree
+from .work_context import batch_end_at_or_before
 
 __all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNodeInfo",
            "RadixCache", "TierUsage"]
@@ -116,6 +117,60 @@ class RadixCache(CacheTiers):
         return tuple(out)
 
     # ---- using a hit
+    def whole_batches(self, hit: CacheHit) -> CacheHit:
+        """The hit cut back to the last batch end of its node's history: cells are reused in
+        whole batches, so a cold run replaying those batches computes the same bits."""
+        if hit.node is None:
+            return hit
+        n = batch_end_at_or_before(hit.node.all_cuts(), hit.node.depth, hit.reused)
+        if n == hit.reused:
+            return hit
+        if n == 0:
+            return CacheHit(None, 0, (), "", "")
+        return CacheHit(hit.node, n, self._sources(hit.node, n), hit.tier, hit.approx)
+
+    def bring_to_work(self, hit: CacheHit, tokens: list[int]) -> int:
+        """Make the work context hold the hit's tokens (whole batches, see whole_batches);
+        returns how many tokens were copied from the cache."""
+        work = self.e.work
+        if hit.node is None:
+            work.keep(0)
+            return 0
+        with self.busy(hit.node):
+            def fetch(p0: int, p1: int) -> bytes:
+                seq = self.materialise(hit.node)
+                return self.e.cells_of(seq, p0, p1, self.scratch)
+
+            copied = work.bring(tokens, hit.reused,
+                                [c for c in hit.node.all_cuts() if c < hit.reused], fetch)
+            self.touch(hit.node)
+        return copied
+
+    def store(self, tokens: list[int], label: str, template_sha256: str = "",
+              approx: str = "") -> RadixNode:
+        """Cache ``tokens`` (a prefix of what the work context holds, ending at a batch end)
+        as a resident node: its own cells are copied from the work context."""
+        work = self.e.work
+        node, created = self.tree.insert(tokens)
+        if created or node.tier == "gone":
+            self._last_generation = node.created = next(self._generation)
+        if created or not node.label:
+            node.label = label
+            node.template_sha256 = template_sha256
+        if created or node.tier == "gone" or not node.cuts:
+            node.cuts = tuple(c for c in work.cuts if node.start <= c < node.depth)
+        with self.busy(node):
+            if node.tier == "gone":
+                anchor = self._holding_ancestor(node)
+                start = anchor.depth if anchor is not None else 0
+                node.ram, node.ram_start = work.cells(start, node.depth), start
+                node.nbytes = len(node.ram)
+                node.approx = approx
+                self.materialise(node)
+            self.touch(node)
+            self.enforce()
+        return node
+
     def fork_into(self, hit: CacheHit, work: int) -> None:
         """Make ``work`` hold the hit's first ``reused`` tokens (promoting the node if needed)."""
         self.e.clear_seq(work)

@@ -178,6 +178,24 @@ def row_layout(data: bytes) -> list[list[tuple[int, int, int, int]]] | None:
         return None
 
 
+def v_transposed(data: bytes) -> bool | None:
+    """Whether a state's V rows are stored transposed (llama.cpp does that without flash
+    attention); None when the layout is not one we know or holds no cells."""
+    try:
+        r = _Reader(data)
+        if r.u32("magic") != IO_MAGIC:
+            return None
+        r.u32("source sequence")
+        r.u32("stream count")
+        n = r.u32("cell count")
+        if n == 0:
+            return None
+        r.take(12 * n, "cells")
+        return bool(r.u32("V layout"))
+    except _Bad:
+        return None
+
+
 def in_position_order(data: bytes) -> bytes:
     """The same state with its cells sorted by position (``data`` itself when they already are).
 

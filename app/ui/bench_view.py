@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -64,6 +64,40 @@ def cell_text(key: str, value) -> str:
     return str(value)
 
 
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    right: bool = False  # numbers: aligned right
+    color: str = ""  # the text's colour (a verdict's), else the table's own
+    tip: str = ""
+
+
+def show_cells(table: QTableWidget, rows: list[list[Cell]], shown: list[list[Cell]]
+               ) -> list[list[Cell]]:
+    """Show ``rows`` in ``table``, which shows ``shown``: only the cells that differ change.
+    Returns ``rows``, what the table now shows.
+
+    A benchmark shows its table again after every row: making every item anew each time made
+    the work grow with the square of the rows (48 rows × 3 modes: ~150,000 items), and with
+    PySide6 6.11 and 6.12 every new item shown leaves a reference to None behind."""
+    table.setRowCount(len(rows))
+    for i, row in enumerate(rows):
+        old = shown[i] if i < len(shown) else []
+        for c, cell in enumerate(row):
+            if c < len(old) and old[c] == cell:
+                continue
+            item = table.item(i, c)
+            if item is None:
+                item = QTableWidgetItem()
+                table.setItem(i, c, item)
+            item.setText(cell.text)
+            item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter if cell.right
+                                  else Qt.AlignLeft | Qt.AlignVCenter)
+            item.setData(Qt.ForegroundRole, QColor(cell.color) if cell.color else None)
+            item.setToolTip(cell.tip)
+    return rows
+
+
 class BenchView(QWidget):
     run_requested = Signal()
     sweep_requested = Signal()
@@ -109,6 +143,8 @@ class BenchView(QWidget):
             top.addWidget(b)
         self.chart = TtftChart("Time to first token per row and reuse mode (ms): median, min–max")
         self.sweep = SweepChart()
+        self._table_cells: list[list[Cell]] = []  # what the tables show (see show_cells)
+        self._accuracy_cells: list[list[Cell]] = []
         self.accuracy = QTableWidget(0, len(ACCURACY_COLUMNS))
         self.accuracy.setObjectName("accuracyTable")
         self.accuracy.setHorizontalHeaderLabels(ACCURACY_COLUMNS)
@@ -173,17 +209,15 @@ class BenchView(QWidget):
     def _show_result(self, result: BenchResult | None) -> None:
         rows = result.rows if result else []
         self._show_chart(result)
-        self.table.setRowCount(len(rows))
-        for i, r in enumerate(rows):
-            d = asdict(r)
-            for c, (key, _header, _tip) in enumerate(BENCH_COLUMNS):
-                item = QTableWidgetItem(cell_text(key, d[key]))
-                if key not in ("error", "reuse", "equivalence"):
-                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
-                if key == "equivalence" and r.equivalence in VERDICT_COLORS:
-                    item.setForeground(QColor(VERDICT_COLORS[r.equivalence]))
-                    item.setToolTip(r.note or "")
-                self.table.setItem(i, c, item)
+        cells = []
+        for r in rows:
+            color = VERDICT_COLORS.get(r.equivalence, "")
+            cells.append([Cell(cell_text(key, getattr(r, key)),
+                               key not in ("error", "reuse", "equivalence"),
+                               color if key == "equivalence" else "",
+                               (r.note or "") if key == "equivalence" and color else "")
+                          for key, _header, _tip in BENCH_COLUMNS])
+        self._table_cells = show_cells(self.table, cells, self._table_cells)
         self._show_accuracy(result)
         self.summary.setText(bench_summary(result) if result else
                              "No benchmark yet: press “Benchmark rows”.")
@@ -214,8 +248,8 @@ class BenchView(QWidget):
     def _show_accuracy(self, result: BenchResult | None) -> None:
         modes = list(result.modes) if result else []
         summary = result.summary() if result else {}
-        self.accuracy.setRowCount(len(modes))
-        for i, m in enumerate(modes):
+        table = []
+        for m in modes:
             s = summary.get(m) or {}
             counts = s.get("equivalence", {})
 
@@ -226,14 +260,10 @@ class BenchView(QWidget):
                      *(str(counts.get(w, 0)) for w in ("bit-identical", "within-noise", "diverged")),
                      num(s.get("kl_divergence_max"), ".3g"), num(s.get("top1_agree_mean"), ".0%"),
                      num(s.get("max_logit_diff"), ".3g"), num(s.get("warm_ms_median"), ",.1f")]
-            for c, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                word = ACCURACY_COLUMNS[c]
-                if word in VERDICT_COLORS and text != "0":
-                    item.setForeground(QColor(VERDICT_COLORS[word]))
-                if c:
-                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
-                self.accuracy.setItem(i, c, item)
+            table.append([Cell(text, c > 0, VERDICT_COLORS[ACCURACY_COLUMNS[c]]
+                               if ACCURACY_COLUMNS[c] in VERDICT_COLORS and text != "0" else "")
+                          for c, text in enumerate(cells)])
+        self._accuracy_cells = show_cells(self.accuracy, table, self._accuracy_cells)
 
     # ---- export
     def export_data(self, path: str | Path) -> None:

@@ -62,6 +62,16 @@ def _chart(title: str) -> QChart:
     return c
 
 
+def clear_chart(chart: QChart) -> None:
+    """Remove every series and axis. removeAllSeries deletes the series, but removeAxis only
+    hands the axis back ("the chart releases its ownership"): delete it too, or every redraw
+    (one per benchmark row) leaks its axes."""
+    chart.removeAllSeries()
+    for ax in chart.axes():
+        chart.removeAxis(ax)
+        ax.deleteLater()
+
+
 def bar_labels(bars: list[TtftBar], width_px: float, metrics: QFontMetrics) -> list[str]:
     """Cold vs warm bars' labels: "row 3 ×12.9", "3 ×12.9" or "3", whichever fits."""
     forms = [(f"row {b.row} ×{b.speedup:.1f}", f"{b.row} ×{b.speedup:.1f}", f"{b.row}")
@@ -135,9 +145,7 @@ class TtftChart(QChartView):
         n = min(len(forms), MAX_BARS)
         self.forms, self.axis_title = forms[:n], axis_title
         chart = self.chart()
-        chart.removeAllSeries()
-        for ax in chart.axes():
-            chart.removeAxis(ax)
+        clear_chart(chart)
         self._cats = None
         if not n or not series:
             return
@@ -213,9 +221,7 @@ class SweepChart(QChartView):
     def set_points(self, points) -> None:
         self.points = list(points)
         chart = self.chart()
-        chart.removeAllSeries()
-        for ax in chart.axes():
-            chart.removeAxis(ax)
+        clear_chart(chart)
         if not points:
             return
         x, y = QValueAxis(), QValueAxis()

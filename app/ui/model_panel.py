@@ -83,11 +83,11 @@ class ModelPanel(QDockWidget):
         self.facts = QFormLayout()
         self.fact_labels: dict[str, QLabel] = {}
         for key in ("name", "architecture", "layers", "heads", "parameters", "file", "kv per token",
-                    "context", "batch"):
+                    "context", "batch", "cpu kernels"):
             lab = QLabel("—")
             lab.setWordWrap(True)
             self.fact_labels[key] = lab
-            self.facts.addRow(key.capitalize(), lab)
+            self.facts.addRow("CPU kernels" if key == "cpu kernels" else key.capitalize(), lab)
         facts_box = QGroupBox("Loaded model")
         facts_box.setLayout(self.facts)
         # what the architecture means for caching: window, recurrent layers, shifting positions
@@ -162,4 +162,7 @@ class ModelPanel(QDockWidget):
         f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
                              f"full KV {size_text(info.n_ctx * info.kv_bytes_per_token)}")
         f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences")
+        # AMX / repacked weights: what llama.cpp runs this model with, why, and the crash check
+        k = info.cpu_kernels
+        f["cpu kernels"].setText(f"{k.summary()}\n{k.reason}\nCrash check: {k.probe}" if k else "—")
         self.notes.setText("".join(f"• {escape(n)}<br>" for n in info.traits.notes()).removesuffix("<br>"))

@@ -207,7 +207,7 @@ class RunPanel(QWidget):
             if path is None:
                 continue
             t = self.outputs[path.mode]
-            if not t.toPlainText():
+            if t.toPlainText() != path.text:  # the streamed pieces lack a last partial character
                 t.setPlainText(path.text)
             self._add_line(number, report, path)
         self.show_verdict(report)

@@ -1,0 +1,182 @@
+"""The work context: where warm runs evaluate, with their cells where a cold run puts them.
+
+llama.cpp's arithmetic depends on where a sequence's cells lie, not only on what they hold:
+without flash attention the softmax and the V product sum over cells in SIMD lanes grouped by
+cell index, and flash attention's tiled path (ubatches of 64 tokens or more) walks the cache in
+64-cell tiles counted from cell 0. A cold run in a fresh context puts position i in cell i. The
+radix cache's own context (kv_engine.py) shares cells between many prompts, so a prompt's cells
+lie wherever they were placed; evaluating there is exact only on the slowest kernel path.
+
+So runs evaluate here instead: a context of its own holding one sequence whose position i is
+always in cell i. It keeps what the last run left (like a llama-server slot): the next run keeps
+the longest common prefix, trims the rest (freed cells at the end are the next ones filled),
+and copies what it still needs from the radix cache — positions L..R as one block of cells,
+which llama.cpp places in the first free run of cells, right after position L-1. Then the rest
+is evaluated in plain batches with the fastest kernel. The cells' data was computed the same
+way (every cached node comes from here), so with the same batch starts a cold run gives the same
+bits, whichever kernel runs.
+
+Sliding-window models do not use it: their window cells do not survive a trim or a restore
+(llama.cpp issue 25295), so they keep forking resident sequences in the cache's context.
+"""
+from __future__ import annotations
+
+import time
+
+from .batch_plan import batches
+from .errors import ContextError, KvPrimerError
+from .native import ContextParams, NativeContext
+from .seq_payload import in_position_order
+from .task_state import TaskState
+
+SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they join it
+
+
+class WorkContext:
+    def __init__(self, engine):
+        self._e = engine
+        self._ctx: NativeContext | None = None
+        self.tokens: list[int] = []  # position i holds tokens[i], in cell i
+        self.cuts: list[int] = []  # batch starts of the history that computed those cells
+
+    @property
+    def ctx(self) -> NativeContext:
+        if self._ctx is None:
+            c = self._e.config
+            self._ctx = NativeContext(self._e.model, ContextParams(
+                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 2, c.n_threads_gen,
+                self._e.kernels.flash_attn))
+        return self._ctx
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+        self.tokens, self.cuts = [], []
+
+    def reset(self) -> None:
+        if self._ctx is not None:
+            self._ctx.clear()
+        self.tokens, self.cuts = [], []
+
+    # ---- keeping and bringing cells
+    def bring(self, tokens: list[int], reuse: int, cuts: list[int], fetch) -> int:
+        """Hold ``tokens[:reuse]``, computed in batches starting at ``cuts`` (and ending at
+        ``reuse``): keep what this context shares of that history, copy the rest from the cache
+        (``fetch(p0, p1)``: a state of those positions' cells). Returns the tokens copied."""
+        keep = shared_history(self.tokens, self.cuts, tokens, cuts, reuse)
+        self.keep(keep)
+        if keep < reuse:
+            self.append_cells(fetch(keep, reuse), tokens[keep:reuse], cuts)
+        return reuse - keep
+
+    def keep(self, n: int) -> None:
+        """Keep the first ``n`` positions; the cells after them are freed (and filled next)."""
+        if n < len(self.tokens):
+            self.ctx.seq_rm(SEQ, n, -1)
+            self.tokens = self.tokens[:n]
+            self.cuts = [c for c in self.cuts if c < n]
+
+    def append_cells(self, data: bytes, tokens: list[int], cuts: list[int], shift: int = 0) -> None:
+        """Put a state of cells (positions in order, from ``cells_of``) right after what the
+        sequence holds; ``shift`` moves them there from positions ``shift`` lower (llama.cpp's
+        seq_add: the next decode re-rotates their K)."""
+        if not tokens:
+            return
+        ctx = self.ctx
+        start = len(self.tokens)
+        ctx.seq_rm(STAGING)
+        if not ctx.state_set(data, STAGING):
+            ctx.seq_rm(STAGING)
+            raise KvPrimerError("llama.cpp refused cells copied from the cache; clear the cache "
+                                "and run again")
+        lo, hi = ctx.pos_range(STAGING)
+        want = (start - shift, start - shift + len(tokens) - 1)
+        if (lo, hi) != want:
+            ctx.seq_rm(STAGING)
+            raise KvPrimerError(f"cells copied from the cache hold positions {lo}..{hi}, not "
+                                f"{want[0]}..{want[1]}; clear the cache and run again")
+        if shift:
+            ctx.seq_add(STAGING, lo, hi + 1, shift)
+        ctx.seq_cp(STAGING, SEQ)
+        ctx.seq_rm(STAGING)
+        self.tokens.extend(tokens)
+        self.cuts.extend(c for c in cuts if start <= c < start + len(tokens))
+
+    def cells(self, p0: int, p1: int) -> bytes:
+        """A state of the cells at positions p0..p1-1, in position order (for the cache)."""
+        ctx = self.ctx
+        ctx.seq_rm(STAGING)
+        ctx.seq_cp(SEQ, STAGING, p0, p1)
+        try:
+            return in_position_order(ctx.state_get(STAGING))
+        finally:
+            ctx.seq_rm(STAGING)
+
+    # ---- evaluating
+    def evaluate(self, tokens: list[int], starts: list[int], task: TaskState | None = None,
+                 stage: str = "eval", want_logits: bool = True):
+        """Append ``tokens`` in batches starting at the absolute positions ``starts``; return
+        the last logits (or None). Cancelling between batches keeps what was evaluated."""
+        task = task or TaskState()
+        start, end = len(self.tokens), len(self.tokens) + len(tokens)
+        if not tokens:
+            return None
+        if not starts or starts[0] != start:
+            raise ValueError("the batch plan must start where the sequence ends")
+        self._e.check_fits(end)
+        task.report(stage, 0, len(tokens))
+        for a, b in batches(starts, end):
+            task.check(kept_tokens=len(self.tokens))
+            self._decode(tokens[a - start:b - start], a, want_logits and b == end)
+            self.cuts.append(a)
+            task.report(stage, b - start, len(tokens))
+        return self.ctx.logits(-1) if want_logits and tokens else None
+
+    def step(self, token: int) -> None:
+        """One generated token."""
+        self.cuts.append(len(self.tokens))
+        self._decode([token], len(self.tokens), True)
+
+    def _decode(self, tokens: list[int], pos: int, logits_last: bool) -> None:
+        n = len(tokens)
+        try:
+            self.ctx.decode([(t, pos + i, (SEQ,), logits_last and i == n - 1)
+                             for i, t in enumerate(tokens)])
+        except ContextError:
+            self.reset()  # a failed decode may have placed part of the batch: start clean
+            raise
+        self.tokens.extend(tokens)
+
+
+def shared_history(tokens_a: list[int], cuts_a: list[int], tokens_b: list[int],
+                   cuts_b: list[int], end_b: int) -> int:
+    """The longest prefix two histories computed alike: the same tokens, and the same batches
+    up to a boundary both have (cells computed in other batches may differ in the last bits,
+    so a cell is only shared up to a batch end both histories reached the same way).
+    History a ends at len(tokens_a); history b at ``end_b``."""
+    n = 0
+    limit = min(len(tokens_a), end_b)
+    while n < limit and tokens_a[n] == tokens_b[n]:
+        n += 1
+    bounds_a = sorted({c for c in cuts_a if c <= n} | ({len(tokens_a)} if len(tokens_a) <= n else set()))
+    bounds_b = sorted({c for c in cuts_b if c <= n} | ({end_b} if end_b <= n else set()))
+    best = 0
+    for a, b in zip(bounds_a, bounds_b):
+        if a != b:
+            break
+        best = a
+    return best
+
+
+def batch_end_at_or_before(cuts: list[int], end: int, upto: int) -> int:
+    """The last batch boundary of a history (batch starts ``cuts``, ending at ``end``) at or
+    before ``upto``: reusing its cells up to there is reusing whole batches."""
+    return max([c for c in cuts if c <= upto] + ([end] if end <= upto else []), default=0)
+
+
+def timed(fn, *args):
+    """``fn(*args)`` and the milliseconds it took."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, (time.perf_counter() - t0) * 1000

@@ -1,0 +1,68 @@
+"""The attention kernel: measured once per build, CPU, model and settings, cached, overridable,
+and the same in every context of an engine (states move between them)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.engine import Engine, EngineConfig, KvPrimerError
+from app.engine.kernel_choice import _cache_path, _decide, KernelTiming
+
+
+def make(tiny_model, **kw) -> Engine:
+    kw = {"n_ctx": 1024, "n_batch": 32, "n_threads": 1, **kw}
+    return Engine(EngineConfig(model_path=str(tiny_model), **kw))
+
+
+def test_auto_measures_both_kernels_once_then_reads_the_measurement(tiny_model):
+    with make(tiny_model, n_batch=48, remeasure_kernels=True) as e:
+        first = e.kernels
+    assert first.how == "measured" and first.calibration_ms > 0
+    assert {t.flash_attn for t in first.timings} == {True, False}
+    assert all(t.suffix_ms > 0 and t.prefix_ms_per_token > 0 for t in first.timings)
+    best = min(first.timings, key=lambda t: t.suffix_ms)
+    assert first.flash_attn == best.flash_attn  # the faster one on this machine, whichever
+    stored = json.loads(_cache_path().read_text())
+    assert any(len(v["timings"]) == 2 for v in stored.values())
+    with make(tiny_model, n_batch=48) as e:
+        again = e.kernels
+    assert again.how == "measured earlier" and again.calibration_ms == 0
+    assert again.timings == first.timings and again.flash_attn == first.flash_attn
+    # other settings are another measurement
+    with make(tiny_model, n_batch=40) as e:
+        assert e.kernels.how == "measured"
+    assert "faster on a" in again.reason and again.describe().startswith("flash attention")
+
+
+@pytest.mark.parametrize("setting,want", [("on", True), ("off", False)])
+def test_a_setting_overrides_the_measurement_in_every_context(tiny_model, setting, want):
+    from app.engine import Template, run_prompt
+
+    with make(tiny_model, flash_attn=setting) as e:
+        assert (e.kernels.flash_attn, e.kernels.how) == (want, "set")
+        tpl = Template.parse("hello world of the answer. " * 8 + "<q>")
+        rep = run_prompt(e, tpl, {"q": "why?"}, reuse="chain")
+        # cells moved from the work context into the cache and back: one V layout everywhere
+        e.work.reset()
+        again = run_prompt(e, tpl, {"q": "why?"}, reuse="chain")
+        assert again.copied_tokens > 0 and again.verdict.exact and rep.verdict.exact
+
+
+def test_cases_without_a_choice(tiny_model, arch_models):
+    with make(tiny_model, type_k="q8_0", type_v="q8_0") as e:
+        assert (e.kernels.flash_attn, e.kernels.how) == (True, "required")
+    with pytest.raises(KvPrimerError, match="quantized V cache needs flash attention"):
+        make(tiny_model, type_v="q8_0", flash_attn="off")
+    with make(arch_models["gemma3"]) as e:  # sliding window: exact only on the small-batch path
+        assert (e.kernels.flash_attn, e.kernels.how) == (True, "required")
+        assert not e.runs_in_work_context
+    with pytest.raises(KvPrimerError, match="flash attention must be one of auto, on, off"):
+        make(tiny_model, flash_attn="fast")
+
+
+def test_the_faster_suffix_wins_and_the_reason_says_by_how_much():
+    on, off = KernelTiming(True, 3.0, 500.0), KernelTiming(False, 3.5, 125.0)
+    c = _decide((off, on), "measured", 10.0)
+    assert c.flash_attn is False and c.reason.startswith("4.00x faster")
+    assert _decide((KernelTiming(False, 3.5, 600.0), on), "measured", 1.0).flash_attn is True

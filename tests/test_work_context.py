@@ -1,0 +1,77 @@
+"""Warm runs in the work context: cells where a cold run puts them, so every run is
+bit-identical on either attention kernel and at every batch size, and the cache's cells are
+copied only when the work context does not already hold them."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine import Engine, EngineConfig, GenerationConfig, Template, run_prompt
+from app.engine.work_context import batch_end_at_or_before, shared_history
+from tests.cache_checks import assert_tree_consistent
+
+# a static prefix of ~250 tokens and values long enough that suffixes pass 64 tokens: the
+# batch size from which flash attention's tiled path (cell placement matters) runs
+TPL = Template.parse("<|im_start|>system\nanswer from the context.\n"
+                     + "hello world of the answer and question. " * 6
+                     + "\n<c1>\n<c2>\n<|im_end|>\n<|im_start|>user\n<question><|im_end|>\n")
+A = "the world is a question of the answer. " * 3
+B = "hello answer of the context and the world. " * 3
+C = "a helpful assistant answers the question. " * 3
+GEN = GenerationConfig(max_tokens=4)
+
+
+@pytest.fixture(params=["on", "off"])
+def engine128(request, tiny_model):
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=128, n_threads=1,
+                             flash_attn=request.param)) as eng:
+        yield eng
+
+
+def test_shared_history_stops_where_tokens_or_batches_differ():
+    t = list(range(100))
+    assert shared_history(t[:50], [0, 32], t, [0, 32, 50], 60) == 50  # a batch ended at 50 in both
+    assert shared_history(t[:50], [0, 32], t, [0, 32, 64], 80) == 32  # b's batch went past 50
+    assert shared_history(t[:50], [0, 20], t, [0, 32], 50) == 0  # other batches from the start
+    assert shared_history(t[:40] + [7, 7], [0, 32], t, [0, 32], 60) == 32  # tokens differ at 40
+    assert shared_history([], [], t, [0], 10) == 0
+    assert batch_end_at_or_before([0, 32, 64], 90, 70) == 64
+    assert batch_end_at_or_before([0, 32, 64], 90, 95) == 90
+    assert batch_end_at_or_before([0, 32], 40, 10) == 0
+
+
+def test_every_mode_is_bit_identical_on_either_kernel_with_big_batches(engine128):
+    e = engine128
+    first = run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="chain", gen=GEN)
+    assert first.evaluated_tokens > 64 and first.verdict.exact, first.verdict.describe()
+    shared = run_prompt(e, TPL, {"c1": A, "c2": C, "question": "how?"}, reuse="chain", gen=GEN)
+    assert shared.reused_tokens > first.prefix_tokens  # through <c1> = A
+    assert shared.verdict.exact, shared.verdict.describe()
+    prefix = run_prompt(e, TPL, {"c1": C, "c2": A, "question": "when?"}, reuse="prefix", gen=GEN)
+    assert prefix.reused_tokens == prefix.prefix_tokens and prefix.verdict.exact
+    # every module recomputed in context: a chain run by another road, so exact too
+    whole = run_prompt(e, TPL, {"c1": B, "c2": C, "question": "where?"}, reuse="compose",
+                       recompute=10_000, gen=GEN)
+    assert whole.reused_tokens == whole.prefix_tokens and whole.verdict.exact
+    assert_tree_consistent(e)
+
+
+def test_the_prefix_is_copied_only_when_the_work_context_lost_it(engine128):
+    e = engine128
+    vals = [{"c1": A, "c2": B, "question": f"why {i}?"} for i in range(3)]
+    run_prompt(e, TPL, vals[0], reuse="prefix", gen=GEN)
+    kept = run_prompt(e, TPL, vals[1], reuse="prefix", gen=GEN, cold=False, oneshot=False)
+    assert kept.copied_tokens == 0  # the previous row's prefix stayed in place
+    e.work.reset()
+    copied = run_prompt(e, TPL, vals[2], reuse="prefix", gen=GEN)
+    assert copied.copied_tokens == copied.reused_tokens == copied.prefix_tokens
+    assert copied.verdict.exact, copied.verdict.describe()
+    assert e.work.tokens[:copied.prompt_tokens] == e.tokenize(TPL.fill(vals[2]))
+
+
+def test_composed_modules_are_measured_against_their_cold_run(engine128):
+    e = engine128
+    run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="compose", gen=GEN)
+    rep = run_prompt(e, TPL, {"c1": B, "c2": A, "question": "why?"}, reuse="compose", gen=GEN)
+    # <c2> = A was evaluated after the prefix alone, not after <c1> = B: a real difference
+    assert rep.verdict.max_logit_diff > 0 and not rep.verdict.exact
+    assert rep.reused_tokens > rep.prefix_tokens
