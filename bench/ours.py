@@ -33,7 +33,7 @@ from app.engine import Engine, GenerationConfig, PrefixState, Template
 from app.engine.batch_plan import EXACT_CHUNK, batch_starts, batches
 from app.engine.generation import generate
 from app.engine.native import ContextParams, NativeContext
-from app.engine.prompt_runs import warm_in_work_context
+from app.engine.prompt_runs import state_hit, warm_in_work_context
 
 from .workload import RowTokens
 
@@ -113,18 +113,17 @@ class OurPaths:
 
     def _from_state(self, state: PrefixState, row: RowTokens, more: int, t0: float,
                     load_ms: float) -> Sample:
-        cache = self.engine.cache
-        node = cache.adopt(state, "saved state")
-        hit = cache.whole_batches(cache.lookup(row.tokens, limit=min(row.boundary, node.depth)))
-        s = self._warm(hit, row, more, t0)
+        hit = state_hit(self.engine, state, row.tokens, row.boundary)
+        s = self._warm(hit, row, more, t0, state)
         s.load_ms = load_ms
         return s
 
-    def _warm(self, hit, row: RowTokens, more: int, t0: float) -> Sample:
+    def _warm(self, hit, row: RowTokens, more: int, t0: float, state=None) -> Sample:
         n = max(1, more)
-        before_ms = (time.perf_counter() - t0) * 1000  # the lookup (and a state's adoption)
+        before_ms = (time.perf_counter() - t0) * 1000  # the lookup, or reading a state file
         r, _copied = warm_in_work_context(self.engine, row.tokens, hit,
-                                          GenerationConfig(max_tokens=n), n, keep_logits=1)
+                                          GenerationConfig(max_tokens=n), n, keep_logits=1,
+                                          state=state)
         return Sample(before_ms + r.ttft_ms, r.evaluated_tokens, r.tokens[0], r.first_logits,
                       before_ms + r.restore_ms, tokens=r.tokens[:n])
 

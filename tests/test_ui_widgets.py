@@ -110,6 +110,64 @@ def test_bench_view_headers_have_units_and_show_the_session(qtbot, tmp_path):
     assert s.options.repeat == 4
 
 
+def test_bench_table_updates_its_cells_in_place(qtbot):
+    """A benchmark shows its result after every row: the table keeps its items and changes
+    only the cells that differ (texts, verdict colours, tooltips, fewer rows)."""
+    from app.ui.bench_view import BenchView
+    from app.ui.run_panel import VERDICT_COLORS
+
+    s = Session()
+    v = BenchView(s)
+    qtbot.addWidget(v)
+    col = {v.table.horizontalHeaderItem(c).text(): c for c in range(v.table.columnCount())}
+    rows = [BenchRow(row=i, cold_ms=900.0, warm_ms=80.0, speedup=11.25, tokens_equal=True,
+                     equivalence="bit-identical") for i in (1, 2, 3)]
+    s.set_bench(BenchResult(model={}, rows=rows[:2], repeat=1))
+    first = v.table.item(0, col["verdict"])
+    s.set_bench(BenchResult(model={}, rows=rows, repeat=1))
+    assert v.table.rowCount() == 3 and v.table.item(0, col["verdict"]) is first  # kept
+    rows[1] = BenchRow(row=2, cold_ms=900.0, warm_ms=90.0, speedup=10.0, equivalence="diverged",
+                       note="tokens differ at 3")
+    s.set_bench(BenchResult(model={}, rows=rows, repeat=1))
+    verdict = v.table.item(1, col["verdict"])
+    assert verdict.text() == "diverged" and verdict.toolTip() == "tokens differ at 3"
+    assert verdict.foreground().color().name() == VERDICT_COLORS["diverged"]
+    assert v.table.item(1, col["same tokens"]).text() == "NO"
+    assert v.table.item(1, col["cold (ms)"]).textAlignment() & Qt.AlignRight
+    s.set_bench(BenchResult(model={}, rows=[BenchRow(row=7, error="no room")], repeat=1))
+    assert v.table.rowCount() == 1 and v.table.item(0, col["error"]).text() == "no room"
+    assert v.table.item(0, col["verdict"]).text() == "" and not v.table.item(0, col["verdict"]).toolTip()
+    assert v.table.item(0, col["verdict"]).data(Qt.ForegroundRole) is None  # the colour is gone
+    s.set_bench(None)
+    assert v.table.rowCount() == 0 and v.accuracy.rowCount() == 0
+
+
+def test_redrawn_charts_delete_the_axes_they_drop(qtbot):
+    """QChart.removeAxis hands the axis back instead of deleting it: each redraw (one per
+    benchmark row) leaked three axes until the charts deleted them."""
+    import gc
+
+    import shiboken6
+    from PySide6.QtCharts import QAbstractAxis
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    from app.ui.charts import COLD, WARM, BarSeries, TtftChart
+
+    def axes() -> set[int]:
+        QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
+        gc.collect()
+        return {id(a) for a in gc.get_objects() if isinstance(a, QAbstractAxis) and shiboken6.isValid(a)}
+
+    before = axes()  # other tests' charts
+    chart = TtftChart()
+    qtbot.addWidget(chart)
+    series = [BarSeries("cold", COLD, [900.0, 800.0], [880.0, 790.0], [950.0, 820.0]),
+              BarSeries("warm", WARM, [80.0, 70.0], [75.0, 65.0], [85.0, 90.0])]
+    for _ in range(20):
+        chart.set_series([("row 1", "1"), ("row 2", "2")], series)
+    assert len(chart.chart().axes()) == 3 and len(axes() - before) == 3
+
+
 def test_chart_labels_fit_or_shorten_and_stay_unique(qtbot):
     from PySide6.QtGui import QFontMetrics
 
@@ -201,7 +259,14 @@ def test_model_panel_builds_the_config(qtbot, engine):
     p.type_k.setCurrentText("q8_0")
     p.apply.click()
     assert got[0].n_ctx == 2048 and got[0].type_k == "q8_0" and got[0].model_path == "/m.gguf"
-    assert got[0].n_threads == 1
+    assert got[0].n_threads == 1 and got[0].flash_attn == "auto"
+    # the attention kernel: the engine's choice and its times shown, the setting applied
+    assert p.fact_labels["attention"].text() == engine.kernels.describe()
+    p.flash_attn.setCurrentIndex(p.flash_attn.findData("off"))
+    p.apply.click()
+    assert got[-1].flash_attn == "off" and not got[-1].remeasure_kernels
+    p.remeasure.click()
+    assert got[-1].flash_attn == "auto" and got[-1].remeasure_kernels
 
 
 def test_signal_emits_and_void_calls_keep_the_singletons_reference_counts(qapp):

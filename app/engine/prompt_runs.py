@@ -17,6 +17,7 @@ from .cold_reference import PathResult
 from .errors import KvPrimerError
 from .generation import GenerationConfig, TextDelta, generate
 from .module_compose import compose_in_work_context, compose_into, plan_modules
+from .cache_tiers import APPROX_RESTORED
 from .prefix_state import PrefixState
 from .prompt_segments import prompt_segments
 from .task_state import TaskState
@@ -150,6 +151,20 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
 def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new, recompute,
           keep, task, report, before) -> PathResult:
     cache = engine.cache
+    if state is not None and engine.runs_in_work_context:
+        engine.check_state(state)
+        hit = state_hit(engine, state, tokens, len(tokens) - 1)
+        report.note = hit.approx
+        if reuse != "prefix":  # reported as what it was: a state holds one prefix, nothing more
+            report.reuse = "prefix"
+            report.note = "; ".join(x for x in (f"a saved state gives its prefix only: {reuse} "
+                                                "mode ran as prefix mode", hit.approx) if x)
+        result, report.copied_tokens = warm_in_work_context(engine, tokens, hit, gen, max_new,
+                                                            task, state=state)
+        report.plan = result.starts
+        report.reused_tokens, report.sources, report.hit_tier = hit.reused, hit.sources, hit.tier
+        report.evaluated_tokens = len(tokens) - hit.reused
+        return result
     if state is not None:
         engine.check_state(state)
         node = cache.adopt(state, "saved state")
@@ -276,23 +291,51 @@ def _compose_in_work_context(engine, tokens, plan, gen, max_new, recompute, task
 
 def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, max_new: int,
                          task: TaskState | None = None, *, marks=(), nodes=(),
-                         template_sha256: str = "", keep_logits: int = KEEP_LOGITS
-                         ) -> tuple[PathResult, int]:
+                         template_sha256: str = "", keep_logits: int = KEEP_LOGITS,
+                         state: PrefixState | None = None) -> tuple[PathResult, int]:
     """The warm run where cells lie as a cold run lays them out (work_context.py): keep or copy
     the hit's tokens (whole batches), evaluate the rest in n_batch batches (also starting at
     ``marks``), generate; after the first token, cache ``tokens[:pos]`` for each (pos, label)
     of ``nodes``. Returns the result (``starts``: the batch starts a cold run replays) and the
-    number of tokens copied from the cache."""
+    number of tokens copied from the cache.
+
+    With a saved ``state`` (``hit`` from ``state_hit``), the state goes straight into the work
+    context, and into the radix cache only after the first token."""
     cache = engine.cache
     t0 = time.perf_counter()
-    copied = cache.bring_to_work(hit, tokens)
+    if state is not None:
+        copied = engine.work.restore(state.data, list(state.tokens), state_cuts(engine, state),
+                                     hit.reused)
+    else:
+        copied = cache.bring_to_work(hit, tokens)
     t1 = time.perf_counter()
     result = _evaluate_and_generate(engine, tokens, hit.reused, marks, gen, max_new, task, t0, t1,
                                     keep_logits)
+    if state is not None:
+        cache.adopt(state, "saved state")
     for pos, label in nodes:  # after the first token: the bookkeeping stays out of its time
         cache.store(tokens[:pos], label, template_sha256, hit.approx)
     cache.enforce()  # what this run promoted stayed while it was busy
     return result, copied
+
+
+def state_cuts(engine, state: PrefixState) -> list[int]:
+    """The batch starts a saved state's cells were computed with: a prefix is primed in plain
+    n_batch batches from position 0 (what ``adopt`` records too)."""
+    return list(range(0, state.n_tokens, engine.config.n_batch))
+
+
+def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
+    """What a run takes from a saved state: its tokens shared with the prompt, up to ``limit``,
+    cut back to a batch end of its history."""
+    from .prompt_tokens import common_prefix
+    from .radix_cache import CacheHit
+    from .work_context import batch_end_at_or_before
+
+    n = batch_end_at_or_before(state_cuts(engine, state), state.n_tokens,
+                               min(common_prefix(list(state.tokens), tokens), limit))
+    approx = APPROX_RESTORED if engine.cache.windowed else ""
+    return CacheHit(None, n, (("saved state", n),) if n else (), "file", approx)
 
 
 def _evaluate_and_generate(engine, tokens, reused, marks, gen, max_new, task, t0, t1,

@@ -70,6 +70,21 @@ class WorkContext:
             self.append_cells(fetch(keep, reuse), tokens[keep:reuse], cuts)
         return reuse - keep
 
+    def restore(self, data: bytes, tokens: list[int], cuts: list[int], reuse: int) -> int:
+        """Hold ``tokens[:reuse]`` from a saved state (cells of positions 0..n-1), unless this
+        context already shares that much of its history; returns the tokens restored."""
+        if shared_history(self.tokens, self.cuts, tokens, cuts, len(tokens)) >= reuse:
+            self.keep(reuse)
+            return 0
+        self.reset()
+        ctx = self.ctx
+        if not ctx.state_set(in_position_order(data), SEQ) or ctx.pos_range(SEQ) != (0, len(tokens) - 1):
+            self.reset()
+            raise KvPrimerError("llama.cpp refused the saved state's cells; prime the prefix again")
+        self.tokens, self.cuts = list(tokens), [c for c in cuts if c < len(tokens)]
+        self.keep(reuse)
+        return reuse
+
     def keep(self, n: int) -> None:
         """Keep the first ``n`` positions; the cells after them are freed (and filled next)."""
         if n < len(self.tokens):

@@ -252,6 +252,8 @@ class MainWindow(ProjectMixin, QMainWindow):
 
     # ---- model
     def load_model(self, config: EngineConfig):
+        load_with = config
+        config = replace(config, remeasure_kernels=False)  # once, not on every later load
         self.config = config
         self.model_panel.set_config(config)
         self.session.set_options(engine=config, edit=False)
@@ -265,7 +267,7 @@ class MainWindow(ProjectMixin, QMainWindow):
                 self._add_recent(config.model_path)
 
         self.status.showMessage(f"loading {name}…")
-        return self.worker.load(config, on_done=done, on_error=self.show_error)
+        return self.worker.load(load_with, on_done=done, on_error=self.show_error)
 
     def _model_changed(self, info: ModelInfo | None) -> None:
         self.model_panel.show_info(info)

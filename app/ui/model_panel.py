@@ -23,6 +23,7 @@ NGL_UNKNOWN = "Layers offloaded to the GPU (llama.cpp's -ngl): known once a mode
 NGL_TIP = "Layers offloaded to the GPU (llama.cpp's -ngl); -1: all, 0: none"
 
 KV_TYPES = ["f16", *(t for t in GGML_KV_TYPES if t != "f16")]  # the default first
+FLASH_ATTN_CHOICES = (("auto", "auto (the faster, measured)"), ("on", "on"), ("off", "off"))
 
 
 class ModelPanel(QDockWidget):
@@ -61,6 +62,17 @@ class ModelPanel(QDockWidget):
         self.type_k, self.type_v = QComboBox(), QComboBox()
         for c in (self.type_k, self.type_v):
             c.addItems(KV_TYPES)
+        self.flash_attn = QComboBox()
+        self.flash_attn.setObjectName("flashAttn")
+        for value, text in FLASH_ATTN_CHOICES:
+            self.flash_attn.addItem(text, value)
+        self.flash_attn.setToolTip("llama.cpp's attention kernel; auto times both on this model "
+                                   "once and keeps the faster (the times show below)")
+        self.remeasure = QPushButton("Measure again")
+        self.remeasure.setObjectName("remeasureKernels")
+        self.remeasure.setToolTip("Time both attention kernels again and reload")
+        self.remeasure.clicked.connect(lambda: self.apply_requested.emit(
+            replace(self.current_config(), flash_attn="auto", remeasure_kernels=True)))
         self.apply = QPushButton("Apply (reload)")
         self.apply.setObjectName("applyModel")
         self.apply.clicked.connect(lambda: self.apply_requested.emit(self.current_config()))
@@ -78,16 +90,21 @@ class ModelPanel(QDockWidget):
         kv.addWidget(QLabel("V"))
         kv.addWidget(self.type_v)
         settings.addRow("KV types", kv)
+        fa = QHBoxLayout()
+        fa.addWidget(self.flash_attn, 1)
+        fa.addWidget(self.remeasure)
+        settings.addRow("Flash attention", fa)
         settings.addRow("", self.apply)
 
         self.facts = QFormLayout()
         self.fact_labels: dict[str, QLabel] = {}
         for key in ("name", "architecture", "layers", "heads", "parameters", "file", "kv per token",
-                    "context", "batch", "cpu kernels"):
+                    "context", "batch", "attention", "cpu kernels"):
             lab = QLabel("—")
             lab.setWordWrap(True)
             self.fact_labels[key] = lab
             self.facts.addRow("CPU kernels" if key == "cpu kernels" else key.capitalize(), lab)
+        self.fact_labels["attention"].setObjectName("attentionKernel")
         facts_box = QGroupBox("Loaded model")
         facts_box.setLayout(self.facts)
         # what the architecture means for caching: window, recurrent layers, shifting positions
@@ -122,13 +139,15 @@ class ModelPanel(QDockWidget):
         self.ngl.setValue(c.n_gpu_layers)
         self.type_k.setCurrentText(c.type_k)
         self.type_v.setCurrentText(c.type_v)
+        self.flash_attn.setCurrentIndex(max(self.flash_attn.findData(c.flash_attn), 0))
 
     def current_config(self) -> EngineConfig:
         return replace(self.config, model_path=self.path.text().strip() or None,
                        n_ctx=self.n_ctx.value(), n_threads=self.threads.value(),
                        n_batch=self.batch.value(), n_gpu_layers=self.ngl.value(),
                        type_k=self.type_k.currentText(),
-                       type_v=self.type_v.currentText())
+                       type_v=self.type_v.currentText(),
+                       flash_attn=self.flash_attn.currentData(), remeasure_kernels=False)
 
     def set_recent(self, paths: list[str]) -> None:
         self.recent.clear()
@@ -162,6 +181,9 @@ class ModelPanel(QDockWidget):
         f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
                              f"full KV {size_text(info.n_ctx * info.kv_bytes_per_token)}")
         f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences")
+        # flash attention on or off: the measured choice and the times behind it
+        a = info.kernels
+        f["attention"].setText(a.describe() if a else "—")
         # AMX / repacked weights: what llama.cpp runs this model with, why, and the crash check
         k = info.cpu_kernels
         f["cpu kernels"].setText(f"{k.summary()}\n{k.reason}\nCrash check: {k.probe}" if k else "—")
