@@ -31,6 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="rows of rag-recurring.csv the reuse section runs (all 48; --quick: 3)")
     ap.add_argument("--reuse-repeats", type=int,
                     help="resident fork / limit pairs per row in the reuse section (4)")
+    ap.add_argument("--no-kernel-table", action="store_true",
+                    help="skip the kernel table (flash attention on/off x batches of 256/63)")
     ap.add_argument("--no-soak", action="store_true", help="skip the 1,000-run memory soak")
     ap.add_argument("--no-stalls", action="store_true",
                     help="skip the GUI responsiveness measure (event-loop stalls while priming)")
@@ -69,6 +71,22 @@ def kv_bench_figures(results: dict, args) -> None:
     except Exception as e:  # its failure must not lose this run's figures, already written
         results["kv_bench"] = {"error": f"{type(e).__name__}: {e}"}
         print(f"bench: bench/kv_bench.py failed: {e}", file=sys.stderr)
+
+
+def kernel_table(results: dict, args) -> None:
+    """llama.cpp alone with each attention kernel and batch size (bench/kernel_table.py)."""
+    if args.no_kernel_table or args.quick:
+        return
+    from .kernel_table import format_table, run
+
+    try:
+        results["kernel_table"] = t = run(args.threads)
+    except Exception as e:  # its failure must not lose the figures already written
+        results["kernel_table"] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"bench: the kernel table failed: {e}", file=sys.stderr)
+        return
+    _write(results, args.out)
+    print("\n" + format_table(t), flush=True)
 
 
 def reuse_figures(results: dict, args) -> None:
@@ -138,6 +156,7 @@ def main(argv=None) -> int:
         _write(results, args.out)
         print("\nKV view cost and forked batches (bench/kv_bench.py):\n"
               + json.dumps(results["kv_bench"], indent=1, default=_json_default))
+    kernel_table(results, args)
     reuse_figures(results, args)
     if "reuse" in results:
         render_chart(results, args.chart)

@@ -32,7 +32,7 @@ import numpy as np
 from app.engine import Engine, GenerationConfig, PrefixState, Template
 from app.engine.batch_plan import EXACT_CHUNK, batch_starts, batches
 from app.engine.generation import generate
-from app.engine.native import ContextParams, NativeContext
+from app.engine.native import NativeContext
 from app.engine.prompt_runs import state_hit, warm_in_work_context
 
 from .workload import RowTokens
@@ -168,10 +168,7 @@ class FastestLimit:
 
     def _context(self) -> NativeContext:
         if self._ctx is None:
-            c = self.engine.config
-            self._ctx = NativeContext(self.engine.model, ContextParams(
-                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 1, c.n_threads_gen,
-                self.engine.kernels.flash_attn))
+            self._ctx = NativeContext(self.engine.model, self.engine.context_params(1))
         return self._ctx
 
     def run(self, row: RowTokens, more: int = 0) -> Sample:

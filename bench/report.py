@@ -46,7 +46,8 @@ def format_report(res: dict) -> str:
         f"KV Primer bench: {res['model']['name']} on {m['cpu_model']} ({m['nproc']} cores), "
         f"{m['date_utc']}",
         f"threads {st['n_threads']}, n_batch = n_ubatch {st['n_batch']}, n_ctx {st['n_ctx']}, "
-        f"flash attention on; {st['repeats']} repeats x {len(w['rows'])} rows; load average "
+        f"{st.get('flash_attn', 'flash attention: not recorded')}; {st['repeats']} repeats x "
+        f"{len(w['rows'])} rows; load average "
         f"{m['loadavg_start']} -> {m.get('loadavg_end')}, CPU share {m.get('cpu_share')}",
         f"prefix {w['prefix_tokens']} tokens; rows (tokens/boundary/suffix): " + ", ".join(
             f"{r['row']}: {r['tokens']}/{r['boundary']}/{r['suffix_tokens']}" for r in w["rows"]),

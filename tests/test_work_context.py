@@ -75,3 +75,19 @@ def test_composed_modules_are_measured_against_their_cold_run(engine128):
     # <c2> = A was evaluated after the prefix alone, not after <c1> = B: a real difference
     assert rep.verdict.max_logit_diff > 0 and not rep.verdict.exact
     assert rep.reused_tokens > rep.prefix_tokens
+
+
+def test_a_saved_state_goes_straight_into_the_work_context_and_says_what_it_reused(engine128):
+    e = engine128
+    state = e.prime(TPL)
+    e.cache.clear()
+    e.work.reset()
+    rep = run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="chain", state=state,
+                     gen=GEN)
+    # a state holds one prefix: the run says it ran as prefix mode instead of claiming chain
+    assert rep.reuse == "prefix" and "ran as prefix mode" in rep.note
+    assert rep.reused_tokens == state.n_tokens == rep.copied_tokens and rep.verdict.exact
+    assert [n.label for n in e.cache.tree] == ["saved state"]  # adopted after the first token
+    again = run_prompt(e, TPL, {"c1": B, "c2": A, "question": "how?"}, reuse="prefix",
+                       state=state, gen=GEN)
+    assert again.copied_tokens == 0 and again.verdict.exact  # still in place

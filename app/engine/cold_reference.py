@@ -20,7 +20,7 @@ import numpy as np
 
 from .batch_plan import batch_starts, batches
 from .generation import GenerationConfig, generate
-from .native import ContextParams, NativeContext
+from .native import NativeContext
 from .task_state import TaskState
 
 
@@ -59,11 +59,8 @@ class ColdReference:
             self._ctx = None
 
     def _context(self) -> NativeContext:
-        if self._ctx is None:
-            c = self._engine.config
-            self._ctx = NativeContext(self._engine.model, ContextParams(
-                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 2, c.n_threads_gen,
-                self._engine.kernels.flash_attn))
+        if self._ctx is None:  # two sequences: the noise run's padding cell is another's
+            self._ctx = NativeContext(self._engine.model, self._engine.context_params(2))
         return self._ctx
 
     def run(self, tokens: list[int], marks: list[int] | None, gen: GenerationConfig,

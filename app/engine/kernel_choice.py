@@ -31,7 +31,10 @@ from .native import ContextParams, NativeContext, NativeModel, versions
 from .user_files import atomic_write
 
 FLASH_ATTN_SETTINGS = ("auto", "on", "off")
-CALIBRATION_PREFIX = 512  # tokens the timed suffix attends to (shorter for small contexts)
+# tokens the timed suffix attends to (shorter for small contexts): flash attention's penalty on
+# small batches grows with the context (seen: 1.16x at 512 tokens, 1.6x at 1,761), so a short
+# prefix would favour it; cached prompts are long
+CALIBRATION_PREFIX = 1024
 CALIBRATION_SUFFIX = 64  # one batch: the size of a typical row's variable part
 SPLIT = 4  # batches the same suffix is cut into, as a chain run cuts it at segments
 
@@ -40,7 +43,7 @@ SPLIT = 4  # batches the same suffix is cut into, as a chain run cuts it at segm
 class KernelTiming:
     flash_attn: bool
     prefix_ms_per_token: float  # evaluating the prefix in n_batch batches
-    suffix_ms: float  # CALIBRATION_SUFFIX tokens after the prefix in one batch (best of three)
+    suffix_ms: float  # CALIBRATION_SUFFIX tokens after the prefix in one batch (best of two)
     split_suffix_ms: float = 0.0  # the same tokens in SPLIT batches, one per segment
     suffix_tokens: int = CALIBRATION_SUFFIX
 
@@ -126,7 +129,7 @@ def _decide(timings: tuple[KernelTiming, ...], how: str, cost_ms: float) -> Kern
 
 
 def measure(model: NativeModel, params: ContextParams,
-            kernels: tuple[bool, ...] = (False, True), rounds: int = 3) -> tuple[KernelTiming, ...]:
+            kernels: tuple[bool, ...] = (False, True), rounds: int = 2) -> tuple[KernelTiming, ...]:
     """Time each kernel on this model: a prefix in n_batch batches, then a one-batch suffix,
     the suffixes of all kernels in alternation (best of ``rounds``), so that a load that comes
     and goes on the machine weighs on every kernel alike."""
@@ -188,7 +191,7 @@ def _cpu_identity() -> str:
 
 
 def _key(params: ContextParams, model_sha256: str) -> str:
-    parts = ["kernel-choice 2", versions()["llama_cpp_python"], versions()["llama_cpp_build"], _cpu_identity(),
+    parts = ["kernel-choice 3", versions()["llama_cpp_python"], versions()["llama_cpp_build"], _cpu_identity(),
              model_sha256, params.type_k, params.type_v, str(params.n_batch), str(params.n_threads)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 

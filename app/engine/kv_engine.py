@@ -133,6 +133,12 @@ class Engine(SequenceOps):
         self.work = WorkContext(self)
         self.cache = RadixCache(self, config.cache)
 
+    def context_params(self, n_seq_max: int) -> ContextParams:
+        """The engine's context settings and attention kernel, for a context of its own."""
+        c = self.config
+        return ContextParams(c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, n_seq_max,
+                             c.n_threads_gen, self.kernels.flash_attn)
+
     @property
     def runs_in_work_context(self) -> bool:
         """Warm runs evaluate in the work context (work_context.py), cells laid out as a cold

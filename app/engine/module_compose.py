@@ -90,28 +90,18 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
 
 def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompute: int,
                  task) -> Composition:
-    """Fill ``work`` with the exact part and the modules, ready to evaluate the last segment."""
+    """Fill sequence ``work`` of the cache's context (sliding-window models) with the exact
+    part and the modules, ready to evaluate the last segment."""
     cache = engine.cache
     cache.fork_into(plan.hit, work)
-    cur = plan.hit.reused
-    sources = list(plan.hit.sources)
-    p = plan.prefix.depth
-    recomputed = 0
-    for seg, node in plan.modules:
-        n = seg.end - seg.start
-        k = min(recompute, n)
-        recomputed += k
-        if k:
-            engine.evaluate(tokens[seg.start:seg.start + k], work, task, stage="recompute",
-                            want_logits=False, chunk=EXACT_CHUNK)
-        if k < n:
-            with cache.busy(node):
-                src = cache.materialise(node)
-                engine.place_cells(src, p + k, p + n, work, cur + k - (p + k), cache.scratch,
-                                   tokens[seg.start + k:seg.end])
-        sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
-        cur += n
-    return Composition(cur, tuple(sources), recomputed)
+
+    def evaluate(toks, cur):
+        engine.evaluate(toks, work, task, stage="recompute", want_logits=False, chunk=EXACT_CHUNK)
+
+    def place(src, p0, p1, cur, toks):
+        engine.place_cells(src, p0, p1, work, cur - p0, cache.scratch, toks)
+
+    return _compose(engine, plan, tokens, recompute, evaluate, place)
 
 
 def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompute: int,
@@ -121,6 +111,23 @@ def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompu
     tokens evaluated in place. With every module recomputed, the run is a chain run."""
     cache, work, n_batch = engine.cache, engine.work, engine.config.n_batch
     cache.bring_to_work(plan.hit, tokens)
+
+    def evaluate(toks, cur):
+        work.evaluate(toks, batch_starts(cur, cur + len(toks), n_batch), task, stage="recompute",
+                      want_logits=False)
+
+    def place(src, p0, p1, cur, toks):
+        work.append_cells(engine.cells_of(src, p0, p1, cache.scratch), toks, [cur], shift=cur - p0)
+
+    return _compose(engine, plan, tokens, recompute, evaluate, place)
+
+
+def _compose(engine, plan: ModulePlan, tokens: list[int], recompute: int, evaluate,
+             place) -> Composition:
+    """After the exact part: each module's first ``recompute`` tokens evaluated in context
+    (``evaluate(tokens, position)``), the rest placed from its cached cells (``place(seq, p0,
+    p1, position, tokens)``: the module's cells at p0..p1-1 moved to start at position)."""
+    cache = engine.cache
     cur = plan.hit.reused
     sources = list(plan.hit.sources)
     p = plan.prefix.depth
@@ -130,12 +137,10 @@ def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompu
         k = min(recompute, n)
         recomputed += k
         if k:
-            work.evaluate(tokens[seg.start:seg.start + k], batch_starts(cur, cur + k, n_batch),
-                          task, stage="recompute", want_logits=False)
+            evaluate(tokens[seg.start:seg.start + k], cur)
         if k < n:
             with cache.busy(node):
-                data = engine.cells_of(cache.materialise(node), p + k, p + n, cache.scratch)
-            work.append_cells(data, tokens[seg.start + k:seg.end], [cur + k], shift=cur - p)
+                place(cache.materialise(node), p + k, p + n, cur + k, tokens[seg.start + k:seg.end])
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
         cur += n
     return Composition(cur, tuple(sources), recomputed)

@@ -151,14 +151,7 @@ class RadixCache(CacheTiers):
         """Cache ``tokens`` (a prefix of what the work context holds, ending at a batch end)
         as a resident node: its own cells are copied from the work context."""
         work = self.e.work
-        node, created = self.tree.insert(tokens)
-        if created or node.tier == "gone":
-            self._last_generation = node.created = next(self._generation)
-        if created or not node.label:
-            node.label = label
-            node.template_sha256 = template_sha256
-        if created or node.tier == "gone" or not node.cuts:
-            node.cuts = tuple(c for c in work.cuts if node.start <= c < node.depth)
+        node = self._insert(tokens, label, template_sha256, work.cuts)
         with self.busy(node):
             if node.tier == "gone":
                 anchor = self._holding_ancestor(node)
@@ -192,15 +185,7 @@ class RadixCache(CacheTiers):
 
         A node must be pristine: on a sliding-window model fork at ``upto`` = None while the
         sequence ends there (a later fork up to a position loses the window cells past it)."""
-        tokens = list(self.e.resident[work][:upto])
-        node, created = self.tree.insert(tokens)
-        if created or node.tier == "gone":
-            self._last_generation = node.created = next(self._generation)
-        if created or not node.label:
-            node.label = label
-            node.template_sha256 = template_sha256
-        if created or node.tier == "gone" or not node.cuts:
-            node.cuts = tuple(s for s in starts if node.start <= s < node.depth)
+        node = self._insert(list(self.e.resident[work][:upto]), label, template_sha256, starts)
         with self.busy(node):  # the caps hold after every addition; the new node stays
             if node.seq is None:
                 seq = self._take_seq()
@@ -211,6 +196,20 @@ class RadixCache(CacheTiers):
                 node.nbytes = self._resident_bytes(node)
             self.touch(node)
             self.enforce()
+        return node
+
+    def _insert(self, tokens: list[int], label: str, template_sha256: str,
+                starts: list[int]) -> RadixNode:
+        """The tree's node for ``tokens``, labelled and given its history's batch starts when
+        it is new or holds nothing yet."""
+        node, created = self.tree.insert(tokens)
+        if created or node.tier == "gone":
+            self._last_generation = node.created = next(self._generation)
+        if created or not node.label:
+            node.label = label
+            node.template_sha256 = template_sha256
+        if created or node.tier == "gone" or not node.cuts:
+            node.cuts = tuple(c for c in starts if node.start <= c < node.depth)
         return node
 
     def adopt(self, state, label: str) -> RadixNode:

@@ -21,11 +21,9 @@ Sliding-window models do not use it: their window cells do not survive a trim or
 """
 from __future__ import annotations
 
-import time
-
 from .batch_plan import batches
 from .errors import ContextError, KvPrimerError
-from .native import ContextParams, NativeContext
+from .native import NativeContext
 from .seq_payload import in_position_order
 from .task_state import TaskState
 
@@ -41,11 +39,8 @@ class WorkContext:
 
     @property
     def ctx(self) -> NativeContext:
-        if self._ctx is None:
-            c = self._e.config
-            self._ctx = NativeContext(self._e.model, ContextParams(
-                c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, 2, c.n_threads_gen,
-                self._e.kernels.flash_attn))
+        if self._ctx is None:  # the run's sequence and the staging one
+            self._ctx = NativeContext(self._e.model, self._e.context_params(2))
         return self._ctx
 
     def close(self) -> None:
@@ -188,10 +183,3 @@ def batch_end_at_or_before(cuts: list[int], end: int, upto: int) -> int:
     """The last batch boundary of a history (batch starts ``cuts``, ending at ``end``) at or
     before ``upto``: reusing its cells up to there is reusing whole batches."""
     return max([c for c in cuts if c <= upto] + ([end] if end <= upto else []), default=0)
-
-
-def timed(fn, *args):
-    """``fn(*args)`` and the milliseconds it took."""
-    t0 = time.perf_counter()
-    out = fn(*args)
-    return out, (time.perf_counter() - t0) * 1000
