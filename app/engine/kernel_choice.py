@@ -119,13 +119,26 @@ def choose_kernels(model: NativeModel, params: ContextParams, model_sha256: str,
     return choice
 
 
+TIE = 0.05  # scores closer than this are a tie: the machine's noise can flip them
+
+
 def _decide(timings: tuple[KernelTiming, ...], how: str, cost_ms: float) -> KernelChoice:
     best = min(timings, key=lambda t: (t.score, t.prefix_ms_per_token))
     other = next(t for t in timings if t is not best)
+    if other.score <= best.score * (1 + TIE) and _batching_cost(other) < _batching_cost(best):
+        # a tie: keep the kernel whose time depends less on how the suffix is batched (its
+        # small-batch penalty grows with the context, which the measurement only samples)
+        best, other = other, best
     ratio = other.score / best.score if best.score > 0 else 1.0
-    reason = (f"{ratio:.2f}x faster on suffixes in one batch and in {SPLIT} here "
-              f"({best.describe()}; {other.describe()})")
+    verdict = (f"{ratio:.2f}x faster on suffixes in one batch and in {SPLIT} here" if ratio > 1 + TIE
+               else f"as fast within {TIE:.0%} and less slowed by small batches")
+    reason = f"{verdict} ({best.describe()}; {other.describe()})"
     return KernelChoice(best.flash_attn, how, reason, timings, cost_ms)
+
+
+def _batching_cost(t: KernelTiming) -> float:
+    """How much slower the split suffix is than the one-batch one (1.0: not at all)."""
+    return t.split_suffix_ms / t.suffix_ms if t.suffix_ms > 0 else 1.0
 
 
 def measure(model: NativeModel, params: ContextParams,
@@ -191,7 +204,7 @@ def _cpu_identity() -> str:
 
 
 def _key(params: ContextParams, model_sha256: str) -> str:
-    parts = ["kernel-choice 3", versions()["llama_cpp_python"], versions()["llama_cpp_build"], _cpu_identity(),
+    parts = ["kernel-choice 4", versions()["llama_cpp_python"], versions()["llama_cpp_build"], _cpu_identity(),
              model_sha256, params.type_k, params.type_v, str(params.n_batch), str(params.n_threads)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
