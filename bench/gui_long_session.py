@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-min", type=float, default=120.0)
     args = ap.parse_args(argv)
 
+    from app.desktop_check import exit_if_xcb_libs_missing
+
+    exit_if_xcb_libs_missing()  # one line naming the missing system libraries, not an abort
     from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 

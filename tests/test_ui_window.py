@@ -503,6 +503,13 @@ def test_cache_panel_lists_nodes_after_runs_and_evict_and_pin_act_on_them(qtbot,
     w.jobs.run("warm")
     idle(qtbot, w, 60000)
     qtbot.waitUntil(lambda: node("static prefix").hits > hits, timeout=10000)
+    # Clear, the action the engine's messages point at: nothing cached, the next run rebuilds
+    panel.clear_btn.click()
+    qtbot.waitUntil(lambda: panel.snapshot is not None and not panel.snapshot.nodes, timeout=10000)
+    assert "cleared" in panel.message.text()
+    w.jobs.run("warm")
+    idle(qtbot, w, 60000)
+    qtbot.waitUntil(lambda: node("static prefix") is not None, timeout=10000)
 
 
 def test_save_state_in_llamas_format_loads_back_with_its_warning(qtbot, make_window, tmp_path):

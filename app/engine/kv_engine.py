@@ -145,6 +145,12 @@ class Engine(SequenceOps):
         run lays them out; sliding-window models fork in the cache's context instead."""
         return self.n_swa == 0
 
+    def clear_cache(self) -> None:
+        """Drop every cached prompt and what the work context holds (the user's sequence 0 and
+        saved states are theirs and stay)."""
+        self.cache.clear()
+        self.work.reset()
+
     # ---- lifetime
     def close(self) -> None:
         self.cache.close()

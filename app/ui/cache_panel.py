@@ -96,6 +96,11 @@ class CachePanel(QDockWidget):
         self.pin_btn.setObjectName("cachePin")
         self.pin_btn.setToolTip("A pinned node stays where it is whatever the caps")
         self.refresh_btn = QPushButton("Refresh")
+        self.clear_btn = QPushButton("Clear")
+        self.clear_btn.setObjectName("cacheClear")
+        self.clear_btn.setToolTip("Drop every cached prompt and what the work context holds; "
+                                  "the next runs evaluate and cache their prompts again")
+        self.clear_btn.clicked.connect(self.clear_all)
         self.evict_btn.clicked.connect(self.evict_selected)
         self.pin_btn.clicked.connect(self.toggle_pin)
         self.refresh_btn.clicked.connect(self.refresh)
@@ -103,7 +108,7 @@ class CachePanel(QDockWidget):
         self.message.setObjectName("cacheMessage")
         self.message.setWordWrap(True)
         buttons = QHBoxLayout()
-        for b in (self.evict_btn, self.pin_btn, self.refresh_btn):
+        for b in (self.evict_btn, self.pin_btn, self.clear_btn, self.refresh_btn):
             buttons.addWidget(b)
         buttons.addWidget(self.message, 1)
 
@@ -216,6 +221,9 @@ class CachePanel(QDockWidget):
         if n is not None:
             self._op(f"evicted “{n.label or 'cached prompt'}” from {n.tier}",
                      lambda e, i=n.id: e.cache.evict(i))
+
+    def clear_all(self) -> None:
+        self._op("cleared the cache", lambda e: e.clear_cache())
 
     def toggle_pin(self) -> None:
         n = self.node(self.selected_id())
