@@ -9,6 +9,10 @@ from pathlib import Path
 
 from .report import LABELS
 
+# the bar labels, short enough for the chart's label column (report.LABELS has the long ones)
+SHORT = {"limit": "fastest limit", "warm_in_place": "ours warm, kept in place",
+         "warm_memory": "ours warm, copied from cache", "warm_file": "ours warm, from .kvstate",
+         "limit_cache_context": "old limit (shared context)"}
 COLORS = {"cold": "#c0392b", "warm": "#2471a3", "limit": "#7f8c8d"}
 MODE_COLORS = {"prefix": "#7f8c8d", "chain": "#2471a3", "compose": "#d68910"}
 W, H = 1500, 640
@@ -73,7 +77,7 @@ def _bars(p, res, r):
         p.setPen(QColor("black"))
         p.drawText(QRectF(r.left(), y, label_w - 8, bar_h),
                    Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
-                   LABELS.get(name, name))
+                   SHORT.get(name, LABELS.get(name, name)))
         x0 = r.left() + label_w
         p.fillRect(QRectF(x0, y, plot_w * s["median"] / xmax, bar_h), color)
         p.setPen(QPen(QColor("black"), 1.5))
@@ -84,7 +88,8 @@ def _bars(p, res, r):
                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, f"{s['median']:.0f}")
     ratios = res.get("ratios", {})
     notes = [f"{k} {v:.3f}" for k, v in ratios.items() if v is not None and k in (
-        "warm_vs_limit", "warm_vs_llamacpp_ram", "warm_vs_llamacpp_disk", "state_bytes_vs_raw_kv")]
+        "warm_vs_fastest_limit", "warm_vs_llamacpp_ram", "warm_vs_llamacpp_disk",
+        "state_bytes_vs_raw_kv")]
     m = res["machine"]
     notes.append(f"(load average {m.get('loadavg_start')} -> {m.get('loadavg_end')}, "
                  f"CPU share {m.get('cpu_share')})")
