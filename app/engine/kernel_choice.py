@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .errors import KvPrimerError, ModelError
-from .native import ContextParams, NativeContext, NativeModel, versions
+from .cpu_kernels import build_facts, cpu_facts
+from .native import ContextParams, NativeContext, NativeModel
 from .user_files import atomic_write
 
 FLASH_ATTN_SETTINGS = ("auto", "on", "off")
@@ -188,24 +188,11 @@ def measure(model: NativeModel, params: ContextParams,
 # ---- the cache of measurements
 
 
-def _cpu_identity() -> str:
-    """The CPU as far as kernels care: its model name and feature flags."""
-    name, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() == "model name" and not name:
-                name = v.strip()
-            elif k.strip() in ("flags", "Features") and not flags:
-                flags = v.strip()
-    except OSError:
-        pass
-    return f"{platform.machine()}|{name}|{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
-
-
 def _key(params: ContextParams, model_sha256: str) -> str:
-    parts = ["kernel-choice 4", versions()["llama_cpp_python"], versions()["llama_cpp_build"], _cpu_identity(),
-             model_sha256, params.type_k, params.type_v, str(params.n_batch), str(params.n_threads)]
+    # the build (version and library files) and the CPU (model and flags) as the crash check
+    # knows them
+    parts = ["kernel-choice 4", build_facts().identity, cpu_facts().identity, model_sha256,
+             params.type_k, params.type_v, str(params.n_batch), str(params.n_threads)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

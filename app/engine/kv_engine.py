@@ -17,7 +17,7 @@ from .crash_probe import CpuKernels, checked_cpu_kernels
 from .kernel_choice import KernelChoice, choose_kernels
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .model_files import check_gguf_file, default_model_path, model_fingerprint
-from .model_traits import ModelTraits, read_traits
+from .model_traits import ModelTraits, read_traits, with_context
 from .kv_debug_log import TrackedContext
 from .kv_view import KvCacheView, build_view
 from .llama_state_file import check_rows_fit, read_any_state
@@ -117,7 +117,7 @@ class Engine(SequenceOps):
             cpu_kernels=self.cpu_kernels,
             n_batch=config.n_batch, n_seq_max=config.n_seq_max, type_k=config.type_k,
             type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
-            traits=read_traits(self.model, self.ctx, path), gpu_offload=gpu_offload_supported(),
+            traits=with_context(early, self.ctx), gpu_offload=gpu_offload_supported(),
             **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
                                      "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                      "file_bytes")})

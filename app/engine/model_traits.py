@@ -115,6 +115,13 @@ class ModelTraits:
             out.append(f"composed modules: unavailable (positions cannot shift: {why})")
         return out
 
+def with_context(traits: ModelTraits, ctx) -> ModelTraits:
+    """The traits read before there was a context, completed with what only its memory knows."""
+    from dataclasses import replace
+
+    return replace(traits, can_shift=bool(L.llama_memory_can_shift(ctx.mem)))
+
+
 def read_traits(model, ctx, path: str | os.PathLike | None = None) -> ModelTraits:
     """The traits of a loaded NativeModel and its NativeContext (None: before there is one;
     ``can_shift`` is then False); ``path`` is the model file, read only when its sliding-window

@@ -331,6 +331,18 @@ class NativeContext:
             raise ContextError(f"llama.cpp copied {n} of {size} state bytes")
         return data
 
+    def cells_state(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
+        """A state of only the cells of ``seq`` at positions p0..p1-1, in position order
+        (copied through sequence ``scratch``, which is left empty)."""
+        from .seq_payload import in_position_order
+
+        self.seq_rm(scratch)
+        self.seq_cp(seq, scratch, p0, p1)
+        try:
+            return in_position_order(self.state_get(scratch))
+        finally:
+            self.seq_rm(scratch)
+
     def state_set(self, data: bytes, seq: int) -> bool:
         # Point llama.cpp at the bytes object's own buffer (it only reads it): copying a
         # 40 MB state into a ctypes array first would cost as much as the restore itself.

@@ -161,10 +161,7 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
                                                 "mode ran as prefix mode", hit.approx) if x)
         result, report.copied_tokens = warm_in_work_context(engine, tokens, hit, gen, max_new,
                                                             task, state=state)
-        report.plan = result.starts
-        report.reused_tokens, report.sources, report.hit_tier = hit.reused, hit.sources, hit.tier
-        report.evaluated_tokens = len(tokens) - hit.reused
-        return result
+        return _reported(report, result, hit.sources, hit.tier)
     if state is not None:
         engine.check_state(state)
         node = cache.adopt(state, "saved state")
@@ -266,10 +263,7 @@ def _warm_in_work_context(engine, template, tokens, segments, reuse, hit, gen, m
     result, report.copied_tokens = warm_in_work_context(
         engine, tokens, hit, gen, max_new, task, marks=marks, nodes=nodes,
         template_sha256=template.sha256)
-    report.plan = result.starts
-    report.reused_tokens, report.sources, report.hit_tier = hit.reused, hit.sources, hit.tier
-    report.evaluated_tokens = len(tokens) - hit.reused
-    return result
+    return _reported(report, result, hit.sources, hit.tier)
 
 
 def _compose_in_work_context(engine, tokens, plan, gen, max_new, recompute, task,
@@ -278,14 +272,20 @@ def _compose_in_work_context(engine, tokens, plan, gen, max_new, recompute, task
     t0 = time.perf_counter()
     c = compose_in_work_context(engine, plan, tokens, recompute, task)
     t1 = time.perf_counter()
-    report.reused_tokens, report.sources = c.reused - c.recomputed, c.sources
-    report.evaluated_tokens = len(tokens) - report.reused_tokens
-    report.hit_tier = plan.hit.tier
     result = _evaluate_and_generate(engine, tokens, c.reused, (), gen, max_new, task, t0, t1,
                                     KEEP_LOGITS)
-    result.reused_tokens, result.evaluated_tokens = report.reused_tokens, report.evaluated_tokens
-    report.plan = result.starts
+    # tokens recomputed in context were evaluated, not reused
+    result.reused_tokens = c.reused - c.recomputed
+    result.evaluated_tokens = len(tokens) - result.reused_tokens
     engine.cache.enforce()
+    return _reported(report, result, c.sources, plan.hit.tier)
+
+
+def _reported(report, result: PathResult, sources, tier: str) -> PathResult:
+    """The run's reuse, as the work-context paths report it: from the warm result itself."""
+    report.plan = result.starts
+    report.reused_tokens, report.evaluated_tokens = result.reused_tokens, result.evaluated_tokens
+    report.sources, report.hit_tier = sources, tier
     return result
 
 
@@ -304,7 +304,7 @@ def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, 
     cache = engine.cache
     t0 = time.perf_counter()
     if state is not None:
-        copied = engine.work.restore(state.data, list(state.tokens), state_cuts(engine, state),
+        copied = engine.work.restore(state.data, list(state.tokens), engine.cache.state_cuts(state),
                                      hit.reused)
     else:
         copied = cache.bring_to_work(hit, tokens)
@@ -319,12 +319,6 @@ def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, 
     return result, copied
 
 
-def state_cuts(engine, state: PrefixState) -> list[int]:
-    """The batch starts a saved state's cells were computed with: a prefix is primed in plain
-    n_batch batches from position 0 (what ``adopt`` records too)."""
-    return list(range(0, state.n_tokens, engine.config.n_batch))
-
-
 def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
     """What a run takes from a saved state: its tokens shared with the prompt, up to ``limit``,
     cut back to a batch end of its history."""
@@ -332,7 +326,7 @@ def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
     from .radix_cache import CacheHit
     from .work_context import batch_end_at_or_before
 
-    n = batch_end_at_or_before(state_cuts(engine, state), state.n_tokens,
+    n = batch_end_at_or_before(engine.cache.state_cuts(state), state.n_tokens,
                                min(common_prefix(list(state.tokens), tokens), limit))
     approx = APPROX_RESTORED if engine.cache.windowed else ""
     return CacheHit(None, n, (("saved state", n),) if n else (), "file", approx)

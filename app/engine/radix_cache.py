@@ -212,6 +212,11 @@ class RadixCache(CacheTiers):
             node.cuts = tuple(c for c in starts if node.start <= c < node.depth)
         return node
 
+    def state_cuts(self, state) -> list[int]:
+        """The batch starts a saved state's cells were computed with: a prefix is primed in
+        plain n_batch batches from position 0."""
+        return list(range(0, state.n_tokens, self.e.config.n_batch))
+
     def adopt(self, state, label: str) -> RadixNode:
         """A saved state as a resident node (restored once; later runs fork it)."""
         m = self.tree.match(list(state.tokens))
@@ -221,7 +226,7 @@ class RadixCache(CacheTiers):
         seq = self._take_seq()
         try:
             self.e.restore(state, seq)
-            return self.add(seq, label, list(range(0, state.n_tokens, self.e.config.n_batch)),
+            return self.add(seq, label, self.state_cuts(state),
                             state.template_sha256, APPROX_RESTORED if self.windowed else "")
         finally:
             self.e.clear_seq(seq)

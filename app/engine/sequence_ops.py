@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ContextError, KvPrimerError
-from .seq_payload import in_position_order
 
 
 class SequenceOps:
@@ -67,12 +66,7 @@ class SequenceOps:
 
     def cells_of(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
         """A state of only the cells of ``seq`` at positions p0..p1-1 (through ``scratch``)."""
-        self.ctx.seq_rm(scratch)
-        self.ctx.seq_cp(seq, scratch, p0, p1)
-        try:
-            return in_position_order(self.ctx.state_get(scratch))
-        finally:
-            self.ctx.seq_rm(scratch)
+        return self.ctx.cells_state(seq, p0, p1, scratch)
 
     def add_cells(self, data: bytes, seq: int, scratch: int, tokens: list[int]) -> bool:
         """Put a state of cells (from ``cells_of``) into ``seq`` beside what it holds, which

@@ -115,23 +115,17 @@ class WorkContext:
 
     def cells(self, p0: int, p1: int) -> bytes:
         """A state of the cells at positions p0..p1-1, in position order (for the cache)."""
-        ctx = self.ctx
-        ctx.seq_rm(STAGING)
-        ctx.seq_cp(SEQ, STAGING, p0, p1)
-        try:
-            return in_position_order(ctx.state_get(STAGING))
-        finally:
-            ctx.seq_rm(STAGING)
+        return self.ctx.cells_state(SEQ, p0, p1, STAGING)
 
     # ---- evaluating
     def evaluate(self, tokens: list[int], starts: list[int], task: TaskState | None = None,
                  stage: str = "eval", want_logits: bool = True):
         """Append ``tokens`` in batches starting at the absolute positions ``starts``; return
         the last logits (or None). Cancelling between batches keeps what was evaluated."""
-        task = task or TaskState()
-        start, end = len(self.tokens), len(self.tokens) + len(tokens)
         if not tokens:
             return None
+        task = task or TaskState()
+        start, end = len(self.tokens), len(self.tokens) + len(tokens)
         if not starts or starts[0] != start:
             raise ValueError("the batch plan must start where the sequence ends")
         self._e.check_fits(end)
@@ -141,7 +135,7 @@ class WorkContext:
             self._decode(tokens[a - start:b - start], a, want_logits and b == end)
             self.cuts.append(a)
             task.report(stage, b - start, len(tokens))
-        return self.ctx.logits(-1) if want_logits and tokens else None
+        return self.ctx.logits(-1) if want_logits else None
 
     def step(self, token: int) -> None:
         """One generated token."""
