@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# one attention kernel for every engine the tests make: tests move states between engines (the
+# kernel decides V's layout) and compare their logits, and a timing on a tiny model can come
+# out either way; tests of the measurement itself ask for "auto"
+os.environ["KVPRIMER_FLASH_ATTN"] = "on"
 
 from tests.tiny_model import ARCHITECTURES, write_arch_model, write_tiny_model  # noqa: E402
 

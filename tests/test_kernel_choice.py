@@ -11,7 +11,7 @@ from app.engine.kernel_choice import _cache_path, _decide, KernelTiming
 
 
 def make(tiny_model, **kw) -> Engine:
-    kw = {"n_ctx": 1024, "n_batch": 32, "n_threads": 1, **kw}
+    kw = {"n_ctx": 1024, "n_batch": 32, "n_threads": 1, "flash_attn": "auto", **kw}
     return Engine(EngineConfig(model_path=str(tiny_model), **kw))
 
 

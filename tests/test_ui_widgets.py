@@ -244,7 +244,7 @@ def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
 def test_model_panel_builds_the_config(qtbot, engine):
     from app.ui.model_panel import ModelPanel
 
-    p = ModelPanel(EngineConfig(model_path="/m.gguf", n_ctx=1024, n_threads=1))
+    p = ModelPanel(EngineConfig(model_path="/m.gguf", n_ctx=1024, n_threads=1, flash_attn="auto"))
     qtbot.addWidget(p)
     # -ngl: unknown until a model's facts arrive (the build is asked on the worker thread);
     # then usable on a build with GPU offload, else disabled and saying why

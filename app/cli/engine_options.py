@@ -29,9 +29,9 @@ def model_options() -> argparse.ArgumentParser:
     g.add_argument("-b", "--batch-size", type=int, default=256, help="tokens per decode batch (256)")
     g.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(KV_TYPES), help="K cache type")
     g.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(KV_TYPES), help="V cache type")
-    g.add_argument("-fa", "--flash-attn", default="auto", choices=("auto", "on", "off"),
+    g.add_argument("-fa", "--flash-attn", default=None, choices=("auto", "on", "off"),
                    help="flash attention (auto: the faster kernel, measured once per machine "
-                        "and model; on, off: as given)")
+                        "and model; on, off: as given; default: KVPRIMER_FLASH_ATTN or auto)")
     g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
                    help="layers to offload to the GPU (0; -1: all); needs a GPU build of llama-cpp-python")
     g = p.add_argument_group("radix cache (what runs leave in the KV cache for later runs)")
@@ -60,7 +60,8 @@ def open_engine(args) -> Engine:
                                n_threads=args.threads, n_threads_gen=args.threads_gen,
                                type_k=args.cache_type_k,
                                type_v=args.cache_type_v, n_gpu_layers=args.n_gpu_layers,
-                               flash_attn=args.flash_attn, cache=limits,
+                               **({"flash_attn": args.flash_attn} if args.flash_attn else {}),
+                               cache=limits,
                                remeasure_kernels=getattr(args, "remeasure", False)))
 
 

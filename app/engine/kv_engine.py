@@ -7,8 +7,9 @@ from scratch in a context of its own, to prove warm runs equal.
 """
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .batch_plan import EXACT_CHUNK, batch_starts, batches
@@ -51,8 +52,9 @@ class EngineConfig:
     cache: CacheLimits = CacheLimits()
     kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
     n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp's -ngl); -1: all of them
-    # flash attention: "auto" measures which kernel is faster here (kernel_choice.py)
-    flash_attn: str = "auto"
+    # flash attention: "auto" measures which kernel is faster here (kernel_choice.py); the
+    # default can be set with KVPRIMER_FLASH_ATTN (as llama.cpp's tools take LLAMA_ARG_FLASH_ATTN)
+    flash_attn: str = field(default_factory=lambda: os.environ.get("KVPRIMER_FLASH_ATTN", "auto"))
     remeasure_kernels: bool = False  # measure again even when a measurement is cached
 
 
@@ -279,6 +281,8 @@ class Engine(SequenceOps):
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         state.check_payload(self.info.n_vocab)
+        if state.origin == "llama.cpp":  # no model identity: at least the rows must fit
+            check_rows_fit(state, self.info.n_layer, self.info.kv_bytes_per_token)
         trans = v_transposed(state.data)
         if trans is not None and self.kernels.flash_attn is not None \
                 and trans == bool(self.kernels.flash_attn):
@@ -287,8 +291,6 @@ class Engine(SequenceOps):
             raise StateFileError(f"this state was saved with flash attention {had}, and this "
                                  f"context runs it {now}; load it with flash attention {had} or "
                                  "prime the prefix again")
-        if state.origin == "llama.cpp":  # no model identity: at least the rows must fit
-            check_rows_fit(state, self.info.n_layer, self.info.kv_bytes_per_token)
 
     def restore(self, state: PrefixState, seq: int = 0) -> float:
         """Put a saved state into ``seq``; returns seconds taken. The context is unchanged on error."""
