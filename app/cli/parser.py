@@ -12,6 +12,7 @@ from typing import Callable
 from .cache_commands import cache_options, cmd_cache
 from .engine_options import model_options
 from .kv_commands import cmd_kv, kv_options
+from .server_commands import cmd_deploy, cmd_serve, deploy_options, serve_options
 from .run_commands import (bench_options, cmd_bench, cmd_demo, cmd_info, cmd_prime, cmd_run,
                            info_options, no_options, prime_options, run_options)
 
@@ -32,6 +33,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("kv", cmd_kv, "prime into sequence 0, fork, show the KV cells", kv_options),
     Command("cache", cmd_cache, "prime, run rows warm, list the radix cache's tiers and prompts",
             cache_options),
+    Command("serve", cmd_serve, "start a llama-server whose settings match KV Primer's states",
+            serve_options),
+    Command("deploy", cmd_deploy, "prime a template and restore its prefix into a llama-server slot",
+            deploy_options),
     Command("demo", cmd_demo, "prime the RAG example and run its first row", no_options),
 )
 COMMAND_NAMES = frozenset(c.name for c in COMMANDS)

@@ -12,6 +12,7 @@ from ..engine.project_file import SUFFIX
 from .engine_options import (load_state_file, open_engine, progress_printer, read_project,
                              read_template, reuse_mode, reuse_modes, rows_of)
 from .kv_commands import cmd_bench_forked
+from .server_commands import cmd_bench_server, server_target_options
 
 
 def info_options(p: argparse.ArgumentParser) -> None:
@@ -66,6 +67,7 @@ def bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fork", type=int, default=0, metavar="K",
                    help="run the rows as forked batches of K against the same rows one by one warm")
     _reuse_options(p, "prefix")
+    server_target_options(p)
 
 
 def no_options(p: argparse.ArgumentParser) -> None:
@@ -160,6 +162,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.server:
+        return cmd_bench_server(args)
     if args.fork:
         return cmd_bench_forked(args)
     tpl = read_template(args.template)

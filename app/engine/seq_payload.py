@@ -196,6 +196,19 @@ def v_transposed(data: bytes) -> bool | None:
         return None
 
 
+def stream_count(data: bytes) -> int | None:
+    """How many KV streams the writer's cache had (llama.cpp refuses a restore into another
+    count: one stream is a unified cache or one slot); None when the header is not one we know."""
+    try:
+        r = _Reader(data)
+        if r.u32("magic") != IO_MAGIC:
+            return None
+        r.u32("source sequence")
+        return r.u32("stream count")
+    except _Bad:
+        return None
+
+
 def in_position_order(data: bytes) -> bytes:
     """The same state with its cells sorted by position (``data`` itself when they already are).
 

@@ -139,7 +139,7 @@ class TtftChart(QChartView):
                         "row · ×speedup")
 
     def set_series(self, forms: list[tuple[str, ...]], series: list[BarSeries],
-                   axis_title: str = "row") -> None:
+                   axis_title: str = "row", unit: str = "ms") -> None:
         """Grouped bars: one category per row (``forms``: its label forms), one bar set per
         series, min–max whiskers where a series has them."""
         n = min(len(forms), MAX_BARS)
@@ -164,7 +164,7 @@ class TtftChart(QChartView):
                   for s in series) * 1.1 or 1.0
         y = QValueAxis()
         y.setRange(0, top)
-        y.setTitleText("ms")
+        y.setTitleText(unit)
         y.setLabelFormat("%.0f")
         y.applyNiceNumbers()
         chart.addAxis(self._cats, Qt.AlignBottom)

@@ -43,18 +43,21 @@ class JobKind(Enum):
     KV_OP = "KV operation"
     CACHE_VIEW = "cache view"
     CACHE_OP = "cache operation"
+    SERVER = "server"  # deploy to a server, run rows on it (primes and runs locally too)
+    SERVER_CHECK = "server check"  # a server's health, model and slots
     TASK = "task"  # any other work (tools, tests)
 
     @property
     def background(self) -> bool:
         """Bookkeeping: no progress bar, and the user's actions stay enabled while it runs."""
         return self in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.KV_OP, JobKind.CACHE_VIEW,
-                        JobKind.CACHE_OP)
+                        JobKind.CACHE_OP, JobKind.SERVER_CHECK)
 
     @property
     def changes_cache(self) -> bool:
         """Can it change the KV cells or the radix cache (so views of them need refreshing)?"""
-        return self not in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.CACHE_VIEW)
+        return self not in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.CACHE_VIEW,
+                            JobKind.SERVER_CHECK)
 
 
 @dataclass

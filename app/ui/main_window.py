@@ -31,6 +31,7 @@ from .kv_dock import KvCacheDock
 from .model_panel import ModelPanel
 from .project_actions import ProjectMixin
 from .prompt_jobs import PromptJobs
+from .server_view import ServerView
 from .run_panel import RunPanel
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
@@ -72,6 +73,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.fillings = FillingsPanel(self.session)
         self.run_panel = RunPanel(self.session)
         self.bench = BenchView(self.session)
+        self.server_view = ServerView(self.worker, self.session, self.settings)
         self.errors = ErrorPanel(self, log_path)
         self.errors.install_excepthook()
         self.model_panel = ModelPanel(self.config, self)
@@ -83,6 +85,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         self._build_layout()
         self.status = StatusBar(self.worker, self)
         self.setStatusBar(self.status)
+        self.server_view.message.connect(lambda m: self.status.showMessage(m, 15000))
         self._build_actions()
         self._connect()
         self.autosaver = Autosaver(autosave_path(autosave_dir))
@@ -113,6 +116,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.central_tabs = QTabWidget()
         self.central_tabs.addTab(self.run_panel, "Run")
         self.central_tabs.addTab(self.bench, "Benchmark")
+        self.central_tabs.addTab(self.server_view, "Server")
         self.center = QSplitter(Qt.Vertical)
         self.center.setObjectName("centerSplit")
         self.center.addWidget(top)

@@ -1,0 +1,26 @@
+"""Server targets: llama-server and OpenAI-compatible servers, beside the engine (Qt-free).
+
+- ``llama_server``: llama-server's own API (token-id prompts, /tokenize, /props, /slots, SSE);
+- ``openai_server``: any OpenAI-compatible ``/v1/completions`` (llama-server, vLLM, SGLang);
+- ``deploy``: a primed prefix into a llama-server slot, checked against the server's layout;
+- ``server_bench``: a template's rows on a server, warm and cold, with the reuse explained;
+- ``llama_server_process``: start and stop a llama-server that matches KV Primer's states.
+"""
+from .http_stream import Completion, ServerError
+from .llama_server import LlamaServer
+from .openai_server import OpenAIServer
+
+API_KINDS = ("llama", "openai")
+
+
+def connect(url: str, api: str = "llama", flavor: str = "auto", model: str = "",
+            api_key: str = ""):
+    """A client of the given API kind; ServerError when ``api`` is not one we speak."""
+    if api == "llama":
+        return LlamaServer(url)
+    if api == "openai":
+        return OpenAIServer(url, flavor=flavor, model=model, api_key=api_key)
+    raise ServerError(f"unknown API kind '{api}'; use one of {', '.join(API_KINDS)}")
+
+
+__all__ = ["API_KINDS", "Completion", "LlamaServer", "OpenAIServer", "ServerError", "connect"]

@@ -1,0 +1,161 @@
+"""Benchmarking a server's prompt cache with a template's rows, as a real workload runs them.
+
+Rows go in file order. For each row the warm request comes first, with the server's cache as
+the rows before left it (what a deployment sees), then a cold one with the cache bypassed. Both
+leave the same prompt cached, so the next row's warm request is unaffected by the cold one.
+Each row reports what the server says it reused and evaluated, time to first token of both,
+and, when the server runs the model KV Primer has loaded, whether its greedy output equals
+KV Primer's own cold run. A row whose reuse stops short of the template's static prefix says
+where it stopped and why.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from statistics import median
+
+from app.engine.generation import GenerationConfig
+from app.engine.prompt_tokens import common_prefix
+from app.engine.rows import Row
+from app.engine.task_state import TaskState
+from app.engine.template import Template
+
+from .http_stream import Completion
+from .model_match import match_model
+
+
+@dataclass
+class ServerRow:
+    row: int  # its number in the rows file, as the user sees it
+    prompt_tokens: int
+    prefix_tokens: int  # the template's static prefix, in this prompt's tokens
+    cold_ms: float  # time to first token, cache bypassed
+    warm_ms: float  # time to first token, as the workload left the cache
+    server_cached_tokens: int | None
+    server_evaluated_tokens: int | None
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    tokens_equal: bool | None = None  # against KV Primer's local cold run (None: not compared)
+    first_diff: int | None = None  # first generated position that differs
+    local_cold_ms: float | None = None
+    miss_reason: str = ""  # empty when the server reused at least the static prefix (− 1)
+
+    @property
+    def speedup(self) -> float | None:
+        return self.cold_ms / self.warm_ms if self.warm_ms > 0 else None
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "speedup": self.speedup}
+
+
+@dataclass
+class ServerBench:
+    url: str
+    api: str
+    flavor: str
+    model: str  # how we know whether the server runs the local model
+    same_model: bool | None
+    rows: list[ServerRow]
+
+    def summary(self) -> dict:
+        rs = self.rows
+        if not rs:
+            return {"rows": 0}
+        compared = [r for r in rs if r.tokens_equal is not None]
+        return {"rows": len(rs), "median_cold_ms": median(r.cold_ms for r in rs),
+                "median_warm_ms": median(r.warm_ms for r in rs),
+                "median_speedup": median(r.speedup or 0 for r in rs),
+                "misses": sum(bool(r.miss_reason) for r in rs),
+                "tokens_equal": sum(bool(r.tokens_equal) for r in compared),
+                "compared": len(compared)}
+
+    def as_dict(self) -> dict:
+        return {"server": self.url, "api": self.api, "flavor": self.flavor,
+                "model": self.model, "same_model": self.same_model,
+                "summary": self.summary(), "rows": [r.as_dict() for r in self.rows]}
+
+
+def expected_reuse(prefix_tokens: int, block: int) -> int:
+    """The least a server that reuses the static prefix reports: one token is always evaluated
+    again (llama-server), and vLLM counts whole blocks."""
+    return ((prefix_tokens - 1) // block) * block
+
+
+def miss_reason(cached: int | None, prefix: int, block: int, tokens: list[int],
+                before: list[int] | None, hint: str) -> str:
+    """Why a server reused less than the static prefix; '' when it did not."""
+    if cached is None:
+        return f"the server does not report reused tokens: {hint}"
+    want = expected_reuse(prefix, block)
+    if cached >= want:
+        return ""
+    where = f"reuse stopped at token {cached:,} of the {prefix:,}-token static prefix"
+    if before is None:
+        return (f"{where}: the server held nothing of this template yet (the first request); "
+                "deploy the prefix first to have it ready")
+    shared = common_prefix(before, tokens)
+    if shared < prefix:
+        return (f"{where}: this prompt's tokens leave the previous one's at token {shared:,}, "
+                "inside the static prefix (the text before the first placeholder joins this "
+                "row's value into other tokens)")
+    return (f"{where} though the server had just been sent {shared:,} matching tokens: another "
+            "slot took the request, the cache was evicted or the server restarted (sliding-window "
+            "models need --swa-full)")
+
+
+def bench_on_server(engine, template: Template, rows: list[Row], server, *,
+                    max_tokens: int = 16, compare: bool = True, slot: int | None = None,
+                    deployed: bool = False, task: TaskState | None = None) -> ServerBench:
+    """Run ``rows`` on ``server`` (a LlamaServer or OpenAIServer). ``engine`` tokenizes, finds
+    the static prefix and, when ``compare`` and the server runs its model, runs each row cold
+    locally to compare outputs. ``deployed``: the prefix was restored into the slot before."""
+    task = task or TaskState()
+    model_name = getattr(server, "model", "") or _props_model(server)
+    match = match_model(engine.info.path, engine.info.sha256, model_name)
+    as_ids = server.api == "llama" and match.same is True  # else the server tokenizes text
+    block = getattr(server, "block_size", 1)
+    hint = server.missing_report_hint() if hasattr(server, "missing_report_hint") else ""
+    gen = GenerationConfig(max_tokens=max_tokens)
+    out: list[ServerRow] = []
+    before: list[int] | None = engine.tokenize(template.prefix_prompt()) if deployed else None
+    task.report("server", 0, len(rows))
+    for i, row in enumerate(rows):
+        task.check()
+        filled = template.fill(row.values)
+        tokens = engine.tokenize(filled)
+        prefix = len(engine.tokenize(template.prefix_prompt()))
+        prompt = tokens if as_ids else filled.text
+        warm = server.complete(prompt, max_tokens, cache_prompt=True, slot=slot)
+        cold = server.complete(prompt, max_tokens, cache_prompt=False, slot=slot)
+        r = ServerRow(row=row.number, prompt_tokens=len(tokens),
+                      prefix_tokens=prefix, cold_ms=cold.ttft_ms, warm_ms=warm.ttft_ms,
+                      server_cached_tokens=warm.cached_tokens,
+                      server_evaluated_tokens=warm.evaluated_tokens, text=warm.text,
+                      tokens=warm.tokens,
+                      miss_reason=miss_reason(warm.cached_tokens, prefix, block, tokens, before, hint))
+        if compare and match.same:
+            _compare_local(engine, tokens, gen, max_tokens, warm, r, task)
+        before = tokens
+        out.append(r)
+        task.partial(r)
+        task.report("server", i + 1, len(rows))
+    return ServerBench(server.url, server.api, getattr(server, "flavor", "llama"), match.how,
+                       match.same, out)
+
+
+def _compare_local(engine, tokens, gen, max_tokens, warm: Completion, r: ServerRow, task) -> None:
+    local = engine.cold.run(tokens, None, gen, max_tokens, task, "cold", 0)
+    r.local_cold_ms = local.ttft_ms
+    if warm.tokens:
+        a, b = local.tokens, warm.tokens
+    else:  # the OpenAI API streams text only
+        a, b = [local.text], [warm.text]
+    n = common_prefix(a, b)
+    r.tokens_equal = n == len(a) == len(b)
+    r.first_diff = None if r.tokens_equal else n
+
+
+def _props_model(server) -> str:
+    try:
+        return server.props().model_path
+    except Exception:  # noqa: BLE001 - a server without /props: the model stays unknown
+        return ""

@@ -1,0 +1,66 @@
+"""What a server target is, in one line for people: health, kind, model (and whether it is the
+one loaded here), slots, context and build. The window's Check and `kvprimer info --server`
+style reports use it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import connect
+from .http_stream import ServerError
+from .model_match import match_model
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    url: str
+    api: str
+    flavor: str
+    health: str
+    model: str
+    same_model: bool | None
+    model_note: str
+    slots: int | None = None
+    n_ctx: int | None = None
+    build: str = ""
+
+    def describe(self) -> str:
+        parts = [self.health, f"{self.flavor} server" if self.api == "openai" else "llama-server"]
+        if self.build:
+            parts[-1] += f" {self.build}"
+        if self.slots is not None:
+            parts.append(f"{self.slots} slot{'s' if self.slots != 1 else ''}")
+        if self.n_ctx:
+            parts.append(f"context {self.n_ctx:,}")
+        same = {True: "the model loaded here", False: "not the model loaded here",
+                None: "model not compared"}[self.same_model]
+        parts.append(f"model {self.model or '?'} ({same}: {self.model_note})")
+        return " · ".join(parts)
+
+
+def target_facts(url: str, api: str, engine=None) -> TargetFacts:
+    with connect(url, api) as server:
+        health = server.health()
+        if health != "ok":
+            return TargetFacts(server.url, api, getattr(server, "flavor", "llama"), health, "",
+                               None, "the server is still loading its model")
+        slots = n_ctx = None
+        build = ""
+        if api == "llama":
+            p = server.props()
+            model, slots, n_ctx, build = p.model_path, p.total_slots, p.n_ctx, p.build_info
+        else:
+            model = server.model
+        if engine is None:
+            same, note = None, "no model loaded here"
+        else:
+            m = match_model(engine.info.path, engine.info.sha256, model)
+            same, note = m.same, m.how
+        return TargetFacts(server.url, api, getattr(server, "flavor", "llama"), health, model,
+                           same, note, slots, n_ctx, build)
+
+
+def describe_target(url: str, api: str, engine=None) -> str:
+    return target_facts(url, api, engine).describe()
+
+
+__all__ = ["ServerError", "TargetFacts", "describe_target", "target_facts"]

@@ -1,0 +1,240 @@
+"""The Server tab, beside Run and Benchmark: a server target (URL, API kind), its health, model
+and slots; Deploy the template's prefix into a llama-server slot; run the session's rows on
+the server and compare them with KV Primer's local cold runs (charts: time to first token, and
+the tokens the server reused per row).
+
+It only shows and forwards: the work is app.servers' deploy and bench_on_server, run on the
+engine worker (they need the engine to prime, tokenize and run the local cold reference).
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QHeaderView,
+                               QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+from ..engine import KvPrimerError
+from ..engine.session import Session
+from .charts import COLD, WARM, BarSeries, TtftChart
+from .engine_worker import EngineWorker, JobKind
+
+LOCAL = QColor("#7a7a7a")
+COLUMNS = [("row", "row"), ("prompt_tokens", "prompt"), ("prefix_tokens", "prefix"),
+           ("server_cached_tokens", "reused by server"), ("server_evaluated_tokens", "evaluated"),
+           ("local_cold_ms", "local cold (ms)"), ("cold_ms", "server cold (ms)"),
+           ("warm_ms", "server warm (ms)"), ("tokens_equal", "same tokens as local cold"),
+           ("miss_reason", "miss")]
+
+
+def servers():
+    """The server clients, or one line saying how to install them (they are an extra)."""
+    try:
+        import app.servers  # noqa: F401
+    except ImportError as e:
+        raise KvPrimerError(f"the server targets need {e.name}: pip install 'kvprimer[server]'") from None
+
+
+class ServerView(QWidget):
+    message = Signal(str)  # a one-line outcome or error, for the status bar
+
+    def __init__(self, worker: EngineWorker, session: Session, settings: QSettings | None = None,
+                 parent: QWidget | None = None):
+        super().__init__(parent)
+        self.worker, self.session = worker, session
+        self.settings = settings or QSettings("kvprimer", "KV Primer")
+        self.results: list = []
+        self.url = QLineEdit(str(self.settings.value("server/url", "http://127.0.0.1:8080")))
+        self.url.setObjectName("serverUrl")
+        self.api = QComboBox()
+        self.api.addItems(["llama", "openai"])
+        self.api.setCurrentText(str(self.settings.value("server/api", "llama")))
+        self.api.setToolTip("llama: llama-server's own API (token ids, slots); openai: any "
+                            "OpenAI-compatible /v1/completions (llama-server, vLLM, SGLang)")
+        self.check_button = QPushButton("Check")
+        self.status = QLabel("not checked")
+        self.status.setObjectName("serverStatus")
+        self.status.setWordWrap(True)
+        self.slot = QSpinBox(minimum=0, maximum=255)
+        self.slot_dir = QLineEdit(str(self.settings.value("server/slot_dir", "")))
+        self.slot_dir.setPlaceholderText("the server's --slot-save-path")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        self.deploy_button = QPushButton("Deploy prefix")
+        self.deploy_button.setToolTip("Prime the template's static prefix, restore it into the "
+                                      "slot and check the server reuses it")
+        self.max_tokens = QSpinBox(minimum=1, maximum=512, value=8)
+        self.bench_button = QPushButton("Run rows on server")
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels([h for _, h in COLUMNS])
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.ttft_chart = TtftChart("Time to first token per row (ms): local cold, server cold, "
+                                    "server warm")
+        self.cached_chart = TtftChart("Tokens per row: static prefix and what the server reused")
+
+        form = QFormLayout()
+        target = QHBoxLayout()
+        target.addWidget(self.url, 3)
+        target.addWidget(self.api)
+        target.addWidget(self.check_button)
+        form.addRow("Server", target)
+        form.addRow("", self.status)
+        slots = QHBoxLayout()
+        slots.addWidget(QLabel("slot"))
+        slots.addWidget(self.slot)
+        slots.addWidget(self.slot_dir, 3)
+        slots.addWidget(browse)
+        slots.addWidget(self.deploy_button)
+        form.addRow("Deploy", slots)
+        run = QHBoxLayout()
+        run.addWidget(QLabel("new tokens"))
+        run.addWidget(self.max_tokens)
+        run.addStretch(1)
+        run.addWidget(self.bench_button)
+        form.addRow("Rows", run)
+        charts = QSplitter()
+        charts.addWidget(self.ttft_chart)
+        charts.addWidget(self.cached_chart)
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(self.table)
+        split.addWidget(charts)
+        box = QVBoxLayout(self)
+        box.addLayout(form)
+        box.addWidget(split, 1)
+
+        self.check_button.clicked.connect(self.check)
+        self.deploy_button.clicked.connect(self.deploy)
+        self.bench_button.clicked.connect(self.bench)
+        for w in (self.url, self.slot_dir):
+            w.editingFinished.connect(self._remember)
+        self.api.currentTextChanged.connect(self._remember)
+        self.worker.working_changed.connect(self.update_actions)
+        self.worker.engine_changed.connect(self.update_actions)
+        self.worker.partial.connect(self._on_partial)
+        self._bench_job = None
+        self.update_actions()
+
+    # ---- state
+    def _remember(self) -> None:
+        self.settings.setValue("server/url", self.url.text().strip())
+        self.settings.setValue("server/api", self.api.currentText())
+        self.settings.setValue("server/slot_dir", self.slot_dir.text().strip())
+
+    def _browse(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "The server's slot directory", self.slot_dir.text())
+        if d:
+            self.slot_dir.setText(d)
+            self._remember()
+
+    def update_actions(self, *_) -> None:
+        ready = self.worker.ready
+        self.bench_button.setEnabled(ready)
+        self.deploy_button.setEnabled(ready and self.api.currentText() == "llama")
+
+
+    # ---- jobs (on the worker: they block on the network and use the engine)
+    def check(self):
+        url, api = self.url.text(), self.api.currentText()
+        self._remember()
+
+        def job(engine, task):
+            servers()
+            from ..servers.server_target import describe_target
+            return describe_target(url, api, engine)
+
+        self.status.setText("checking…")
+        return self.worker.submit(JobKind.SERVER_CHECK, job, label="check server",
+                                  on_done=self._checked, on_error=self._failed,
+                                  cancel_running=False)
+
+    def _checked(self, text: str) -> None:
+        self.status.setText(text)
+        self.message.emit(text)
+
+    def _failed(self, msg: str) -> None:
+        self.status.setText(msg)
+        self.message.emit(msg)
+
+    def deploy(self):
+        tpl = self.session.template
+        if tpl is None or not tpl.static_prefix:
+            self._failed("the template has no static prefix to deploy")
+            return None
+        url, slot, slot_dir = self.url.text(), self.slot.value(), self.slot_dir.text().strip()
+        if not slot_dir:
+            self._failed("give the server's slot directory (its --slot-save-path) to deploy into")
+            return None
+        self._remember()
+
+        def job(engine, task):
+            servers()
+            from ..servers import LlamaServer
+            from ..servers.deploy import deploy
+            with LlamaServer(url) as server:
+                return deploy(engine, tpl, server, slot, slot_dir, task)
+
+        return self.worker.submit(JobKind.SERVER, job, label="deploy",
+                                  on_done=lambda r: self._checked(r.describe()),
+                                  on_error=self._failed)
+
+    def bench(self):
+        tpl = self.session.template
+        rows = [r for r in self.session.all_rows() if tpl is not None and not tpl.blank(r.values)]
+        if tpl is None or not rows:
+            self._failed("no filled rows to run; fill at least one row")
+            return None
+        url, api, n = self.url.text(), self.api.currentText(), self.max_tokens.value()
+        slot = self.slot.value() if api == "llama" else None
+        self._remember()
+        self.results = []
+        self._show()
+
+        def job(engine, task):
+            servers()
+            from ..servers import connect
+            from ..servers.server_bench import bench_on_server
+            with connect(url, api) as server:
+                return bench_on_server(engine, tpl, rows, server, max_tokens=n, slot=slot, task=task)
+
+        self._bench_job = self.worker.submit(JobKind.SERVER, job, label="rows on server",
+                                             on_done=self._benched, on_error=self._failed)
+        return self._bench_job
+
+    def _on_partial(self, job, item) -> None:
+        if job is self._bench_job and hasattr(item, "server_cached_tokens"):
+            self.results.append(item)
+            self._show()
+
+    def _benched(self, res) -> None:
+        self.results = list(res.rows)
+        self._show()
+        s = res.summary()
+        self._checked(f"{s['rows']} rows on {res.url}: median warm {s.get('median_warm_ms', 0):.0f} ms, "
+                      f"cold {s.get('median_cold_ms', 0):.0f} ms; {s.get('misses', 0)} missed the "
+                      f"static prefix; {s.get('tokens_equal', 0)} of {s.get('compared', 0)} gave "
+                      "the local cold tokens")
+
+    # ---- view
+    def _show(self) -> None:
+        rs = self.results
+        self.table.setRowCount(len(rs))
+        for i, r in enumerate(rs):
+            for j, (key, _) in enumerate(COLUMNS):
+                v = getattr(r, key)
+                text = ("–" if v is None else "yes" if v is True else "no" if v is False
+                        else f"{v:.1f}" if isinstance(v, float) else str(v))
+                item = self.table.item(i, j)
+                if item is None:
+                    self.table.setItem(i, j, QTableWidgetItem(text))
+                elif item.text() != text:
+                    item.setText(text)
+        forms = [(f"row {r.row}", f"{r.row}") for r in rs]
+        ms = [("local cold", LOCAL, [r.local_cold_ms or 0.0 for r in rs]),
+              ("server cold", COLD, [r.cold_ms for r in rs]),
+              ("server warm", WARM, [r.warm_ms for r in rs])]
+        self.ttft_chart.set_series(forms, [BarSeries(n, c, v, v, v) for n, c, v in ms], "row")
+        toks = [("static prefix", LOCAL, [float(r.prefix_tokens) for r in rs]),
+                ("reused by server", WARM, [float(r.server_cached_tokens or 0) for r in rs])]
+        self.cached_chart.set_series(forms, [BarSeries(n, c, v, v, v) for n, c, v in toks], "row",
+                                     unit="tokens")
