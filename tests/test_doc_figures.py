@@ -320,3 +320,11 @@ def test_every_stored_file_a_document_cites_exists(doc):
     text = (ROOT / doc).read_text(encoding="utf-8")
     cited = set(re.findall(r"bench/[\w.-]+\.(?:json|txt|png)", text))
     assert cited and all((ROOT / c).exists() for c in cited), cited
+
+
+def test_the_versions_the_readme_names_are_the_pinned_ones():
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    llama = re.search(r'"llama-cpp-python==([\d.]+)"', pyproject).group(1)
+    pyside = re.search(r'"PySide6==([\d.]+)"', pyproject).group(1)
+    assert f"llama-cpp-python=={llama}" in README and f"PySide6 is pinned to {pyside}" in README
+    assert RES["machine"]["llama_cpp_python"] == llama
