@@ -1,4 +1,4 @@
-"""The ratios the issue asks for, and whether each goal is met.
+"""The benchmark's ratios, and whether each meets the goal the project sets for it.
 
 Time ratios are medians of per-(row, repeat) ratios: every path's samples are stored in the same
 order (repeat by repeat, row by row), so index i of one path pairs with index i of another. The

@@ -101,7 +101,7 @@ def format_report(res: dict) -> str:
             lines.append(f"{p['prefix_tokens']:<22} {p['cold']['median']:>9.0f} "
                          f"{p['warm']['median']:>9.0f} {p['limit']['median']:>9.0f} "
                          f"{_r(p['cold_vs_warm']):>10} {_r(p['warm_vs_limit']):>11}")
-    lines.append(f"\nwhole run {m.get('duration_s')} s")
+    lines.append(f"\nmain paths, restore probe and sweep: {m.get('duration_s')} s")
     return "\n".join(lines)
 
 

@@ -57,7 +57,7 @@ def test_bench_fork_compares_with_one_by_one_runs(tpl, tiny_model, tmp_path, cap
 
 @pytest.mark.model
 def test_kv_on_the_rag_example_with_the_default_model(default_model, examples, capsys):
-    """The issue's done-check: three sequences sharing all prefix cells."""
+    """Three sequences sharing all prefix cells."""
     assert main(["kv", str(examples / "rag.tmpl"), "--fork", "2", "--json", "-t", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
     P = out["used_cells"]

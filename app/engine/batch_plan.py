@@ -8,9 +8,11 @@ after a resident prefix differed by 0.54 in the logits once another sequence's c
 between them, and by 0 in chunks of 63. Small batches still depend on the order of the cells:
 a suffix whose cells sit before its prefix's differs (0.75 on SmolLM2). llama.cpp fills freed
 cells first, so the radix cache holds evicted cells and lays the cache out again in order
-instead of freeing them in the middle (cell_compaction.py). So everything evaluated after the static prefix goes
-in chunks of at most ``EXACT_CHUNK`` tokens, and the cold run replays the same batch starts in
-a fresh context.
+instead of freeing them in the middle (cell_compaction.py). So where runs evaluate in the
+cache's shared context (sliding-window models), everything after the static prefix goes in
+chunks of at most ``EXACT_CHUNK`` tokens; other models run in the work context
+(work_context.py), whose cells lie as a cold run's, in plain n_batch batches. Either way the cold
+run replays the same batch starts in a fresh context.
 """
 from __future__ import annotations
 

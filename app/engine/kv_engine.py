@@ -2,8 +2,9 @@
 
 Everything the CLI and the window do goes through ``Engine``. It keeps, for every sequence,
 the exact token ids resident in the KV cache; the radix cache (``engine.cache``) keeps what was
-primed or run in those sequences, and the cold reference (``engine.cold``) evaluates prompts
-from scratch in a context of its own, to prove warm runs equal.
+primed or run, runs evaluate in the work context (``engine.work``), and the cold reference
+(``engine.cold``) evaluates prompts from scratch in a context of its own, in the batches of the
+warm run's history, for the verdict to compare with.
 """
 from __future__ import annotations
 

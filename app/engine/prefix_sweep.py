@@ -1,25 +1,33 @@
 """Time to first token against prefix length, cold and warm, with the suffix alone as the floor.
 
 Qt-free; it runs as a worker job behind the Benchmark view. For each prefix length L (a share
-of the template's static prefix, in tokens) and one row's suffix:
-  cold  = evaluate L prefix tokens + the suffix from an empty sequence (batches split at L);
-  warm  = restore a state of those L tokens, then evaluate the suffix;
-  floor = evaluate the suffix alone from an empty sequence (what no cache can beat).
-The L-token states are cut from one priming of the whole prefix (trim, then snapshot), so the
-sweep primes once. Cutting tokens makes text no one would write, but the timings are the point.
+of the template's static prefix, in tokens) and one row's suffix, on the paths runs take:
+  warm  = a state of the first L prefix tokens set into the work context (work_context.py: its
+          cells where a cold run puts them, as a run from a saved state takes it), then the
+          suffix evaluated there in n_batch batches and the first token sampled;
+  cold  = the L prefix tokens and the suffix from scratch in the cold reference context
+          (cold_reference.py), replaying the warm run's batch starts: the run a warm run must
+          match bit for bit;
+  floor = the suffix alone from scratch in the cold reference context (what no cache can beat).
+The prefix is evaluated once, in the work context, in n_batch batches that also end at every L,
+so each L-token state is whole batches of one history. The radix cache is not touched. Cutting
+tokens makes text no one would write, but the timings are the point.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
 
+from .batch_plan import batch_starts
 from .errors import KvPrimerError
-from .kv_engine import Engine
+from .generation import GenerationConfig
+from .prompt_runs import _evaluate_and_generate
 from .prompt_tokens import common_prefix
 from .task_state import TaskState
 from .template import Template
 
 SHARES = (0.125, 0.25, 0.5, 0.75, 1.0)
+_FIRST_TOKEN = GenerationConfig(max_tokens=1)  # greedy: the time to the first token
 
 
 @dataclass(frozen=True)
@@ -34,17 +42,13 @@ class SweepPoint:
         return asdict(self)
 
 
-def _timed_eval(engine: Engine, tokens: list[int], seq: int, task: TaskState, stage: str,
-                split_at: int | None = None) -> float:
-    t0 = time.perf_counter()
-    engine.evaluate(tokens, seq, task, stage=stage, marks=[split_at] if split_at else [])
-    return (time.perf_counter() - t0) * 1000
-
-
-def prefix_sweep(engine: Engine, template: Template, values: dict[str, str], *,
-                 shares: tuple[float, ...] = SHARES, seq: int = 0,
-                 task: TaskState | None = None) -> list[SweepPoint]:
+def prefix_sweep(engine, template: Template, values: dict[str, str], *,
+                 shares: tuple[float, ...] = SHARES, task: TaskState | None = None) -> list[SweepPoint]:
     task = task or TaskState()
+    if not engine.runs_in_work_context:
+        raise KvPrimerError(f"{engine.info.name or 'this model'} runs in the cache's shared "
+                            "context (sliding-window or recurrent layers), not in a work "
+                            "context: the prefix-length sweep times the work context only")
     tokens = engine.tokenize(template.fill(values))
     prefix = engine.tokenize(template.prefix_prompt())
     p = min(common_prefix(prefix, tokens), len(tokens) - 1)
@@ -52,26 +56,29 @@ def prefix_sweep(engine: Engine, template: Template, values: dict[str, str], *,
         raise KvPrimerError("the template's static prefix is too short to sweep; "
                             "put more text before the first placeholder")
     suffix = tokens[p:]
+    engine.check_fits(len(tokens))
     lengths = sorted({max(1, round(p * s)) for s in shares})
-    engine.clear_seq(seq)
-    engine.evaluate(prefix[:p], seq, task, stage="prime", want_logits=False)
-    states = {}
-    for n in reversed(lengths):  # longest first: trimming only shortens
-        engine.trim(seq, n)
-        states[n] = engine.snapshot(seq)
+    n_batch = engine.config.n_batch
+    work = engine.work
+    # one evaluation of the prefix (untimed), its batches ending at every length
+    work.reset()
+    plan = batch_starts(0, p, n_batch, lengths)
+    work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False)
+    states = {n: work.cells(0, n) for n in lengths}
     points = []
     for k, n in enumerate(lengths):
         task.report("sweep", k, len(lengths))
-        engine.clear_seq(seq)
-        cold = _timed_eval(engine, prefix[:n] + suffix, seq, task, "cold", split_at=n)
-        engine.clear_seq(seq)
+        run = prefix[:n] + suffix
+        cuts = [c for c in plan if c < n]
+        work.reset()  # as a run from a saved state finds it: nothing to keep
         t0 = time.perf_counter()
-        engine.restore(states[n], seq)
-        warm = (time.perf_counter() - t0) * 1000 + _timed_eval(engine, suffix, seq, task, "warm")
-        engine.clear_seq(seq)
-        floor = _timed_eval(engine, suffix, seq, task, "floor")
-        points.append(SweepPoint(n, len(suffix), cold, warm, floor))
+        work.restore(states.pop(n), run[:n], cuts, n)
+        warm = _evaluate_and_generate(engine, run, n, (), _FIRST_TOKEN, 1, task, t0,
+                                      time.perf_counter(), 1)
+        cold = engine.cold.run(run, warm.starts, _FIRST_TOKEN, 1, task, "cold", 1)
+        floor = engine.cold.run(suffix, [], _FIRST_TOKEN, 1, task, "floor", 1)
+        points.append(SweepPoint(n, len(suffix), cold.ttft_ms, warm.ttft_ms, floor.ttft_ms))
         task.partial(list(points))
-    engine.clear_seq(seq)
+    work.reset()
     task.report("sweep", len(lengths), len(lengths))
     return points

@@ -1,8 +1,9 @@
-"""Running a filled prompt warm and cold, and proving the two equivalent.
+"""Running a filled prompt warm and cold, and comparing the two.
 
 Warm: find what the radix cache already holds of the prompt (``reuse``: the static prefix only,
-the deepest cached prompt — ``chain`` —, or the static prefix with composed modules), fork it
-into a working sequence, evaluate only the rest, generate. Cold: the same prompt from scratch in
+the deepest cached prompt — ``chain`` —, or the static prefix with composed modules), keep or
+copy it into the work context (a sliding-window model: fork it into a working sequence of the
+cache's context), evaluate only the rest, generate. Cold: the same prompt from scratch in
 the cold reference context, with the batch starts the warm run's history used, so an exact
 cache gives bit-identical logits; a one-shot cold run (plain batches) measures the model's own
 batch-grouping noise. The verdict (verdict.py) weighs the warm run against both.

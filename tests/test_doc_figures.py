@@ -1,0 +1,330 @@
+"""The figures README.md and BENCHMARKS.md quote are the stored results' figures.
+
+Every figure in the two documents comes from a file in the repository: `bench/results.json`
+(the last `make bench`), `bench/cli-rag-rows.json`/`.txt` (the CLI run the README shows), the
+example rows, or the code's own constants. These tests read the stored files and fail when a
+quoted figure and its source drift apart (a new `make bench` without the documents updated, or
+a document edited by hand).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+RES = json.loads((ROOT / "bench" / "results.json").read_text(encoding="utf-8"))
+CLI = json.loads((ROOT / "bench" / "cli-rag-rows.json").read_text(encoding="utf-8"))
+CLI_TXT = (ROOT / "bench" / "cli-rag-rows.txt").read_text(encoding="utf-8")
+REUSE = RES["reuse"]
+
+
+def flat(text: str) -> str:
+    """The text with every run of white space as one space (figures wrap across lines)."""
+    return " ".join(text.split())
+
+
+def ms(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def table_rows(doc: str, header: str) -> list[list[str]]:
+    """The cells of each row of the Markdown table whose header line starts with ``header``."""
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def assert_quoted(doc: str, *figures: str) -> None:
+    text = flat(doc)
+    missing = [f for f in figures if flat(f) not in text]
+    assert not missing, f"not quoted as stored: {missing}"
+
+
+# ---- BENCHMARKS.md ------------------------------------------------------------------------
+
+def test_every_ratio_and_goal_in_the_tables_is_the_stored_one():
+    rows = (table_rows(BENCHMARKS, "| ratio | value | goal |")
+            + table_rows(BENCHMARKS[BENCHMARKS.index("## Reuse beyond"):], "| ratio | value | goal |"))
+    assert len(rows) >= 15
+    for name_cell, value, goal in rows:
+        name = re.match(r"`(\w+)`", name_cell).group(1)
+        stored = RES["ratios"][name]
+        decimals = len(value.split(".")[1]) if "." in value else 0
+        assert value == f"{stored:.{decimals}f}", name
+        g = RES["goals"].get(name)
+        if goal:
+            bound, verdict = re.match(r"≤ ([\d.]+): \**(met|missed)\**", goal).groups()
+            assert g is not None and g["goal"] == f"<= {bound}", name
+            assert verdict == ("met" if g["met"] else "missed"), name
+        else:
+            assert g is None, f"{name} has a goal the table does not show"
+
+
+TTFT_PATHS = {
+    "cold": "cold", "fastest limit": "limit", "ours warm, kept in place": "warm_in_place",
+    "ours warm, copied from the radix cache": "warm_memory",
+    "ours warm, from a .kvstate file": "warm_file",
+    "old limit (cache's shared context, small batches)": "limit_cache_context",
+    "llama-cpp-python LlamaRAMCache": "llamacpp_ram",
+    "llama-cpp-python LlamaDiskCache": "llamacpp_disk",
+    "llama-cpp-python in-context reuse": "llamacpp_in_context",
+    "ours q8_0 KV warm, from memory": "q8_0_warm_memory", "q8_0 KV limit": "q8_0_limit",
+}
+
+
+def test_the_time_to_first_token_table_is_the_stored_summaries():
+    rows = table_rows(BENCHMARKS, "| path | median | min–max | evaluated |")
+    assert [r[0] for r in rows] == list(TTFT_PATHS)
+    for label, median, span, evaluated in rows:
+        s = RES["summaries"][TTFT_PATHS[label]]
+        assert (median, span) == (ms(s["median"]), f"{ms(s['min'])}–{ms(s['max'])}"), label
+        assert evaluated == " / ".join(ms(n) for n in s["evaluated_tokens"]), label
+    w = RES["workload"]
+    assert [r["suffix_tokens"] for r in w["rows"]] == [75, 69]
+    assert_quoted(BENCHMARKS, f"prefix {w['prefix_tokens']:,} tokens, suffixes 75 and 69 tokens, "
+                              f"{RES['settings']['repeats']} repeats")
+
+
+def test_the_kernel_table_and_choice_are_the_stored_ones():
+    rows = table_rows(BENCHMARKS, "| flash attn | n_batch |")
+    stored = RES["kernel_table"]["rows"]
+    assert len(rows) == len(stored)
+    for (fa, nb, per_token, suffix), s in zip(rows, stored):
+        assert (fa == "on", int(nb)) == (s["flash_attn"], s["n_batch"])
+        assert per_token == f"{s['prefix_ms_per_token']:.2f}"
+        assert suffix == f"{ms(s['suffix_ms'])} ms"
+    by = {(s["flash_attn"], s["n_batch"]): s["suffix_ms"] for s in stored}
+    small = by[(True, 63)] / by[(False, 63)]
+    assert_quoted(BENCHMARKS, f"flash attention is {small:.1f}x slower in batches under 64 tokens "
+                              f"({ms(by[(True, 63)])} against {ms(by[(False, 63)])} ms)")
+    assert_quoted(README, f"took {ms(by[(True, 256)])} ms with flash attention and "
+                          f"{ms(by[(False, 256)])} ms without in one batch",
+                  f"flash attention was {small:.1f}x slower when the suffix came in batches "
+                  f"under 64 tokens ({ms(by[(True, 63)])} against {ms(by[(False, 63)])} ms)")
+    k = RES["settings"]["kernels"]
+    off, on = (next(t for t in k["timings"] if t["flash_attn"] == fa) for fa in (False, True))
+    assert k["flash_attn"] is False
+    assert_quoted(BENCHMARKS, f"a 64-token suffix took {ms(off['suffix_ms'])} ms in one batch and "
+                              f"{ms(off['split_suffix_ms'])} ms in four with it off, "
+                              f"{ms(on['suffix_ms'])} and {ms(on['split_suffix_ms'])} ms with it on",
+                  k["reason"].split(" faster")[0] + " faster overall")
+    assert_quoted(README, f"{k['calibration_ms'] / 1000:.1f} s for the default model")
+
+
+def test_the_sweep_table_is_the_stored_sweep():
+    rows = table_rows(BENCHMARKS, "| prefix tokens | cold ms |")
+    assert len(rows) == len(RES["sweep"])
+    for row, p in zip(rows, RES["sweep"]):
+        assert row == [ms(p["prefix_tokens"]), ms(p["cold"]["median"]), ms(p["warm"]["median"]),
+                       ms(p["limit"]["median"]), f"{p['cold_vs_warm']:.1f}",
+                       f"{p['warm_vs_limit']:.2f}"]
+
+
+def test_the_reuse_section_is_the_stored_one():
+    rows = table_rows(BENCHMARKS, "| mode | median warm ms |")
+    modes = REUSE["summary"]
+    assert [r[0] for r in rows] == REUSE["settings"]["modes"]
+    for mode, warm, cold, reused, evaluated, verdicts in rows:
+        m = modes[mode]
+        assert [warm, cold, reused, evaluated] == [
+            ms(m["warm_ms_median"]), ms(m["cold_ms_median"]), ms(m["reused_tokens_median"]),
+            ms(m["evaluated_tokens_median"])], mode
+        assert verdicts == ", ".join(f"{n} {word}" for word, n in m["equivalence"].items() if n)
+    peer = REUSE["llamacpp_ram_recurring"]
+    chain = {r["row"]: r for r in REUSE["rows"] if r["reuse"] == "chain"}
+    more = [p["reused_tokens"] - chain[p["row"]]["reused_tokens"] for p in peer]
+    loads = [p["load_ms"] for p in peer if p["load_ms"] > 10]  # a load_state, not a kept context
+    restores = [r["restore_ms"] for r in chain.values()]
+    a = REUSE["compose_accuracy"]
+    assert_quoted(
+        BENCHMARKS,
+        f"median {statistics.median(p['ttft_ms'] for p in peer):,.0f} ms to the first token",
+        f"on {more.count(0)} of the {len(peer)} rows it reused exactly as many tokens as chain, on "
+        f"{sum(1 <= d <= 2 for d in more)} it reused 1–2 more",
+        f"its `load_state` takes {min(loads):.0f}–{max(loads):.0f} ms",
+        f"in {min(restores):.1f}–{max(restores):.1f} ms",
+        f"The section took {REUSE['duration_s']:,.0f} s",
+        f"took {RES['machine']['duration_s']:.0f} s",
+        f"{REUSE['chain_exact']['bit_identical_rows']}/{REUSE['chain_exact']['rows']} bit-identical",
+        f"{REUSE['warm_in_place']['fork']['n']} ABBA pairs",
+        f"greedy tokens equal to cold on {a['tokens_equal']:.0%} of rows, top-1 agreement "
+        f"{a['top1_agree_mean']:.0%} on average over the compared positions, next-token KL "
+        f"median {a['kl_median']:.3f} (max {a['kl_max']:.3f}), max |Δlogit| median "
+        f"{a['max_logit_diff_median']:.2f}")
+    assert more.count(0) + sum(1 <= d <= 2 for d in more) == len(peer) - 1  # and the first row
+    assert peer[0]["reused_tokens"] == 0
+
+
+def test_the_restore_probe_soak_stalls_and_sizes_are_the_stored_ones():
+    rp, s, g, sz = RES["restore_probe"], RES["soak"], RES["gui_stalls"], RES["sizes"]
+    ram = RES["summaries"]["llamacpp_ram"]
+    saved = ram["load_ms_median"] - RES["summaries"]["warm_memory"]["restore_ms_median"]
+    assert_quoted(
+        BENCHMARKS,
+        f"({rp['state_bytes']:,} bytes of f16 KV)",
+        f"file {rp['file_load_ms']:.1f} ms",
+        f"in place {rp['set_data_in_place_ms']:.1f} ms (after a ctypes copy "
+        f"{rp['set_data_after_copy_ms']:.1f} ms",
+        f"`llama_state_seq_get_data` {rp['state_get_ms']:.1f} ms",
+        f"state_get {rp['state_get_ms']:.1f} ms + set {rp['set_data_in_place_ms']:.1f} ms",
+        f"takes {RES['summaries']['warm_memory']['restore_ms_median']:.1f} ms",
+        f"theirs {ram['load_ms_median']:.1f} ms",
+        f"of a {sz['llamacpp_ram_entry_bytes'] / 1e6:.1f} MB entry",
+        f"their restore is {ram['load_ms_median']:.1f} of their {ms(ram['median'])} ms, and ours "
+        f"{saved:.1f} ms less: {100 * saved / ram['median']:.0f}% of the total",
+        f"costs {ms(RES['summaries']['limit']['median'])} ms (the fastest limit's median)",
+        f"{s['runs']:,} warm runs in {s['seconds']:.1f} s, RSS {s['rss_start_mib']:.1f} MiB at the "
+        f"start and {s['rss_end_mib']:.1f} MiB at the end",
+        f"primed {g['prefix_tokens']:,} tokens ({g['prime_s']:.1f} s) was {g['max_stall_ms']} ms, "
+        f"p99 {g['p99_stall_ms']} ms",
+        f"q8_0 paths: same tokens, |Δlogit| {_q8_range()}")
+    assert g["stalls_over_50ms"] == 0 and s["growth_mib"] <= 0
+    assert RES["machine"]["date_utc"] in BENCHMARKS
+    lo, hi = RES["machine"]["loadavg_start"][0], RES["machine"]["loadavg_end"][0]
+    assert_quoted(BENCHMARKS, f"load average {lo} at the start of the main paths and {hi} at "
+                              f"their end", f"CPU share {RES['machine']['cpu_share']:.2f}")
+    f16 = [e["max_abs_logit_diff"] for per in RES["equivalence"].values()
+           for name, e in per.items() if not name.startswith("q8_0")]
+    assert max(f16) == 0.0
+
+
+def test_the_settings_and_the_ratios_quoted_in_the_text_are_the_stored_ones():
+    m, st, r = RES["machine"], RES["settings"], RES["ratios"]
+    rs = REUSE["settings"]
+    assert_quoted(
+        BENCHMARKS,
+        f"({m['nproc']} vCPUs", f"{st['n_threads']} threads, n_batch = n_ubatch {st['n_batch']}, "
+        f"n_ctx {st['n_ctx']}", f"llama-cpp-python {m['llama_cpp_python']}",
+        f"same {st['equivalence_tokens']} greedy tokens",
+        f"n_ctx {rs['n_ctx']:,}, {rs['max_tokens']} greedy tokens per run",
+        f"in batches of up to {rs['n_batch']} tokens",
+        f"is at the fastest limit ({r['warm_vs_fastest_limit']:.3f}) and "
+        f"{r['warm_vs_llamacpp_in_context']:.3f} of Llama's own in-context reuse",
+        f"(`restore_cost_vs_llamacpp_ram` {r['restore_cost_vs_llamacpp_ram']:.3f})",
+        f"which is what compose does ({r['compose_vs_llamacpp_ram_recurring']:.3f})",
+        f"Prefix mode against the peer ({r['prefix_vs_llamacpp_ram_recurring']:.3f})",
+        f"(chain's median {REUSE['summary']['chain']['evaluated_tokens_median']:.0f})")
+    assert st["kernels"]["flash_attn"] is False and "(flash attention off here)" in BENCHMARKS
+    assert RES["same_suffix_tokens"]["ok"]
+
+
+def _q8_range() -> str:
+    d = [e["max_abs_logit_diff"] for per in RES["equivalence"].values()
+         for name, e in per.items() if name.startswith("q8_0")]
+    return f"{min(d):.2f}–{max(d):.2f}"
+
+
+INTERNAL = re.compile(r"\bbrief\b|\bthe issue\b|(?<!llama\.cpp )(?<!upstream )\bissue \d"
+                      r"|\bissue #\d|\bsession \d|this session", re.I)
+
+
+def test_no_document_docstring_or_comment_carries_an_internal_reference():
+    # llama.cpp's own issues are public references; this project's issues and sessions are not
+    sources = [ROOT / "README.md", ROOT / "BENCHMARKS.md",
+               *(ROOT / "app").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in sources
+             for m in INTERNAL.finditer(p.read_text(encoding="utf-8"))]
+    assert not found
+
+
+# ---- README.md ----------------------------------------------------------------------------
+
+def test_the_cli_run_shown_is_the_stored_one():
+    block = re.search(r"```text\n\$ [^\n]*kvprimer bench[^\n]*\n(.*?)```", README, re.S).group(1)
+    stored = CLI_TXT.splitlines()
+    shown = [line for line in block.splitlines() if line.strip() != "..."]
+    assert len(shown) >= 3 and all(line in stored for line in shown)
+    assert CLI["model"]["kernels"]["flash_attn"] is True
+    assert_quoted(README, "flash attention on as the engine measured it there")
+    assert_quoted(README, f"SmolLM2-135M-Instruct (Q4_1, {CLI['model']['file_bytes'] / 1e6:.0f} MB")
+
+
+def test_readme_figures_are_the_stored_ones():
+    rz, sz = REUSE["ratios"], RES["sizes"]
+    a = REUSE["compose_accuracy"]
+    per_token = RES["model"]["kv_bytes_per_token"]
+    q8 = [e["max_abs_logit_diff"] for per in RES["equivalence"].values()
+          for name, e in per.items() if name.startswith("q8_0")]
+    assert_quoted(
+        README,
+        f"`chain` cut the warm time to first token to {rz['chain_vs_prefix_warm']:.3f}",
+        f"48 of 48 rows bit-identical) and `compose` to {rz['compose_vs_prefix_warm']:.3f}",
+        f"greedy tokens equal to cold on {a['tokens_equal']:.0%} of rows, next-token KL median "
+        f"{a['kl_median']:.3f}",
+        f"({per_token:,} bytes a token for the default model; "
+        f"{RES['summaries']['warm_memory']['restore_ms_median']:.1f} ms, median, for the whole "
+        f"{sz['prefix_tokens']:,}-token RAG prefix",
+        f"{sz['prefix_tokens']:,} × {per_token:,} bytes of KV plus "
+        f"{sz['state_file_bytes'] - sz['raw_kv_bytes']:,} bytes (a {sz['state_file_bytes']:,}-byte "
+        f"file",
+        f"make the state {RES['ratios']['q8_0_state_bytes_vs_f16_state']:.2f} of f16's",
+        f"|Δlogit| up to {max(q8):.2f} on the default model's RAG rows",
+        f"n_ctx × {per_token / 1000:.0f} KB for the default model: "
+        f"{4096 * per_token / 1e6:.0f} MB each at 4,096",
+        f"a {RES['workload']['prefix_tokens']:,}-token support-desk preamble")
+    assert REUSE["chain_exact"]["bit_identical_rows"] == REUSE["chain_exact"]["rows"] == 48
+    assert a["diverged"] == 1.0  # "every row diverged"
+
+
+def test_the_reuse_text_quoted_is_a_stored_run():
+    row = next(r for r in REUSE["rows"] if r["reuse"] == "chain" and r["row"] == 7)
+    text = " + ".join(f"{s['source']} {s['tokens']:,}" for s in row["reused_by_source"])
+    assert_quoted(README, f"`{text} · evaluated {row['evaluated_tokens']:,}`")
+
+
+def test_the_verdict_is_described_as_the_code_makes_it():
+    from app.engine.prompt_runs import KEEP_LOGITS
+    from app.engine.verdict import ROUNDING_KL, ROUNDING_LOGIT_DIFF
+
+    assert_quoted(README, f"its logits at the first {KEEP_LOGITS} generated positions",
+                  f"(|Δlogit| ≤ {ROUNDING_LOGIT_DIFF:.0e} and KL ≤ {ROUNDING_KL:.0e})"
+                  .replace("e-0", "e-"))
+    assert "every generated position" not in flat(README)
+    assert "proves" not in README
+
+
+def test_the_recurring_workload_is_described_as_the_file_is():
+    rows = list(csv.DictReader(open(ROOT / "resources" / "examples" / "rag-recurring.csv",
+                                    encoding="utf-8")))
+    seen_c1, seen_c12 = set(), set()
+    rep_c1 = rep_c12 = 0
+    for r in rows:
+        rep_c1 += r["c1"] in seen_c1
+        rep_c12 += (r["c1"], r["c2"]) in seen_c12
+        seen_c1.add(r["c1"])
+        seen_c12.add((r["c1"], r["c2"]))
+    from resources.examples.make_rag_recurring import POOL
+
+    for doc in (README, BENCHMARKS):
+        assert_quoted(doc, f"{len(rows)} rows", f"{rep_c1} rows repeat an earlier row's",
+                      f"{rep_c12} its `<c1>` and `<c2>`" if doc is BENCHMARKS
+                      else f"{rep_c12} its `c1` and `c2`")
+    assert_quoted(README, f"a pool of {len(POOL)} support-desk passages")
+    assert_quoted(BENCHMARKS, f"a pool of {len(POOL)} with Zipf popularity")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "BENCHMARKS.md"])
+def test_every_stored_file_a_document_cites_exists(doc):
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    cited = set(re.findall(r"bench/[\w.-]+\.(?:json|txt|png)", text))
+    assert cited and all((ROOT / c).exists() for c in cited), cited
+
+
+def test_the_versions_the_readme_names_are_the_pinned_ones():
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    llama = re.search(r'"llama-cpp-python==([\d.]+)"', pyproject).group(1)
+    pyside = re.search(r'"PySide6==([\d.]+)"', pyproject).group(1)
+    assert f"llama-cpp-python=={llama}" in README and f"PySide6 is pinned to {pyside}" in README
+    assert RES["machine"]["llama_cpp_python"] == llama
