@@ -9,8 +9,11 @@ ENGINE = Path(__file__).resolve().parent.parent / "app" / "engine"
 QT = ("PySide6", "PyQt5", "PyQt6", "qasync", "shiboken6", "pyqtgraph")
 
 
-def test_engine_sources_import_no_qt():
-    for src in ENGINE.glob("*.py"):
+SERVERS = ENGINE.parent / "servers"
+
+
+def test_engine_and_server_sources_import_no_qt():
+    for src in [*ENGINE.rglob("*.py"), *SERVERS.rglob("*.py")]:
         tree = ast.parse(src.read_text(), filename=str(src))
         for node in ast.walk(tree):
             names = []
@@ -23,7 +26,7 @@ def test_engine_sources_import_no_qt():
 
 
 def test_importing_engine_and_cli_loads_no_qt():
-    code = ("import sys, app.engine, app.cli; "
+    code = ("import sys, app.engine, app.cli, app.servers.deploy, app.servers.server_bench; "
             "bad = [m for m in sys.modules if m.split('.')[0] in %r]; print(bad); "
             "sys.exit(1 if bad else 0)" % (QT,))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,0 +1,81 @@
+"""The window's Server tab against a real llama-server on 127.0.0.1 (tiny model): Check, Deploy,
+then the rows on the server, through the tab's own buttons; the table and both charts fill."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+
+from app.engine import EngineConfig
+from app.servers.llama_server_process import ServerProcess, find_binary, settings_for
+from app.ui.main_window import MainWindow
+
+try:
+    find_binary()
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"llama-server is not installed ({e})", allow_module_level=True)
+
+TPL = "You are a careful assistant. Answer from the passage only. The passage: <passage>\nQ: <q>\nA:"
+ROWS = [{"passage": "Cats sleep a lot.", "q": "What do cats do?"},
+        {"passage": "Dogs bark at night.", "q": "When do dogs bark?"}]
+
+
+@pytest.fixture
+def window(qtbot, tiny_model, tmp_path):
+    cfg = EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32, n_threads=1)
+    w = MainWindow(cfg, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat),
+                   states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
+                   log_path=tmp_path / "log", ask=lambda kind, text: "discard",
+                   open_example=False, offer_restore=False, load_model=True)
+    qtbot.addWidget(w)
+    qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=20000)
+    yield w
+    bugs = [m for m in w.errors.messages("error") if m.startswith("internal error")]
+    assert not bugs, bugs
+
+
+def test_server_tab_checks_deploys_and_runs_rows(qtbot, window, tmp_path):
+    w = window
+    w.session.set_template(TPL)
+    w.session.set_rows(ROWS)
+    settings = settings_for(w.worker.engine_for_tests(), str(tmp_path / "slots"))
+    with ServerProcess(settings, tmp_path / "server.log").start(60) as server:
+        v = w.server_view
+        w.central_tabs.setCurrentWidget(v)
+        v.url.setText(server.url)
+        v.slot_dir.setText(settings.slot_dir)
+        qtbot.mouseClick(v.check_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: v.status.text().startswith("ok"), timeout=20000)
+        assert "1 slot" in v.status.text() and "the model loaded here" in v.status.text()
+
+        with qtbot.waitSignal(w.worker.job_finished, timeout=60000,
+                              check_params_cb=lambda j: j.label == "deploy") as got:
+            qtbot.mouseClick(v.deploy_button, Qt.LeftButton)
+        assert got.args[0].outcome == "done", got.args[0].error
+        assert v.status.text().startswith("deployed")
+        assert list(Path(settings.slot_dir).glob("kvprimer-*.bin"))
+
+        with qtbot.waitSignal(w.worker.job_finished, timeout=60000,
+                              check_params_cb=lambda j: j.label == "rows on server") as got:
+            qtbot.mouseClick(v.bench_button, Qt.LeftButton)
+        assert got.args[0].outcome == "done", got.args[0].error
+    assert v.table.rowCount() == 2
+    headers = [v.table.horizontalHeaderItem(c).text() for c in range(v.table.columnCount())]
+    same = headers.index("same tokens as local cold")
+    miss = headers.index("miss")
+    assert [v.table.item(r, same).text() for r in range(2)] == ["yes", "yes"]
+    assert [v.table.item(r, miss).text() for r in range(2)] == ["", ""]  # deployed: no miss
+    assert v.ttft_chart.series_names() == ["local cold", "server cold", "server warm"]
+    assert v.cached_chart.series_names() == ["static prefix", "reused by server"]
+    assert v.ttft_chart.bar_count == 6
+    # the target is remembered for the next start
+    assert w.settings.value("server/url") == server.url
+
+
+def test_server_tab_reports_an_unreachable_server_in_one_line(qtbot, window):
+    v = window.server_view
+    v.url.setText("http://127.0.0.1:9")
+    qtbot.mouseClick(v.check_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: "cannot reach" in v.status.text(), timeout=20000)
+    assert "\n" not in v.status.text()
