@@ -17,7 +17,7 @@ class Versions:
 
 @functools.lru_cache(maxsize=1)
 def versions() -> Versions:
-    from .engine.native import versions as native_versions  # loads llama.cpp: only when asked
+    from .engine.llama.native import versions as native_versions  # loads llama.cpp: only when asked
 
     v = native_versions()
     return Versions(__version__, v["llama_cpp_python"], v["llama_cpp_build"], v["system"])

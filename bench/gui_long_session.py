@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.engine import EngineConfig, read_rows
-    from app.engine.prompt_runs import REUSE_MODES
+    from app.engine.runs.prompt_runs import REUSE_MODES
     from app.resources_path import examples_dir
     from app.ui.engine_worker import JobKind
     from app.ui.main_window import MainWindow

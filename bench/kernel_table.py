@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from app.engine import Engine, EngineConfig
-from app.engine.batch_plan import batch_starts, batches
-from app.engine.native import ContextParams, NativeContext
+from app.engine.runs.batch_plan import batch_starts, batches
+from app.engine.llama.native import ContextParams, NativeContext
 
 from .workload import load_workload
 

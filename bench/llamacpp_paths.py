@@ -31,8 +31,8 @@ import llama_cpp as L
 from llama_cpp import Llama, LlamaDiskCache, LlamaRAMCache
 from llama_cpp.llama import LlamaState
 
-from app.engine.crash_probe import checked_cpu_kernels
-from app.engine.ggml_types import KV_TYPES
+from app.engine.llama.crash_probe import checked_cpu_kernels
+from app.engine.llama.ggml_types import KV_TYPES
 
 from .ours import Sample
 from .workload import RowTokens

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from app.engine import Engine, GenerationConfig, PrefixState, Template
-from app.engine.batch_plan import EXACT_CHUNK, batch_starts, batches
-from app.engine.generation import generate
-from app.engine.native import NativeContext
-from app.engine.prompt_runs import state_hit, warm_in_work_context
+from app.engine.runs.batch_plan import EXACT_CHUNK, batch_starts, batches
+from app.engine.runs.generation import generate
+from app.engine.llama.native import NativeContext
+from app.engine.runs.prompt_runs import state_hit, warm_in_work_context
 
 from .workload import RowTokens
 

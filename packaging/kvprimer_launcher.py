@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-CRASH_PROBE_ARG = "--kvprimer-crash-probe"  # app.engine.crash_probe.CHILD_ARG
+CRASH_PROBE_ARG = "--kvprimer-crash-probe"  # app.engine.llama.crash_probe.CHILD_ARG
 
 
 def wants_cli(argv: list[str]) -> bool:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import crash_probe
-from app.engine.cpu_kernels import (REPACK_BUFFER, BuildFacts, CpuFacts, build_facts, decide,
+from app.engine.llama import crash_probe
+from app.engine.llama.cpu_kernels import (REPACK_BUFFER, BuildFacts, CpuFacts, build_facts, decide,
                                     parse_system_info, read_cpuinfo)
-from app.engine.crash_probe import CRASH_TEST_ENV, checked_cpu_kernels
+from app.engine.llama.crash_probe import CRASH_TEST_ENV, checked_cpu_kernels
 from app.engine.errors import ModelError
-from app.engine.native import NativeModel
+from app.engine.llama.native import NativeModel
 from tests.tiny_model import write_arch_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,6 +261,6 @@ def test_decide_explains_every_case():
 def test_type_names_agree_with_the_gguf_package():
     from gguf.constants import GGMLQuantizationType
 
-    from app.engine.ggml_types import GGML_TYPE_NAMES
+    from app.engine.llama.ggml_types import GGML_TYPE_NAMES
 
     assert all(GGMLQuantizationType(t).name == n for t, n in GGML_TYPE_NAMES.items())

@@ -285,8 +285,8 @@ def test_the_reuse_text_quoted_is_a_stored_run():
 
 
 def test_the_verdict_is_described_as_the_code_makes_it():
-    from app.engine.prompt_runs import KEEP_LOGITS
-    from app.engine.verdict import ROUNDING_KL, ROUNDING_LOGIT_DIFF
+    from app.engine.runs.prompt_runs import KEEP_LOGITS
+    from app.engine.runs.verdict import ROUNDING_KL, ROUNDING_LOGIT_DIFF
 
     assert_quoted(README, f"its logits at the first {KEEP_LOGITS} generated positions",
                   f"(|Δlogit| ≤ {ROUNDING_LOGIT_DIFF:.0e} and KL ≤ {ROUNDING_KL:.0e})"

@@ -3,7 +3,7 @@ import pytest
 
 from app.engine import (Engine, EngineConfig, GenerationConfig, KvPrimerError, TaskState,
                         Template)
-from app.engine.forked_runs import SMALL_UBATCH, compare_with_sequential, run_forked
+from app.engine.runs.forked_runs import SMALL_UBATCH, compare_with_sequential, run_forked
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 12

@@ -4,8 +4,8 @@ import llama_cpp as L
 import pytest
 
 from app.engine import Engine, EngineConfig, ModelError
-from app.engine import native
-from app.engine.native import GPU_OFFLOAD_MISSING, check_gpu_layers
+from app.engine.llama import native
+from app.engine.llama.native import GPU_OFFLOAD_MISSING, check_gpu_layers
 
 
 def test_cpu_only_build_refuses_gpu_layers(tiny_model, monkeypatch):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.engine import Engine, EngineConfig, KvPrimerError
-from app.engine.kernel_choice import _cache_path, _decide, KernelTiming
+from app.engine.llama.kernel_choice import _cache_path, _decide, KernelTiming
 
 
 def make(tiny_model, **kw) -> Engine:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from app.engine import Engine, EngineConfig, KvPrimerError, Template
-from app.engine.kv_debug_log import parse_cell_map, parse_pos_map
+from app.engine.kv.kv_debug_log import parse_cell_map, parse_pos_map
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 4

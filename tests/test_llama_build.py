@@ -39,7 +39,7 @@ _BAD = re.compile(rf"%zmm\d|%[xy]mm(?:1[6-9]|2\d|3[01])\b|%k[0-7]\b|\{{z\}}|\{{1
 def loaded_llama_libraries() -> list[Path]:
     """The llama.cpp libraries mapped into this process once llama_cpp is imported."""
     import llama_cpp  # noqa: F401  (loads libllama and, through it, libggml*)
-    from app.engine.cpu_kernels import library_dir
+    from app.engine.llama.cpu_kernels import library_dir
 
     folder = library_dir()
     mapped = {Path(line.split()[-1]) for line in Path("/proc/self/maps").read_text().splitlines()
@@ -99,7 +99,7 @@ def test_loaded_llama_cpp_uses_nothing_past_x86_64_v3():
 
 
 def test_system_info_reports_the_baseline_and_no_amx():
-    from app.engine.cpu_kernels import build_facts
+    from app.engine.llama.cpu_kernels import build_facts
 
     features = set(build_facts().features)
     assert {"AVX", "AVX2", "FMA", "F16C", "BMI2"} <= features, features

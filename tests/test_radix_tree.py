@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.radix_tree import RadixTree
+from app.engine.cache.radix_tree import RadixTree
 
 
 def check_shape(tree: RadixTree) -> None:

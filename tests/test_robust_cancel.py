@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from app.engine import (Cancelled, GenerationConfig, TaskState, Template, bench_rows, run_prompt)
-from app.engine.prompt_runs import TextDelta
-from app.engine.rows import Row
+from app.engine.runs.prompt_runs import TextDelta
+from app.engine.prompts.rows import Row
 from tests.cache_checks import assert_sequences_consistent, assert_tree_consistent
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"

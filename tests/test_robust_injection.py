@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.engine import Template
-from app.engine.native import NativeModel
-from app.engine.prompt_tokens import PromptTokenizer
+from app.engine.llama.native import NativeModel
+from app.engine.prompts.prompt_tokens import PromptTokenizer
 
 pytestmark = pytest.mark.model
 

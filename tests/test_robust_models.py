@@ -16,9 +16,9 @@ import pytest
 
 from app.engine import Engine, EngineConfig
 from app.engine.errors import ModelError
-from app.engine.ggml_types import GGML_BLOCKS
-from app.engine.model_files import check_gguf_file
-from app.engine.native import NativeModel
+from app.engine.llama.ggml_types import GGML_BLOCKS
+from app.engine.llama.model_files import check_gguf_file
+from app.engine.llama.native import NativeModel
 from tests.tiny_model import write_unknown_arch_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,8 +112,8 @@ def test_header_fuzz_never_crashes_the_process(tiny_model):
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
         from app.engine.errors import KvPrimerError
-        from app.engine.model_files import check_gguf_file
-        from app.engine.native import NativeModel
+        from app.engine.llama.model_files import check_gguf_file
+        from app.engine.llama.native import NativeModel
         raw = Path({str(tiny_model)!r}).read_bytes()
         rng = random.Random(1234)
         p = Path(sys.argv[1])
@@ -149,7 +149,7 @@ def test_fingerprint_cache_is_written_whole_and_reused(tiny_model, tmp_path, mon
     import hashlib
     import json
 
-    from app.engine import model_files
+    from app.engine.llama import model_files
 
     cache = tmp_path / "cache" / "fingerprints.json"
     monkeypatch.setattr(model_files, "_cache_file", lambda: cache)
@@ -162,7 +162,7 @@ def test_fingerprint_cache_is_written_whole_and_reused(tiny_model, tmp_path, mon
 
 
 def test_an_unwritable_fingerprint_cache_only_costs_time(tiny_model, tmp_path, monkeypatch):
-    from app.engine import model_files
+    from app.engine.llama import model_files
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from app.engine.errors import RowsError, TemplateError, TemplateSyntaxError
-from app.engine.rows import check_rows, parse_csv, parse_jsonl, read_rows
-from app.engine.template import Template
+from app.engine.prompts.rows import check_rows, parse_csv, parse_jsonl, read_rows
+from app.engine.prompts.template import Template
 
 
 def rows_error(tmp_path, name: str, raw: bytes, placeholders=("c", "q")) -> str:

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from app.engine.errors import MissingValuesError, TemplateSyntaxError
-from app.engine.template import Literal, Placeholder, Template
+from app.engine.prompts.template import Literal, Placeholder, Template
 
 
 def test_placeholders_and_literal_brackets():
@@ -78,7 +78,7 @@ def test_parse_never_crashes_and_round_trips(src):
     max_size=6))
 def test_render_then_parse_keeps_the_text(parts):
     # adjacent literals merge when parsed; compare filled text instead of parts
-    from app.engine.template import render_parts
+    from app.engine.prompts.template import render_parts
     t = Template.parse(render_parts(parts))
     values = {p.name: "V" for p in parts if isinstance(p, Placeholder)}
     expect = "".join(p.text if isinstance(p, Literal) else "V" for p in parts)
@@ -91,7 +91,7 @@ def test_render_then_parse_keeps_the_text(parts):
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="<>\\ab_-1 |/\n", max_size=40))
 def test_placeholder_pattern_finds_what_the_parser_reads(source):
-    from app.engine.template import PLACEHOLDER_RE
+    from app.engine.prompts.template import PLACEHOLDER_RE
 
     try:
         parsed = [p.name for p in Template.parse(source).parts if isinstance(p, Placeholder)]

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from app.engine.verdict import (BIT_IDENTICAL, DIVERGED, WITHIN_NOISE, compare_runs, judge,
+from app.engine.runs.verdict import (BIT_IDENTICAL, DIVERGED, WITHIN_NOISE, compare_runs, judge,
                                 kl_divergence)
 
 RNG = np.random.default_rng(3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.engine import Engine, EngineConfig, GenerationConfig, Template, run_prompt
-from app.engine.work_context import batch_end_at_or_before, shared_history
+from app.engine.cache.work_context import batch_end_at_or_before, shared_history
 from tests.cache_checks import assert_tree_consistent
 
 # a static prefix of ~250 tokens and values long enough that suffixes pass 64 tokens: the

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template,
                       read_rows)
-from ..engine.project_file import SUFFIX, ProjectFile
+from ..engine.files.project_file import SUFFIX, ProjectFile
 from ..engine.session import Session
-from ..engine.ggml_types import KV_TYPES
-from ..engine.llama_state_file import load_any_state
+from ..engine.llama.ggml_types import KV_TYPES
+from ..engine.files.llama_state_file import load_any_state
 from ..engine.task_state import Progress
 
 

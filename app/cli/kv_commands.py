@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..engine import GenerationConfig, KvPrimerError
-from ..engine.forked_bench import bench_forked
+from ..engine.runs.forked_bench import bench_forked
 from .engine_options import load_state_file, open_engine, progress_printer, read_template, rows_of
 
 

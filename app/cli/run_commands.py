@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..engine import (GenerationConfig, KvPrimerError, bench_rows, read_rows, report_dict,
                       run_prompt)
-from ..engine.llama_state_file import FORMATS, save_state
-from ..engine.project_file import SUFFIX
+from ..engine.files.llama_state_file import FORMATS, save_state
+from ..engine.files.project_file import SUFFIX
 from .engine_options import (load_state_file, open_engine, progress_printer, read_project,
                              read_template, reuse_mode, reuse_modes, rows_of)
 from .kv_commands import cmd_bench_forked

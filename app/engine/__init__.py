@@ -10,20 +10,20 @@
 
 This package imports no Qt: the CLI and the window both call it.
 """
-from .bench_rows import BenchResult, BenchRow, bench_rows
+from .runs.bench_rows import BenchResult, BenchRow, bench_rows
 from .errors import (CacheError, Cancelled, ContextError, ContextOverflowError, KvPrimerError,
                      MissingValuesError, ModelError, RowsError, StateFileError, StoreError,
                      TemplateError, TemplateSyntaxError)
 from .kv_engine import Engine, EngineConfig, ModelInfo
-from .model_files import default_model_path
-from .prefix_state import PrefixState
-from .prompt_runs import (REUSE_MODES, GenerationConfig, PathResult, RunReport, TextDelta,
+from .llama.model_files import default_model_path
+from .files.prefix_state import PrefixState
+from .runs.prompt_runs import (REUSE_MODES, GenerationConfig, PathResult, RunReport, TextDelta,
                           report_dict, run_prompt)
-from .radix_cache import CacheLimits
-from .verdict import Verdict
-from .rows import Row, read_rows
+from .cache.radix_cache import CacheLimits
+from .runs.verdict import Verdict
+from .prompts.rows import Row, read_rows
 from .task_state import Progress, TaskState
-from .template import FilledPrompt, Template
+from .prompts.template import FilledPrompt, Template
 
 __all__ = [
     "BenchResult", "BenchRow", "bench_rows", "Cancelled", "ContextError", "ContextOverflowError",

@@ -13,27 +13,27 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .batch_plan import EXACT_CHUNK, batch_starts, batches
-from .cold_reference import ColdReference
-from .crash_probe import CpuKernels, checked_cpu_kernels
-from .kernel_choice import KernelChoice, choose_kernels
+from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
+from .runs.cold_reference import ColdReference
+from .llama.crash_probe import CpuKernels, checked_cpu_kernels
+from .llama.kernel_choice import KernelChoice, choose_kernels
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
-from .model_files import check_gguf_file, default_model_path, model_fingerprint
-from .model_traits import ModelTraits, read_traits, with_context
-from .kv_debug_log import TrackedContext
-from .kv_view import KvCacheView, build_view
-from .llama_state_file import check_rows_fit, read_any_state
-from .ggml_types import kv_bytes_per_token
-from .native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
-from .prefix_state import PrefixState
-from .radix_cache import CacheLimits, RadixCache
-from .radix_tree import RadixNode
-from .prompt_tokens import PromptTokenizer
-from .seq_payload import in_position_order, v_transposed
-from .sequence_ops import SequenceOps
+from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
+from .llama.model_traits import ModelTraits, read_traits, with_context
+from .kv.kv_debug_log import TrackedContext
+from .kv.kv_view import KvCacheView, build_view
+from .files.llama_state_file import check_rows_fit, read_any_state
+from .llama.ggml_types import kv_bytes_per_token
+from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
+from .files.prefix_state import PrefixState
+from .cache.radix_cache import CacheLimits, RadixCache
+from .cache.radix_tree import RadixNode
+from .prompts.prompt_tokens import PromptTokenizer
+from .files.seq_payload import in_position_order, v_transposed
+from .kv.sequence_ops import SequenceOps
 from .task_state import TaskState
-from .template import FilledPrompt, Template
-from .work_context import WorkContext
+from .prompts.template import FilledPrompt, Template
+from .cache.work_context import WorkContext
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Callable
 
-from .bench_rows import BenchResult
+from .runs.bench_rows import BenchResult
 from .errors import TemplateSyntaxError
 from .kv_engine import EngineConfig
-from .prefix_state import PrefixState
-from .prefix_sweep import SweepPoint
-from .project_file import ProjectFile, bench_from_dict, report_from_dict
-from .prompt_runs import REUSE_MODES, RunReport, report_dict
-from .rows import Row
-from .template import Template
+from .files.prefix_state import PrefixState
+from .runs.prefix_sweep import SweepPoint
+from .files.project_file import ProjectFile, bench_from_dict, report_from_dict
+from .runs.prompt_runs import REUSE_MODES, RunReport, report_dict
+from .prompts.rows import Row
+from .prompts.template import Template
 
 
 class Event:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.errors import KvPrimerError, StateFileError
-from app.engine.llama_state_file import SUFFIX, read_llama_state, save_llama_state
-from app.engine.native import SEQ_STATE_VERSION
-from app.engine.prefix_state import PrefixState
-from app.engine.seq_payload import row_layout, stream_count, v_transposed
+from app.engine.files.llama_state_file import SUFFIX, read_llama_state, save_llama_state
+from app.engine.llama.native import SEQ_STATE_VERSION
+from app.engine.files.prefix_state import PrefixState
+from app.engine.files.seq_payload import row_layout, stream_count, v_transposed
 from app.engine.task_state import TaskState
-from app.engine.template import Template
+from app.engine.prompts.template import Template
 
 from .http_stream import ServerError
 from .llama_server import LlamaServer

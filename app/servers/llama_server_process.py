@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.engine.cpu_kernels import cpu_facts
+from app.engine.llama.cpu_kernels import cpu_facts
 from app.engine.errors import KvPrimerError
 
 from .llama_server import LlamaServer

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.model_files import model_fingerprint
+from app.engine.llama.model_files import model_fingerprint
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from statistics import median
 
-from app.engine.generation import GenerationConfig
-from app.engine.prompt_tokens import common_prefix
-from app.engine.rows import Row
+from app.engine.runs.generation import GenerationConfig
+from app.engine.prompts.prompt_tokens import common_prefix
+from app.engine.prompts.rows import Row
 from app.engine.task_state import TaskState
-from app.engine.template import Template
+from app.engine.prompts.template import Template
 
 from .http_stream import Completion
 from .model_match import match_model

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBo
                                QHeaderView, QLabel, QProgressBar, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
-from ..engine.radix_cache import CacheNodeInfo, TierUsage
+from ..engine.cache.radix_cache import CacheNodeInfo, TierUsage
 from .units import size_text
 from .engine_worker import EngineWorker, Job, JobKind
 

@@ -1,7 +1,7 @@
 """Fillings: a form generated from the template's placeholders over a table of the session's rows.
 
 The form edits the current row. Rows come from CSV/JSONL files (read and checked by
-app.engine.rows), from the clipboard (tab-separated, as spreadsheets copy), or by hand. The
+app.engine.prompts.rows), from the clipboard (tab-separated, as spreadsheets copy), or by hand. The
 session holds the rows and the selection; this panel shows them and writes edits back.
 """
 from __future__ import annotations

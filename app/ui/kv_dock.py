@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QGridLayout, QHBoxLayout,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from .units import size_text
-from ..engine.kv_view import KvCacheView
+from ..engine.kv.kv_view import KvCacheView
 from .engine_worker import EngineWorker, JobKind
 from .kv_grid import EMPTY, KvGrid, SeqNode, seq_color, seq_nodes
 

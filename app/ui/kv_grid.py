@@ -16,8 +16,8 @@ from PySide6.QtCore import QEvent, QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from ..engine.kv_cells import _lowest_bit
-from ..engine.kv_view import KvCacheView
+from ..engine.kv.kv_cells import _lowest_bit
+from ..engine.kv.kv_view import KvCacheView
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#393b79"]

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QFormLayout,
 
 from .units import size_text
 from ..engine import EngineConfig, ModelInfo
-from ..engine.ggml_types import KV_TYPES as GGML_KV_TYPES
-from ..engine.native import GPU_OFFLOAD_MISSING
+from ..engine.llama.ggml_types import KV_TYPES as GGML_KV_TYPES
+from ..engine.llama.native import GPU_OFFLOAD_MISSING
 
 NGL_UNKNOWN = "Layers offloaded to the GPU (llama.cpp's -ngl): known once a model is loaded"
 NGL_TIP = "Layers offloaded to the GPU (llama.cpp's -ngl); -1: all, 0: none"

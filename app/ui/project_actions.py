@@ -2,7 +2,7 @@
 changes and autosave.
 
 A mixin of MainWindow. The project is the session; its file form is the Qt-free
-app.engine.project_file, so nothing here reads a panel's widgets.
+app.engine.files.project_file, so nothing here reads a panel's widgets.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog
 
 from ..engine import TemplateError
-from ..engine.llama_state_file import SUFFIX as LLAMA_STATE_SUFFIX
-from ..engine.prefix_state import SUFFIX as STATE_SUFFIX
-from ..engine.project_file import SUFFIX as PROJECT_SUFFIX, ProjectFile, ProjectFileError
-from ..engine.user_files import read_user_text
+from ..engine.files.llama_state_file import SUFFIX as LLAMA_STATE_SUFFIX
+from ..engine.files.prefix_state import SUFFIX as STATE_SUFFIX
+from ..engine.files.project_file import SUFFIX as PROJECT_SUFFIX, ProjectFile, ProjectFileError
+from ..engine.files.user_files import read_user_text
 from ..resources_path import examples_dir
 
 log = logging.getLogger("kvprimer.ui")

@@ -17,9 +17,9 @@ from PySide6.QtCore import QObject, Signal
 
 from ..engine import (BenchResult, GenerationConfig, MissingValuesError, PrefixState, TextDelta,
                       bench_rows, run_prompt)
-from ..engine.prompt_tokens import common_prefix
-from ..engine.llama_state_file import load_any_state, save_state
-from ..engine.prefix_sweep import prefix_sweep
+from ..engine.prompts.prompt_tokens import common_prefix
+from ..engine.files.llama_state_file import load_any_state, save_state
+from ..engine.runs.prefix_sweep import prefix_sweep
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind
 

@@ -19,10 +19,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHea
                                QLabel, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
-from ..engine.llama_state_file import SUFFIX as LLAMA_SUFFIX
-from ..engine.llama_state_file import is_llama_state
-from ..engine.prefix_state import SUFFIX
-from ..engine.prefix_state import read_state_meta
+from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
+from ..engine.files.llama_state_file import is_llama_state
+from ..engine.files.prefix_state import SUFFIX
+from ..engine.files.prefix_state import read_state_meta
 from .units import size_text
 
 LLAMA_MODEL = "llama.cpp state (names no model)"

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QLabel, QPlainTextEdit, QTextEdit, QVBoxLayout, QW
 
 from ..engine import Template, TemplateSyntaxError
 from ..engine.session import Session
-from ..engine.template import PLACEHOLDER_RE, Placeholder
+from ..engine.prompts.template import PLACEHOLDER_RE, Placeholder
 from .engine_worker import EngineWorker, JobKind
 
 PREFIX_SHADE = QColor("#e8f1fb")
@@ -33,7 +33,7 @@ def _fmt(color: str, bold: bool = False, background: str | None = None) -> QText
 
 class TemplateHighlighter(QSyntaxHighlighter):
     RULES = [
-        # app.engine.template's rules: \< escapes, <name> is a placeholder
+        # app.engine.prompts.template's rules: \< escapes, <name> is a placeholder
         (QRegularExpression(r"\\<"), _fmt("#8a8a8a")),
         (QRegularExpression(r"<\|[^|<>\s]+\|>|</?s>"), _fmt("#7b1fa2", bold=True)),
         (QRegularExpression(PLACEHOLDER_RE.pattern),

@@ -30,10 +30,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import crash_probe_child as _child
+from ... import crash_probe_child as _child
 from . import model_files as _mf
 from .cpu_kernels import CpuKernels, build_facts, cpu_facts, decide
-from .errors import ModelError
+from ..errors import ModelError
 from .ggml_types import GGML_TYPE_NAMES
 
 CRASH_TEST_ENV = _child.CRASH_TEST_ENV  # tests: makes the child die by a signal (see there)
@@ -160,7 +160,7 @@ def _read_cache() -> dict:
 
 
 def _write_cache(cache: dict) -> None:
-    from .user_files import atomic_write
+    from ..files.user_files import atomic_write
 
     # keep the newest entries: a model file that changes leaves its old identity behind
     for name in ("files", "verdicts"):

@@ -19,12 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 
 from .batch_plan import batch_starts
-from .errors import KvPrimerError
+from ..errors import KvPrimerError
 from .generation import GenerationConfig
 from .prompt_runs import _evaluate_and_generate
-from .prompt_tokens import common_prefix
-from .task_state import TaskState
-from .template import Template
+from ..prompts.prompt_tokens import common_prefix
+from ..task_state import TaskState
+from ..prompts.template import Template
 
 SHARES = (0.125, 0.25, 0.5, 0.75, 1.0)
 _FIRST_TOKEN = GenerationConfig(max_tokens=1)  # greedy: the time to the first token

@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import KvPrimerError
-from .kv_engine import Engine
-from .prompt_tokens import common_prefix
-from .native import NativeSampler
-from .prefix_state import PrefixState
+from ..errors import KvPrimerError
+from ..kv_engine import Engine
+from ..prompts.prompt_tokens import common_prefix
+from ..llama.native import NativeSampler
+from ..files.prefix_state import PrefixState
 from .batch_plan import EXACT_CHUNK, batch_starts, batches
 from .generation import GenerationConfig, TextStream
-from .prompt_segments import prompt_segments
+from ..prompts.prompt_segments import prompt_segments
 from .prompt_runs import run_prompt
-from .task_state import TaskState
-from .template import Template
+from ..task_state import TaskState
+from ..prompts.template import Template
 
 # a decode of fewer tokens than this takes llama.cpp's small-batch path (batch_plan.py)
 SMALL_UBATCH = 64

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 
 from .batch_plan import EXACT_CHUNK, batch_starts
-from .errors import CacheError
-from .prompt_segments import Segment
-from .radix_cache import CacheHit
-from .radix_tree import RadixNode
+from ..errors import CacheError
+from ..prompts.prompt_segments import Segment
+from ..cache.radix_cache import CacheHit
+from ..cache.radix_tree import RadixNode
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import StateFileError
-from .ggml_types import KV_TYPES
+from ..errors import StateFileError
+from ..llama.ggml_types import KV_TYPES
 from .user_files import atomic_write, open_user_file
 from .seq_payload import check_seq_payload
 

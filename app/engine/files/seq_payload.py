@@ -25,7 +25,7 @@ import struct
 
 import numpy as np
 
-from .errors import StateFileError
+from ..errors import StateFileError
 
 IO_MAGIC = 0xAF143CD8
 MAX_LAYERS = 4096

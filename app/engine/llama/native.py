@@ -20,7 +20,7 @@ import numpy as np
 
 import llama_cpp as L
 
-from .errors import ContextError, ModelError
+from ..errors import ContextError, ModelError
 from .ggml_types import KV_TYPES
 from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
 
@@ -334,7 +334,7 @@ class NativeContext:
     def cells_state(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
         """A state of only the cells of ``seq`` at positions p0..p1-1, in position order
         (copied through sequence ``scratch``, which is left empty)."""
-        from .seq_payload import in_position_order
+        from ..files.seq_payload import in_position_order
 
         self.seq_rm(scratch)
         self.seq_cp(seq, scratch, p0, p1)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cell_compaction import relayout
-from .errors import CacheError
+from ..errors import CacheError
 from .radix_tree import RadixNode, RadixTree
 
 APPROX_RESTORED = ("restored from a snapshot on a sliding-window model: approximate in general "

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_rows import BenchResult, BenchRow
-from .errors import KvPrimerError
-from .prompt_runs import PathResult, RunReport
+from ..runs.bench_rows import BenchResult, BenchRow
+from ..errors import KvPrimerError
+from ..runs.prompt_runs import PathResult, RunReport
 from .user_files import atomic_write
 
 FORMAT = 1

@@ -25,10 +25,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .errors import KvPrimerError, ModelError
+from ..errors import KvPrimerError, ModelError
 from .cpu_kernels import build_facts, cpu_facts
 from .native import ContextParams, NativeContext, NativeModel
-from .user_files import atomic_write
+from ..files.user_files import atomic_write
 
 FLASH_ATTN_SETTINGS = ("auto", "on", "off")
 # tokens the timed suffix attends to (shorter for small contexts): flash attention's penalty on

@@ -11,7 +11,7 @@ hold does not change, only where they lie.
 """
 from __future__ import annotations
 
-from .errors import CacheError
+from ..errors import CacheError
 
 
 def relayout(cache) -> None:

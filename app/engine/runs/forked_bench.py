@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .errors import KvPrimerError
+from ..errors import KvPrimerError
 from .forked_runs import compare_with_sequential, run_forked
-from .kv_engine import Engine
-from .prefix_state import PrefixState
+from ..kv_engine import Engine
+from ..files.prefix_state import PrefixState
 from .generation import GenerationConfig
-from .rows import Row
-from .task_state import TaskState
-from .template import Template
+from ..prompts.rows import Row
+from ..task_state import TaskState
+from ..prompts.template import Template
 
 
 @dataclass

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kv_cells import DISAGREES, CellMirror, LoggedMap, agrees
-from .native import ContextParams, NativeContext, NativeModel, add_log_listener, remove_log_listener
+from ..llama.native import ContextParams, NativeContext, NativeModel, add_log_listener, remove_log_listener
 
 ENV = "LLAMA_KV_CACHE_DEBUG"
 _HEADER = re.compile(r"find_slot: stream\[(\d+)\], n =\s*(\d+), used =\s*(\d+), head =\s*(\d+), "

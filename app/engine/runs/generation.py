@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from .native import NativeContext, NativeModel, NativeSampler
-from .task_state import TaskState
+from ..llama.native import NativeContext, NativeModel, NativeSampler
+from ..task_state import TaskState
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import numpy as np
 
 from .batch_plan import batch_starts, batches
 from .generation import GenerationConfig, generate
-from .native import NativeContext
-from .task_state import TaskState
+from ..llama.native import NativeContext
+from ..task_state import TaskState
 
 
 @dataclass

@@ -21,11 +21,11 @@ Sliding-window models do not use it: their window cells do not survive a trim or
 """
 from __future__ import annotations
 
-from .batch_plan import batches
-from .errors import ContextError, KvPrimerError
-from .native import NativeContext
-from .seq_payload import in_position_order
-from .task_state import TaskState
+from ..runs.batch_plan import batches
+from ..errors import ContextError, KvPrimerError
+from ..llama.native import NativeContext
+from ..files.seq_payload import in_position_order
+from ..task_state import TaskState
 
 SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they join it
 

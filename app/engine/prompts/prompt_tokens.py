@@ -10,7 +10,7 @@ exactly the tokens a cold run would.
 """
 from __future__ import annotations
 
-from .native import NativeModel
+from ..llama.native import NativeModel
 from .template import FilledPrompt
 
 

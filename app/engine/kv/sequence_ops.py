@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ContextError, KvPrimerError
+from ..errors import ContextError, KvPrimerError
 
 
 class SequenceOps:

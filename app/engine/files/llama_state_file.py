@@ -31,8 +31,8 @@ from array import array
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import StateFileError
-from .ggml_types import KV_TYPES
+from ..errors import StateFileError
+from ..llama.ggml_types import KV_TYPES
 from .prefix_state import PrefixState
 from .seq_payload import IO_MAGIC, row_layout
 from .user_files import atomic_write, open_user_file

@@ -15,14 +15,14 @@ from dataclasses import asdict, dataclass, field
 
 from .batch_plan import EXACT_CHUNK, batch_starts
 from .cold_reference import PathResult
-from .errors import KvPrimerError
+from ..errors import KvPrimerError
 from .generation import GenerationConfig, TextDelta, generate
 from .module_compose import compose_in_work_context, compose_into, plan_modules
-from .cache_tiers import APPROX_RESTORED
-from .prefix_state import PrefixState
-from .prompt_segments import prompt_segments
-from .task_state import TaskState
-from .template import Template
+from ..cache.cache_tiers import APPROX_RESTORED
+from ..files.prefix_state import PrefixState
+from ..prompts.prompt_segments import prompt_segments
+from ..task_state import TaskState
+from ..prompts.template import Template
 from .verdict import Verdict, compare_runs, judge
 
 REUSE_MODES = ("prefix", "chain", "compose")
@@ -323,9 +323,9 @@ def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, 
 def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
     """What a run takes from a saved state: its tokens shared with the prompt, up to ``limit``,
     cut back to a batch end of its history."""
-    from .prompt_tokens import common_prefix
-    from .radix_cache import CacheHit
-    from .work_context import batch_end_at_or_before
+    from ..prompts.prompt_tokens import common_prefix
+    from ..cache.radix_cache import CacheHit
+    from ..cache.work_context import batch_end_at_or_before
 
     n = batch_end_at_or_before(engine.cache.state_cuts(state), state.n_tokens,
                                min(common_prefix(list(state.tokens), tokens), limit))

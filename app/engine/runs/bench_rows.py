@@ -13,13 +13,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from .errors import Cancelled, KvPrimerError
+from ..errors import Cancelled, KvPrimerError
 from .generation import GenerationConfig
-from .prefix_state import PrefixState
+from ..files.prefix_state import PrefixState
 from .prompt_runs import REUSE_MODES, run_prompt
-from .rows import Row
-from .task_state import TaskState
-from .template import Template
+from ..prompts.rows import Row
+from ..task_state import TaskState
+from ..prompts.template import Template
 
 
 @dataclass

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
-from .errors import CacheError
+from ..errors import CacheError
 from .radix_tree import RadixNode, RadixTree
 from .work_context import batch_end_at_or_before
 

@@ -1,0 +1,1 @@
+"""Files: prefix states in both formats, projects, and safe user-file I/O."""

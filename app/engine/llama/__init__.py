@@ -1,0 +1,1 @@
+"""Talking to llama.cpp: model, contexts, kernels, the crash check, model facts."""

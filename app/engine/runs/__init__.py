@@ -1,0 +1,1 @@
+"""Runs: warm and cold paths, compose, generation, the verdict, benchmarks, sweeps."""
