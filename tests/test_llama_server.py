@@ -83,6 +83,7 @@ def test_deploy_then_rows_reuse_the_prefix_and_answer_as_local_cold(server, tiny
     for r in bench.rows:
         assert r.tokens_equal is True, (r.row, r.tokens, r.first_diff)
         assert r.miss_reason == "", r.miss_reason
+        assert r.cold_cached_tokens == 0  # the cold request bypassed the cache
     # row 3 repeats row 1's passage but row 2 came between: the prefix is what is shared
     assert bench.rows[2].server_cached_tokens >= prefix - 1
 
@@ -158,7 +159,7 @@ def test_cli_deploy_and_bench_server(server, tiny_model, tmp_path, capsys):
                  "--max-tokens", "4", "--json", str(out_json), *common]) == 0
     import json
     data = json.loads(out_json.read_text())
-    assert [r["row"] for r in data["rows"]] == [1, 2, 3]
+    assert [r["row"] for r in data["rows"]] == [2, 3, 4]  # lines of the file, after its header
     for r in data["rows"]:
         for key in ("server_cached_tokens", "server_evaluated_tokens", "cold_ms", "warm_ms",
                     "tokens_equal", "miss_reason"):

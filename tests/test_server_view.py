@@ -49,17 +49,18 @@ def test_server_tab_checks_deploys_and_runs_rows(qtbot, window, tmp_path):
         qtbot.waitUntil(lambda: v.status.text().startswith("ok"), timeout=20000)
         assert "1 slot" in v.status.text() and "the model loaded here" in v.status.text()
 
-        with qtbot.waitSignal(w.worker.job_finished, timeout=60000,
-                              check_params_cb=lambda j: j.label == "deploy") as got:
-            qtbot.mouseClick(v.deploy_button, Qt.LeftButton)
-        assert got.args[0].outcome == "done", got.args[0].error
-        assert v.status.text().startswith("deployed")
+        # job_finished is emitted from the worker thread: wait on what the window shows instead
+        qtbot.mouseClick(v.deploy_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: not w.worker.busy and v.status.text() != "checking…"
+                        and not v.status.text().startswith("ok"), timeout=60000)
+        assert v.status.text().startswith("deployed"), v.status.text()
         assert list(Path(settings.slot_dir).glob("kvprimer-*.bin"))
 
-        with qtbot.waitSignal(w.worker.job_finished, timeout=60000,
-                              check_params_cb=lambda j: j.label == "rows on server") as got:
-            qtbot.mouseClick(v.bench_button, Qt.LeftButton)
-        assert got.args[0].outcome == "done", got.args[0].error
+        qtbot.mouseClick(v.bench_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: v._bench_job is not None and v._bench_job.future.done()
+                        and not w.worker.busy, timeout=60000)
+        assert v._bench_job.outcome == "done", v._bench_job.error
+        assert v.status.text().startswith("2 rows on"), v.status.text()
     assert v.table.rowCount() == 2
     headers = [v.table.horizontalHeaderItem(c).text() for c in range(v.table.columnCount())]
     same = headers.index("same tokens as local cold")

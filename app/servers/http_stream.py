@@ -107,7 +107,9 @@ def stream_frames(http: httpx.Client, path: str, body: dict, what: str,
     t0 = time.perf_counter()
     t_first = None
     try:
-        with connect_sse(http, "POST", path, json=body) as source:
+        # a fresh connection per stream: llama-server may close a kept-alive one just as the
+        # pool hands it out again ("Server disconnected without sending a response")
+        with connect_sse(http, "POST", path, json=body, headers={"Connection": "close"}) as source:
             if source.response.status_code >= 400:
                 source.response.read()
                 raise ServerError(f"{what}: the server answered {source.response.status_code}: "

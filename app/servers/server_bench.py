@@ -32,6 +32,7 @@ class ServerRow:
     warm_ms: float  # time to first token, as the workload left the cache
     server_cached_tokens: int | None
     server_evaluated_tokens: int | None
+    cold_cached_tokens: int | None  # what the cold request reused: 0 when the bypass worked
     text: str
     tokens: list[int] = field(default_factory=list)
     tokens_equal: bool | None = None  # against KV Primer's local cold run (None: not compared)
@@ -129,7 +130,8 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
         r = ServerRow(row=row.number, prompt_tokens=len(tokens),
                       prefix_tokens=prefix, cold_ms=cold.ttft_ms, warm_ms=warm.ttft_ms,
                       server_cached_tokens=warm.cached_tokens,
-                      server_evaluated_tokens=warm.evaluated_tokens, text=warm.text,
+                      server_evaluated_tokens=warm.evaluated_tokens,
+                      cold_cached_tokens=cold.cached_tokens, text=warm.text,
                       tokens=warm.tokens,
                       miss_reason=miss_reason(warm.cached_tokens, prefix, block, tokens, before, hint))
         if compare and match.same:
@@ -147,8 +149,8 @@ def _compare_local(engine, tokens, gen, max_tokens, warm: Completion, r: ServerR
     r.local_cold_ms = local.ttft_ms
     if warm.tokens:
         a, b = local.tokens, warm.tokens
-    else:  # the OpenAI API streams text only
-        a, b = [local.text], [warm.text]
+    else:  # the OpenAI API streams text only; a server holds back a last, partial character
+        a, b = [local.text.rstrip("\ufffd")], [warm.text.rstrip("\ufffd")]
     n = common_prefix(a, b)
     r.tokens_equal = n == len(a) == len(b)
     r.first_diff = None if r.tokens_equal else n

@@ -81,6 +81,7 @@ def read_llama_state(f: BinaryIO, size: int, name: str) -> PrefixState:
     toks.frombytes(f.read(4 * n_tokens))
     if sys.byteorder != "little":  # pragma: no cover - big-endian hosts only
         toks.byteswap()
+    toks = _server_tokens(toks, name)
     if min(toks) < 0:
         raise StateFileError(f"{name} is corrupt: it holds a negative token id")
     body = f.read(size - _HEAD.size - 4 * n_tokens)
@@ -98,6 +99,22 @@ def read_llama_state(f: BinaryIO, size: int, name: str) -> PrefixState:
     return PrefixState(tokens=tuple(toks), data=data, model_sha256="",
                        model_name=Path(name).stem, type_k=type_k, type_v=type_v,
                        seq_state_version=version, origin="llama.cpp")
+
+
+def _server_tokens(toks: array, name: str) -> array:
+    """The token ids of llama-server's own slot files: since b7000 or so it stores its prompt
+    packed as [-1, format version 1, n, n token ids, media count, media...] where the plain
+    format has the ids alone (it still reads plain lists, which is what we write)."""
+    if not toks or toks[0] != -1:
+        return toks
+    if len(toks) < 4 or toks[1] != 1 or toks[2] < 0 or len(toks) < 4 + toks[2]:
+        raise StateFileError(f"{name} holds llama-server's packed prompt in a form this version "
+                             "cannot read; save the slot with the llama-server `make server` builds")
+    n = toks[2]
+    if toks[3 + n] != 0:
+        raise StateFileError(f"{name} holds images or audio besides tokens; KV Primer reads text "
+                             "prompts only")
+    return toks[3:3 + n]
 
 
 def save_llama_state(state: PrefixState, path: str | os.PathLike) -> int:
