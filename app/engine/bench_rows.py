@@ -118,12 +118,12 @@ class BenchResult:
                 lines.append(f"{mode}: no row finished")
                 continue
             verdicts = ", ".join(f"{n} {w}" for w, n in m["equivalence"].items() if n)
-            lines.append(f"{mode}: median warm {m['warm_ms_median']:,.1f} ms, cold "
-                         f"{m['cold_ms_median']:,.1f} ms, ×{m['speedup_median']:.1f}; reused "
-                         f"{m['reused_tokens_median']:,.0f} tokens; {verdicts}; max |Δlogit| "
-                         f"{m['max_logit_diff']:.3g}"
-                         + (f"; modules built in {m['build_ms_total']:,.0f} ms"
-                            if m["build_ms_total"] else ""))
+            parts = [f"{mode}: median warm {m['warm_ms_median']:,.1f} ms, cold "
+                     f"{m['cold_ms_median']:,.1f} ms, ×{m['speedup_median']:.1f}",
+                     f"reused {m['reused_tokens_median']:,.0f} tokens", verdicts,
+                     f"max |Δlogit| {m['max_logit_diff']:.3g}",
+                     f"modules built in {m['build_ms_total']:,.0f} ms" if m["build_ms_total"] else ""]
+            lines.append("; ".join(x for x in parts if x))
         if self.cancelled:
             lines.append("cancelled before every row ran")
         return lines

@@ -40,8 +40,10 @@ def check_reuse_modes(modes, *, one: bool = False) -> tuple[str, ...]:
     asked = tuple(dict.fromkeys(str(m).strip() for m in modes if str(m).strip()))
     bad = [m for m in asked if m not in REUSE_MODES]
     if bad or not asked:
+        how = "one of" if one else "one or more of"
         raise KvPrimerError(f"unknown reuse mode {', '.join(repr(m) for m in bad) or '(none)'}; "
-                            f"use one or more of {', '.join(REUSE_MODES)}, comma-separated")
+                            f"use {how} {', '.join(REUSE_MODES)}"
+                            + ("" if one else ", comma-separated"))
     if one and len(asked) > 1:
         raise KvPrimerError(f"a run uses one reuse mode, not {len(asked)} "
                             f"({', '.join(asked)}); a benchmark compares several")
