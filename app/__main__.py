@@ -1,7 +1,8 @@
 """``python -m app``: the KV Primer window on qasync's event loop.
 
     python -m app                      the default model, the RAG example open
-    python -m app --model PATH         another GGUF model
+    python -m app -m PATH -c 8192      another GGUF model, another context size (every model
+                                       and context option of `kvprimer`, llama.cpp's names)
     python -m app --screenshot OUT.png load, prime the RAG example, run two rows that share a
                                        passage in chain mode, save a window grab, exit
     python -m app --version
@@ -18,10 +19,10 @@ SCREEN_SIZE = (1400, 900)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from app.cli.engine_options import engine_options
+
     p = argparse.ArgumentParser(prog="kvprimer-gui", description="KV Primer's desktop app.")
-    p.add_argument("--model", metavar="PATH", help="a GGUF model file (default: SmolLM2-135M)")
-    p.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="CPU threads for llama.cpp (default: all cores)")
+    engine_options(p)  # -m, -c, -b, -ub, -t, -tb, ... as `kvprimer` and llama.cpp take them
     p.add_argument("--screenshot", metavar="OUT.png",
                    help="open the RAG example, prime it, run two rows in chain mode, save a "
                         "screenshot, exit")
@@ -93,16 +94,21 @@ def main(argv: list[str] | None = None) -> int:
 
         print(version_text())
         return 0
-    if args.threads < 0:  # before any window or event loop exists
-        print("kvprimer-gui: error: --threads must be 0 (all cores) or more", file=sys.stderr)
-        return 2
+    from app.cli.engine_options import engine_config
+    from app.cli.exit_codes import ExitCode
+    from app.engine import KvPrimerError
+
+    try:  # before any window or event loop exists
+        config = engine_config(args)
+    except KvPrimerError as e:
+        print(f"kvprimer-gui: error: {e}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     from app.desktop_check import exit_if_xcb_libs_missing
     exit_if_xcb_libs_missing()  # before Qt, which would abort on a missing xcb library
 
     import qasync
     from PySide6.QtWidgets import QApplication
 
-    from app.engine import EngineConfig
     from app.ui.error_panel import setup_file_logging
     from app.ui.main_window import MainWindow
 
@@ -119,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     log_path = setup_file_logging()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    config = EngineConfig(model_path=args.model, n_threads=args.threads)
 
     if args.screenshot:
         from PySide6.QtCore import QSettings

@@ -114,7 +114,7 @@ def test_a_crash_either_way_is_one_line_naming_cause_and_fix(q4_model, cache_hom
     _no_child(monkeypatch)
     assert main(["info", "-m", str(q4_model), "-t", "1"]) == 2
     err = capsys.readouterr().err
-    assert err == f"kvprimer: error: {msg}\n"
+    assert err == f"kvprimer: error: {msg} (-m/--model PATH)\n"  # the CLI names its option
 
 
 def test_an_illegal_instruction_says_the_build_is_for_a_newer_cpu(q4_model, cache_home, monkeypatch):

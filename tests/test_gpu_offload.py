@@ -20,7 +20,7 @@ def test_cpu_only_build_refuses_gpu_layers(tiny_model, monkeypatch):
 
 
 def test_a_negative_count_other_than_all_is_refused():
-    with pytest.raises(ModelError, match="-ngl must be 0 .* not -2"):
+    with pytest.raises(ModelError, match="GPU layers must be 0 .* not -2"):
         check_gpu_layers(-2)
 
 

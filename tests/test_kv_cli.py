@@ -46,10 +46,10 @@ def test_bench_fork_compares_with_one_by_one_runs(tpl, tiny_model, tmp_path, cap
     rows.write_text("c1\nthe world\nhello question\na b c\n", encoding="utf-8")
     out_json = tmp_path / "f.json"
     rc = main(["bench", str(tpl), "--rows", str(rows), "--fork", "2", "--max-tokens", "4",
-               "-m", str(tiny_model), "-t", "1", "-c", "1024", "--json", str(out_json)])
+               "-m", str(tiny_model), "-t", "1", "-c", "1024", "--json-out", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "forked batches of 2" in out and "all tokens equal: True" in out
+    assert "forked batches of 2" in out and "all tokens equal: yes" in out
     res = json.loads(out_json.read_text())
     assert [b["rows"] for b in res["batches"]] == [[2, 3], [4]]
     assert all(b["tokens_equal"] and b["prompt_decodes"] == 1 for b in res["batches"])

@@ -222,7 +222,7 @@ def test_context_too_small_for_the_tokens(primed, tiny_model, tmp_path):
     save_llama_state(state, path)
     small = Engine(EngineConfig(model_path=str(tiny_model), n_ctx=16, n_batch=16, n_threads=1))
     try:
-        with pytest.raises(StateFileError, match="raise --ctx-size"):
+        with pytest.raises(StateFileError, match="raise the context size"):
             small.load_state(path)
     finally:
         small.close()

@@ -1,4 +1,5 @@
-"""Every bad input to `kvprimer` ends with exit code 2 and exactly one line on stderr.
+"""Every bad input to `kvprimer` ends with exit code 2 (ExitCode.BAD_INPUT) and exactly one
+line on stderr.
 
 Most cases call ``main()`` in this process and capture file descriptor 2 (so llama.cpp's own
 prints would show too); a few run the real command in a subprocess, where Python's logging and
@@ -61,12 +62,13 @@ def cases(d: Path, m: list[str]) -> dict[str, tuple[list[str], str]]:
         "-c 0": (["info", *m, "-c", "0"], "--ctx-size must be at least 16"),
         "-b 0": (["info", *m, "-b", "0"], "--batch-size must be at least 1"),
         "-t -1": (["info", *m, "-t", "-1"], "--threads must be at least 0"),
-        "-t huge": (["info", *m, "-t", "100000"], "between 1 and 512"),
+        "-tb huge": (["info", *m, "-tb", "100000"], "batch threads must be between 1 and 512"),
+        "-t huge": (["info", *m, "-t", "100000"], "generation threads must be between 0"),
         "-c wraps uint32": (["info", *m, "-c", str((1 << 32) + 16)], "context size must be between"),
         "-c not a number": (["info", *m, "-c", "lots"], "invalid int value"),
         "unknown KV type": (["info", *m, "-ctk", "q9"], "invalid choice"),
         "prompt over context": (["run", t, *m, "--set", "c=" + "hello world " * 150, "--set", "q=?"],
-                                "tokens but the context holds 256; raise --ctx-size to at least"),
+                                "tokens but the context holds 256; raise the context size to at least"),
         "prime into missing folder": (["prime", t, *m, "-o", str(d / "no" / "x.kvstate")], "does not exist"),
         "rows missing": (["bench", t, *m, "--rows", str(d / "none.csv")], "no rows file"),
         "rows extra column": (["bench", t, *m, "--rows", str(d / "extra.csv")], "row 2: column 'zz'"),
@@ -115,9 +117,9 @@ def test_bench_reports_a_bad_row_and_runs_the_others(files, capfd):
     (d / "mixed.csv").write_text(f"c,q\nthe world,hi?\n{long_value},hi?\nthe answer,why?\n")
     capfd.readouterr()
     rc = main(["bench", str(d / "t.tmpl"), *m, "--rows", str(d / "mixed.csv"), "--max-tokens", "2",
-               "--json", str(d / "out.json")])
+               "--reuse", "prefix", "--repeat", "1", "--json-out", str(d / "out.json")])
     out, _ = capfd.readouterr()
-    assert rc == 2  # some rows failed
+    assert rc == 3  # some rows failed: ExitCode.ROWS_FAILED
     import json
     rows = json.loads((d / "out.json").read_text())["rows"]
     assert [r["row"] for r in rows] == [2, 3, 4]

@@ -132,12 +132,18 @@ def test_project_round_trip_through_the_file(tmp_path, report):
 
 def test_bench_summary_says_each_modes_figures_and_verdicts():
     rows = [BenchRow(row=r, reuse=m, cold_ms=90.0, warm_ms=w, speedup=90.0 / w, tokens_equal=True,
-                     equivalence=v)
-            for m, w, v in (("prefix", 10.0, "bit-identical"), ("compose", 3.0, "diverged"))
+                     equivalence=v, reused_tokens=40 + r, max_logit_diff=d)
+            for m, w, v, d in (("prefix", 10.0, "bit-identical", 0.0), ("compose", 3.0, "diverged", 0.25))
             for r in (1, 2)]
-    text = bench_summary(BenchResult(model={}, rows=rows, modes=("prefix", "compose")))
-    assert text == ("median cold 90 ms · prefix: median warm 10 ms, ×9.0 (2 bit-identical) · "
-                    "compose: median warm 3 ms, ×30.0 (2 diverged)")
+    res = BenchResult(model={}, rows=rows, modes=("prefix", "compose", "chain"), cancelled=True)
+    # one formatter: the CLI prints these lines, the window joins them
+    assert res.mode_lines() == [
+        "prefix: median warm 10.0 ms, cold 90.0 ms, ×9.0; reused 42 tokens; 2 bit-identical; "
+        "max |Δlogit| 0",
+        "compose: median warm 3.0 ms, cold 90.0 ms, ×30.0; reused 42 tokens; 2 diverged; "
+        "max |Δlogit| 0.25",
+        "chain: no row finished", "cancelled before every row ran"]
+    assert bench_summary(res) == " · ".join(res.mode_lines())
 
 
 def test_old_project_files_still_open(tmp_path):

@@ -102,7 +102,7 @@ def test_bench_view_headers_have_units_and_show_the_session(qtbot, tmp_path):
     s.set_bench(BenchResult(model={}, rows=rows, repeat=3))
     assert v.table.rowCount() == 8 and v.chart.bar_count == 16
     assert v.table.item(0, headers.index("speedup (×)")).text() == "×11.2"
-    assert "prefix: median warm 80 ms, ×11.2" in v.summary.text()
+    assert "prefix: median warm 80.0 ms, cold 900.0 ms, ×11.2" in v.summary.text()
     assert v.chart.series_names() == ["cold", "warm: prefix"]
     s.set_options(repeat=5)
     assert v.repeat.value() == 5

@@ -1,6 +1,8 @@
 """The `kvprimer` command line: the same engine API the window uses.
 
-Exit codes: 0 success, 2 bad input (one line on stderr, no traceback), 130 interrupted.
+Exit codes are defined once, in `exit_codes.ExitCode` (0 done, 1 runs differ, 2 bad input:
+one line on stderr and no traceback, 3 some rows failed, 130 interrupted). Engine messages name
+concepts; `flag_hints.with_flags` adds the options that act on them.
 The commands and their options are listed once, in `parser.COMMANDS`; the bundle's launcher
 reads the same list to tell command-line calls from window starts.
 """
@@ -11,6 +13,8 @@ import sys
 
 from ..engine import KvPrimerError
 from ..versions import version_text
+from .exit_codes import ExitCode
+from .flag_hints import with_flags
 from .parser import COMMANDS, build_parser
 
 __all__ = ["main", "version_text"]
@@ -25,16 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.version:
         print(version_text())
-        return 0
+        return ExitCode.OK
     if not args.command:
         build_parser().print_help()
-        return 0
+        return ExitCode.OK
     handlers = {c.name: c.handler for c in COMMANDS}
     try:
         return handlers[args.command](args)
     except KvPrimerError as e:
-        print(f"kvprimer: error: {e}", file=sys.stderr)
-        return 2
+        print(f"kvprimer: error: {with_flags(str(e))}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         print("kvprimer: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED

@@ -1,89 +1,118 @@
-"""What every command shares: the model and context options, the engine they open, progress on
-stderr. Options are named as llama.cpp's own tools name them."""
+"""What every command shares: the model and context options (named and meaning what llama.cpp's
+own tools name and mean), the generation and output options, the engine they open, the session
+options they set, progress on stderr. Defaults are not written here: they are EngineConfig's,
+CacheLimits' and Options' own, shown in the help."""
 from __future__ import annotations
 
 import argparse
 import sys
-
+from dataclasses import replace
 from pathlib import Path
 
 from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template,
                       read_rows)
-from ..engine.files.project_file import SUFFIX, ProjectFile
-from ..engine.session import Session
 from ..engine.llama.ggml_types import KV_TYPES
 from ..engine.files.llama_state_file import load_any_state
+from ..engine.files.project_file import SUFFIX, ProjectFile
+from ..engine.session import Options, Session
 from ..engine.task_state import Progress
+from .output import output_options
+
+_E, _O, _C = EngineConfig(), Options(), CacheLimits()
+_MB = 1 << 20
 
 
-def model_options() -> argparse.ArgumentParser:
-    """A parent parser with the model and context options."""
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("model and context")
+def engine_options(p: argparse.ArgumentParser) -> None:
+    """The model, context and radix cache options (the CLI's and the window's)."""
+    g = p.add_argument_group("model and context (llama.cpp's names)")
     g.add_argument("-m", "--model", help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1)")
-    g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (4096)")
-    g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (all)")
-    g.add_argument("-tg", "--threads-gen", type=int, default=1, metavar="N",
-                   help="threads for generating tokens (1: warm and cold generate bit-identically "
-                        "however full the cache is; 0: as --threads, faster, may differ slightly)")
-    g.add_argument("-b", "--batch-size", type=int, default=256, help="tokens per decode batch (256)")
-    g.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(KV_TYPES), help="K cache type")
-    g.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(KV_TYPES), help="V cache type")
+    g.add_argument("-c", "--ctx-size", type=int, default=_E.n_ctx,
+                   help=f"context size in tokens ({_E.n_ctx})")
+    g.add_argument("-b", "--batch-size", type=int, default=_E.n_batch,
+                   help=f"tokens per decode call ({_E.n_batch})")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=_E.n_ubatch, metavar="N",
+                   help="tokens per physical batch inside a decode call (0: the batch size)")
+    g.add_argument("-t", "--threads", type=int, default=_E.n_threads_gen, metavar="N",
+                   help=f"threads for generation ({_E.n_threads_gen}: warm and cold runs generate "
+                        "bit-identically however full the cache is; 0: as --threads-batch, "
+                        "faster, may differ slightly)")
+    g.add_argument("-tg", "--threads-gen", type=int, dest="threads", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the old name of -t, kept working
+    g.add_argument("-tb", "--threads-batch", type=int, default=_E.n_threads, metavar="N",
+                   help="threads for prompt batches (0: all cores)")
+    g.add_argument("-ctk", "--cache-type-k", default=_E.type_k, choices=list(KV_TYPES),
+                   help=f"K cache type ({_E.type_k})")
+    g.add_argument("-ctv", "--cache-type-v", default=_E.type_v, choices=list(KV_TYPES),
+                   help=f"V cache type ({_E.type_v})")
     g.add_argument("-fa", "--flash-attn", default=None, choices=("auto", "on", "off"),
                    help="flash attention (auto: the faster kernel, measured once per machine "
                         "and model; on, off: as given; default: KVPRIMER_FLASH_ATTN or auto)")
-    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
-                   help="layers to offload to the GPU (0; -1: all); needs a GPU build of llama-cpp-python")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=_E.n_gpu_layers,
+                   metavar="N", help="layers to offload to the GPU (0; -1: all); needs a GPU "
+                                     "build of llama-cpp-python")
     g = p.add_argument_group("radix cache (what runs leave in the KV cache for later runs)")
-    g.add_argument("--cache-resident-mb", type=float, default=0, metavar="MB",
-                   help="cap on cells kept in the context (0: three quarters of it)")
-    g.add_argument("--cache-ram-mb", type=float, default=512, metavar="MB",
-                   help="cap on snapshots of evicted prompts kept in memory (512)")
-    g.add_argument("--cache-file-mb", type=float, default=2048, metavar="MB",
-                   help="cap on snapshots spilled to files (2048)")
+    g.add_argument("--cache-resident-mb", type=float, default=_C.resident_bytes / _MB,
+                   metavar="MB", help="cap on cells kept in the context (0: three quarters of it)")
+    g.add_argument("--cache-ram-mb", type=float, default=_C.ram_bytes / _MB, metavar="MB",
+                   help=f"cap on snapshots of evicted prompts kept in memory ({_C.ram_bytes // _MB})")
+    g.add_argument("--cache-file-mb", type=float, default=_C.file_bytes / _MB, metavar="MB",
+                   help=f"cap on snapshots spilled to files ({_C.file_bytes // _MB})")
+
+
+def generation_options(p: argparse.ArgumentParser) -> None:
+    """How runs generate (default: the project's options, else Options' defaults)."""
+    g = p.add_argument_group("generation (llama.cpp's names)")
+    g.add_argument("-n", "--n-predict", type=int, default=None, metavar="N",
+                   help=f"new tokens to generate at most ({_O.max_tokens})")
+    g.add_argument("--max-tokens", type=int, dest="n_predict", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the old name of -n, kept working
+    g.add_argument("-s", "--seed", type=int, default=None, help=f"sampling seed ({_O.seed})")
+    g.add_argument("--temp", type=float, default=None,
+                   help=f"temperature ({_O.temperature:g}: greedy)")
+    g.add_argument("--top-p", type=float, default=None, help=f"top-p sampling ({_O.top_p:g})")
+
+
+def shared_options() -> argparse.ArgumentParser:
+    """A parent parser with every option all commands share."""
+    p = argparse.ArgumentParser(add_help=False)
+    engine_options(p)
+    generation_options(p)
+    output_options(p)
     return p
 
 
-def open_engine(args) -> Engine:
+def engine_config(args) -> EngineConfig:
+    """The EngineConfig the engine options ask for; a value out of range is bad input."""
     for flag, value, low in (("--ctx-size", args.ctx_size, 16), ("--batch-size", args.batch_size, 1),
-                             ("--threads", args.threads, 0), ("--threads-gen", args.threads_gen, 0)):
+                             ("--ubatch-size", args.ubatch_size, 0), ("--threads", args.threads, 0),
+                             ("--threads-batch", args.threads_batch, 0)):
         if value < low:
             raise KvPrimerError(f"{flag} must be at least {low}, not {value}")
     for flag, value in (("--cache-resident-mb", args.cache_resident_mb),
                         ("--cache-ram-mb", args.cache_ram_mb), ("--cache-file-mb", args.cache_file_mb)):
         if value < 0:
             raise KvPrimerError(f"{flag} must be 0 or more, not {value:g}")
-    mb = 1 << 20
-    limits = CacheLimits(int(args.cache_resident_mb * mb), int(args.cache_ram_mb * mb),
-                         int(args.cache_file_mb * mb))
-    return Engine(EngineConfig(model_path=args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
-                               n_threads=args.threads, n_threads_gen=args.threads_gen,
-                               type_k=args.cache_type_k,
-                               type_v=args.cache_type_v, n_gpu_layers=args.n_gpu_layers,
-                               **({"flash_attn": args.flash_attn} if args.flash_attn else {}),
-                               cache=limits,
-                               remeasure_kernels=getattr(args, "remeasure", False)))
+    limits = CacheLimits(int(args.cache_resident_mb * _MB), int(args.cache_ram_mb * _MB),
+                         int(args.cache_file_mb * _MB))
+    return EngineConfig(model_path=args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                        n_ubatch=args.ubatch_size, n_threads=args.threads_batch,
+                        n_threads_gen=args.threads, type_k=args.cache_type_k,
+                        type_v=args.cache_type_v, n_gpu_layers=args.n_gpu_layers,
+                        **({"flash_attn": args.flash_attn} if args.flash_attn else {}),
+                        cache=limits, remeasure_kernels=getattr(args, "remeasure", False))
 
 
-def reuse_mode(text: str) -> str:
-    """--reuse for a command that runs one mode."""
-    modes = reuse_modes(text)
-    if len(modes) > 1:
-        raise KvPrimerError(f"--reuse {text!r}: this command runs one mode; compare several "
-                            "with kvprimer bench")
-    return modes[0]
+def open_engine(args) -> Engine:
+    return Engine(engine_config(args))
 
 
-def reuse_modes(text: str) -> tuple[str, ...]:
-    """--reuse: one mode or a comma list."""
-    from ..engine import REUSE_MODES
-
-    modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in REUSE_MODES]
-    if bad or not modes:
-        raise KvPrimerError(f"--reuse {text!r}: use one or more of {', '.join(REUSE_MODES)}, "
-                            "comma-separated")
-    return tuple(dict.fromkeys(modes))
+def session_options(args, base: Options | None = None, **given) -> Options:
+    """``base`` (a project's options, else the defaults) with what the command line gives:
+    the generation options and a command's own (``given``; None: not given). The flows'
+    plans check them."""
+    given.update(max_tokens=args.n_predict, seed=args.seed, temperature=args.temp,
+                 top_p=args.top_p)
+    return replace(base or Options(), **{k: v for k, v in given.items() if v is not None})
 
 
 def load_state_file(eng: Engine, path: str | None, tpl: Template):
@@ -113,6 +142,11 @@ def read_project(path: str) -> Session:
         raise KvPrimerError(f"{path}: the project's template has an error "
                             f"({session.template_error}); fix it in the window first")
     return session
+
+
+def project_options(path: str) -> Options | None:
+    """The options a project file (.kvproj) keeps; None for a plain template."""
+    return read_project(path).options if Path(path).suffix == SUFFIX else None
 
 
 def rows_of(args, tpl: Template) -> list:

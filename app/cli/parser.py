@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .cache_commands import cache_options, cmd_cache
-from .engine_options import model_options
+from .engine_options import shared_options
+from .exit_codes import ExitCode
 from .kv_commands import cmd_kv, kv_options
 from .server_commands import cmd_deploy, cmd_serve, deploy_options, serve_options
 from .run_commands import (bench_options, cmd_bench, cmd_demo, cmd_info, cmd_prime, cmd_run,
@@ -31,8 +32,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("run", cmd_run, "run a filled template cold and warm", run_options),
     Command("bench", cmd_bench, "cold vs warm over rows of values", bench_options),
     Command("kv", cmd_kv, "prime into sequence 0, fork, show the KV cells", kv_options),
-    Command("cache", cmd_cache, "prime, run rows warm, list the radix cache's tiers and prompts",
-            cache_options),
+    Command("cache", cmd_cache, "prime, run rows warm, list the radix cache's tiers and prompts; "
+            "--clear empties it", cache_options),
     Command("serve", cmd_serve, "start a llama-server whose settings match KV Primer's states",
             serve_options),
     Command("deploy", cmd_deploy, "prime a template and restore its prefix into a llama-server slot",
@@ -43,12 +44,12 @@ COMMAND_NAMES = frozenset(c.name for c in COMMANDS)
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2
-        self.exit(2, f"kvprimer: error: {message} (see kvprimer --help)\n")
+    def error(self, message: str):  # one line
+        self.exit(ExitCode.BAD_INPUT, f"kvprimer: error: {message} (see kvprimer --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = model_options()
+    common = shared_options()
     ap = _Parser(prog="kvprimer", description="Prime a prompt template's static prefix once; "
                  "restore it on every call and evaluate only the rest.")
     ap.add_argument("--version", action="store_true", help="print versions and exit")

@@ -1,22 +1,31 @@
-"""`kvprimer info|prime|run|bench|demo`: a template's prefix primed once, runs cold and warm."""
+"""`kvprimer info|prime|run|bench|demo`: a template's prefix primed once, runs cold and warm.
+
+Each command reads its files, makes its flow's plan (app/engine/session_flows.py) before the
+model loads, so bad input costs nothing, then runs the flow the window runs.
+"""
 from __future__ import annotations
 
 import argparse
-import json
+from dataclasses import replace
 from pathlib import Path
 
-from ..engine import (GenerationConfig, KvPrimerError, bench_rows, read_rows, report_dict,
-                      run_prompt)
+from ..engine import KvPrimerError, Row, read_rows, report_dict
+from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import FORMATS, save_state
 from ..engine.files.project_file import SUFFIX
-from .engine_options import (load_state_file, open_engine, progress_printer, read_project,
-                             read_template, reuse_mode, reuse_modes, rows_of)
+from ..engine.runs.prompt_runs import check_reuse_modes
+from ..engine.session import Options
+from .engine_options import (load_state_file, open_engine, progress_printer, project_options,
+                             read_project, read_template, rows_of, session_options)
+from .exit_codes import ExitCode, verdicts_code
 from .kv_commands import cmd_bench_forked
 from .server_commands import cmd_bench_server, server_target_options
+from .output import emit, yes_no
+
+_O = Options()
 
 
 def info_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true")
     p.add_argument("--remeasure", action="store_true",
                    help="time both attention kernels again instead of using the cached measurement")
 
@@ -37,22 +46,17 @@ def run_options(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--cold", action="store_true", help="cold only")
     mode.add_argument("--warm", action="store_true", help="warm only")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    _reuse_options(p, "chain")
-    p.add_argument("--json", action="store_true")
+    reuse_options(p, f"one of them ({_O.reuse_mode})")
 
 
-def _reuse_options(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--reuse", default=default, metavar="MODE",
-                   help=f"what a warm run reuses: prefix (the static prefix), chain (the deepest "
-                        f"cached prompt: exact), compose (cached modules per slot: approximate)"
-                        f"{'; a comma list compares several' if default == 'prefix' else ''} "
-                        f"({default})")
-    p.add_argument("--recompute", type=int, default=0, metavar="K",
-                   help="compose: evaluate the first K tokens of each module in context (0)")
+def reuse_options(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--reuse", default=None, metavar="MODE",
+                   help="what a warm run reuses: prefix (the static prefix), chain (the deepest "
+                        "cached prompt: exact), compose (cached modules per slot: approximate); "
+                        f"{default}")
+    p.add_argument("--recompute", type=int, default=None, metavar="K",
+                   help=f"compose: evaluate the first K tokens of each module in context "
+                        f"({_O.recompute})")
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:
@@ -60,13 +64,13 @@ def bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", help="CSV or JSONL file of values (default: the project's rows)")
     p.add_argument("--save", action="store_true",
                    help="store the results in the project file given as the template")
-    p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--state", help="a saved state to restore, .kvstate or llama.cpp's (default: prime now)")
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
+    p.add_argument("--repeat", type=int, default=None, help=f"runs per row ({_O.repeat})")
+    p.add_argument("--state", help="a saved state to restore, .kvstate or llama.cpp's (default: "
+                                   "prime now); benchmarked in prefix mode")
     p.add_argument("--fork", type=int, default=0, metavar="K",
                    help="run the rows as forked batches of K against the same rows one by one warm")
-    _reuse_options(p, "prefix")
+    reuse_options(p, f"a comma list compares several ({','.join(_O.bench_modes)}; "
+                     "prefix with --state)")
     server_target_options(p)
 
 
@@ -77,20 +81,20 @@ def no_options(p: argparse.ArgumentParser) -> None:
 def cmd_info(args) -> int:
     with open_engine(args) as eng:
         info = eng.info.as_dict()
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        traits = info.pop("traits")
+
+    def words():
+        rest = dict(info)
+        traits = rest.pop("traits")
         notes = traits.pop("notes")
-        cpu = info.pop("cpu_kernels", None)
-        kernels = info.pop("kernels", None)
-        width = max(map(len, info))
-        for k, v in info.items():
+        cpu = rest.pop("cpu_kernels", None)
+        kernels = rest.pop("kernels", None)
+        width = max(map(len, rest))
+        for k, v in rest.items():
             if isinstance(v, bool):  # before int: a bool is an int to Python
-                v = "yes" if v else "no"
+                v = yes_no(v)
             print(f"{k:<{width}}  {v:,}" if isinstance(v, int) else f"{k:<{width}}  {v}")
         print("architecture traits: " + ", ".join(
-            f"{k} {('yes' if v else 'no') if isinstance(v, bool) else v}" for k, v in traits.items()))
+            f"{k} {yes_no(v) if isinstance(v, bool) else v}" for k, v in traits.items()))
         print("for caching:")
         for line in notes:
             print(f"  - {line}")
@@ -102,18 +106,23 @@ def cmd_info(args) -> int:
             print(f"cpu kernels: {cpu['summary']}")
             print(f"  - {cpu['reason']}")
             print(f"  - crash check: {cpu['probe']}")
-    return 0
+
+    emit(args, info, words)
+    return ExitCode.OK
 
 
 def cmd_prime(args) -> int:
     tpl = read_template(args.template)
     with open_engine(args) as eng:
-        state = eng.prime(tpl, task=progress_printer())
+        state = flows.prime(eng, tpl, progress_printer())
         size = save_state(state, args.output, args.format)
         raw = state.n_tokens * eng.info.kv_bytes_per_token
-    print(f"primed {state.n_tokens} prefix tokens -> {args.output} ({size:,} bytes; "
-          f"raw KV {raw:,} bytes, ratio {size / raw:.4f})")
-    return 0
+    data = {"path": args.output, "format": args.format, "prefix_tokens": state.n_tokens,
+            "file_bytes": size, "raw_kv_bytes": raw, "ratio": size / raw if raw else None}
+    emit(args, data, lambda: print(
+        f"primed {state.n_tokens} prefix tokens -> {args.output} ({size:,} bytes; "
+        f"raw KV {raw:,} bytes, ratio {size / raw:.4f})"))
+    return ExitCode.OK
 
 
 def _values(args) -> dict[str, str]:
@@ -134,31 +143,35 @@ def _values(args) -> dict[str, str]:
     return values
 
 
+def _one_mode(text: str | None) -> str | None:
+    return None if text is None else check_reuse_modes(text, one=True)[0]
+
+
 def cmd_run(args) -> int:
     tpl = read_template(args.template)
-    values = _values(args)
-    tpl.fill(values)  # report missing/unknown values before loading the model
-    mode = reuse_mode(args.reuse)
-    gen = GenerationConfig(args.max_tokens, args.temp, args.top_p, args.seed)
+    opts = session_options(args, project_options(args.template), reuse_mode=_one_mode(args.reuse),
+                           recompute=args.recompute)
+    paths = "cold" if args.cold else "warm" if args.warm else "both"
+    # refuses missing, blank and unknown values before the model loads
+    plan = flows.run_plan(tpl, [Row(1, _values(args))], opts, paths=paths, snapshot=False)
     with open_engine(args) as eng:
-        state = load_state_file(eng, args.state, tpl)
-        rep = run_prompt(eng, tpl, values, reuse=mode, state=state, cold=not args.warm,
-                         warm=not args.cold, oneshot=not (args.cold or args.warm), gen=gen,
-                         recompute=args.recompute, task=progress_printer())
-    if args.json:
-        print(json.dumps(report_dict(rep), indent=2))
-        return 0
-    print(f"prompt {rep.prompt_tokens} tokens; reused {rep.reuse_text()} "
-          f"(tokenize {rep.tokenize_ms:.1f} ms)")
-    for path in (rep.cold, rep.warm):
-        if path:
-            print(f"{path.mode:>5}: restore {path.restore_ms:7.1f} ms  time to first token "
-                  f"{path.ttft_ms:8.1f} ms  {path.tokens_per_s:6.1f} tok/s  -> {path.text!r}")
-    if rep.speedup:
-        print(f"speedup {rep.speedup:.1f}x")
-    if rep.verdict:
-        print(f"verdict: {rep.verdict.describe()}")
-    return 0
+        plan = replace(plan, restore=load_state_file(eng, args.state, tpl))
+        rep = flows.run_rows(eng, plan, progress_printer()).records[0].report
+
+    def words():
+        print(f"prompt {rep.prompt_tokens} tokens; reused {rep.reuse_text()} "
+              f"(tokenize {rep.tokenize_ms:.1f} ms)")
+        for path in (rep.cold, rep.warm):
+            if path:
+                print(f"{path.mode:>5}: restore {path.restore_ms:7.1f} ms  time to first token "
+                      f"{path.ttft_ms:8.1f} ms  {path.tokens_per_s:6.1f} tok/s  -> {path.text!r}")
+        if rep.speedup:
+            print(f"speedup {rep.speedup:.1f}x")
+        if rep.verdict:
+            print(f"verdict: {rep.verdict.describe()}")
+
+    emit(args, report_dict(rep), words)
+    return verdicts_code([(rep.reuse, rep.verdict)])
 
 
 def cmd_bench(args) -> int:
@@ -171,50 +184,37 @@ def cmd_bench(args) -> int:
     if args.save and Path(args.template).suffix != SUFFIX:
         raise KvPrimerError("--save stores results in a project file: give a .kvproj instead "
                             "of the template")
-    modes = reuse_modes(args.reuse)
+    modes = check_reuse_modes(args.reuse) if args.reuse else ("prefix",) if args.state else None
+    opts = session_options(args, project_options(args.template), bench_modes=modes,
+                           repeat=args.repeat, recompute=args.recompute)
+    plan = flows.bench_plan(tpl, rows, opts, snapshot=False)
     with open_engine(args) as eng:
         state = load_state_file(eng, args.state, tpl)
-        res = bench_rows(eng, tpl, rows, repeat=args.repeat, modes=modes, recompute=args.recompute,
-                         state=state, gen=GenerationConfig(max_tokens=args.max_tokens),
-                         task=progress_printer())
-    print(f"{'row':>4} {'reuse':<8} {'prompt':>6} {'reused':>6} {'eval':>5} {'cold ms':>9} "
-          f"{'warm ms':>8} {'speedup':>7}  verdict")
-    for r in res.rows:
-        if r.error:
-            print(f"{r.row:>4} {r.reuse:<8} error: {r.error}")
-            continue
-        print(f"{r.row:>4} {r.reuse:<8} {r.prefix_tokens + r.suffix_tokens:>6} "
-              f"{r.reused_tokens:>6} {r.evaluated_tokens:>5} {r.cold_ms:>9.1f} {r.warm_ms:>8.1f} "
-              f"{r.speedup:>6.1f}x  {_verdict_cell(r)}")
-    s = res.summary()
-    for mode in res.modes:
-        m = s[mode]
-        if m["warm_ms_median"] is None:
-            continue
-        counts = ", ".join(f"{n} {w}" for w, n in m["equivalence"].items() if n)
-        print(f"{mode}: median warm {m['warm_ms_median']:.1f} ms (cold {m['cold_ms_median']:.1f} ms, "
-              f"speedup {m['speedup_median']:.1f}x), reused {m['reused_tokens_median']:.0f} "
-              f"tokens; {counts}; max |Δlogit| {m['max_logit_diff']:.3g}"
-              + (f"; modules built in {m['build_ms_total']:.0f} ms" if m["build_ms_total"] else ""))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res.as_dict(), indent=2))
-        print(f"wrote {args.json}")
+        plan = flows.bench_plan(tpl, rows, opts, restore=state, snapshot=False)
+        res = flows.bench(eng, plan, progress_printer()).result
+
+    def words():
+        print(f"{'row':>4} {'reuse':<8} {'prompt':>6} {'reused':>6} {'eval':>5} {'cold ms':>9} "
+              f"{'warm ms':>8} {'speedup':>7}  verdict")
+        for r in res.rows:
+            if r.error:
+                print(f"{r.row:>4} {r.reuse:<8} error: {r.error}")
+                continue
+            print(f"{r.row:>4} {r.reuse:<8} {r.prefix_tokens + r.suffix_tokens:>6} "
+                  f"{r.reused_tokens:>6} {r.evaluated_tokens:>5} {r.cold_ms:>9.1f} "
+                  f"{r.warm_ms:>8.1f} {r.speedup:>6.1f}x  {r.verdict().describe()}")
+        for line in res.mode_lines():
+            print(line)
+
+    emit(args, res.as_dict(), words)
     if args.save:
         session = read_project(args.template)
         session.set_bench(res)
         session.to_project().save(args.template)
-        print(f"saved the results in {args.template}")
-    return 0 if not s["failed_rows"] else 2
-
-
-def _verdict_cell(r) -> str:
-    if r.equivalence == "bit-identical":
-        return "bit-identical"
-    if r.equivalence == "within-noise":
-        return f"within-noise (|Δlogit| {r.max_logit_diff:.3g} ≤ {r.noise_max_logit_diff:.3g})"
-    where = "tokens equal" if r.first_diff is None else f"first diff at token {r.first_diff}"
-    return (f"diverged ({where}, |Δlogit| {r.max_logit_diff:.3g}, KL {r.kl_divergence:.2g}, "
-            f"top-1 {r.top1_agree:.0%})")
+        if not args.json:
+            print(f"saved the results in {args.template}")
+    return verdicts_code([(r.reuse, r.verdict()) for r in res.rows],
+                         res.summary()["failed_rows"])
 
 
 def cmd_demo(args) -> int:
@@ -223,13 +223,18 @@ def cmd_demo(args) -> int:
     ex = examples_dir()
     tpl = read_template(str(ex / "rag.tmpl"))
     row = read_rows(ex / "rag-rows.csv", tpl.placeholders)[0]
-    print(f"KV Primer demo: the RAG example ({ex / 'rag.tmpl'}), first row\n")
+    plan = flows.run_plan(tpl, [row], session_options(args), snapshot=False)
+    if not args.json:
+        print(f"KV Primer demo: the RAG example ({ex / 'rag.tmpl'}), first row\n")
     with open_engine(args) as eng:
-        rep = run_prompt(eng, tpl, row.values, task=progress_printer(),
-                         gen=GenerationConfig(max_tokens=24))
-    print(f"prefix {rep.prefix_tokens} tokens primed; prompt {rep.prompt_tokens} tokens; "
-          f"reused {rep.reuse_text()}")
-    print(f"cold {rep.cold.ttft_ms:.0f} ms, warm {rep.warm.ttft_ms:.0f} ms to first token: "
-          f"{rep.speedup:.1f}x faster; verdict {rep.verdict.describe()}")
-    print(f"answer: {rep.warm.text.strip()}")
-    return 0
+        rep = flows.run_rows(eng, plan, progress_printer()).records[0].report
+
+    def words():
+        print(f"prefix {rep.prefix_tokens} tokens primed; prompt {rep.prompt_tokens} tokens; "
+              f"reused {rep.reuse_text()}")
+        print(f"cold {rep.cold.ttft_ms:.0f} ms, warm {rep.warm.ttft_ms:.0f} ms to first token: "
+              f"{rep.speedup:.1f}x faster; verdict {rep.verdict.describe()}")
+        print(f"answer: {rep.warm.text.strip()}")
+
+    emit(args, report_dict(rep), words)
+    return verdicts_code([(rep.reuse, rep.verdict)])

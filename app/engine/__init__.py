@@ -17,7 +17,7 @@ from .errors import (CacheError, Cancelled, ContextError, ContextOverflowError, 
 from .kv_engine import Engine, EngineConfig, ModelInfo
 from .llama.model_files import default_model_path
 from .files.prefix_state import PrefixState
-from .runs.prompt_runs import (REUSE_MODES, GenerationConfig, PathResult, RunReport, TextDelta,
+from .runs.prompt_runs import (EXACT_REUSE_MODES, REUSE_MODES, GenerationConfig, PathResult, RunReport, TextDelta,
                           report_dict, run_prompt)
 from .cache.radix_cache import CacheLimits
 from .runs.verdict import Verdict
@@ -29,7 +29,7 @@ __all__ = [
     "BenchResult", "BenchRow", "bench_rows", "Cancelled", "ContextError", "ContextOverflowError",
     "CacheError", "CacheLimits", "KvPrimerError", "MissingValuesError", "ModelError", "RowsError", "StateFileError",
     "StoreError", "TemplateError", "TemplateSyntaxError", "Engine", "EngineConfig", "ModelInfo",
-    "default_model_path", "PrefixState", "REUSE_MODES", "GenerationConfig",
+    "default_model_path", "PrefixState", "EXACT_REUSE_MODES", "REUSE_MODES", "GenerationConfig",
     "PathResult", "RunReport", "TextDelta", "report_dict", "run_prompt", "Verdict", "Row", "read_rows", "Progress",
     "TaskState", "FilledPrompt", "Template",
 ]

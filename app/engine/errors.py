@@ -1,6 +1,8 @@
 """Engine exceptions. Every message is written for the user: what is wrong and what to do.
 
-The CLI prints ``str(error)`` on one line and exits 2; the window shows it as it is.
+Messages name concepts (the context size, the cache, a placeholder's value), never the controls
+of one front end: the window shows them as they are, and the CLI prints them on one line with
+its own option names added (app/cli/flag_hints.py).
 """
 from __future__ import annotations
 
@@ -22,16 +24,17 @@ class TemplateSyntaxError(TemplateError):
 
 
 class MissingValuesError(TemplateError):
-    def __init__(self, missing: list[str], unknown: list[str]):
+    def __init__(self, missing: list[str], unknown: list[str], row: int | None = None):
         self.missing = missing
         self.unknown = unknown
+        self.row = row  # the row whose values these are, numbered as the user sees it
         parts = []
         if missing:
             parts.append("missing values for " + ", ".join(f"<{n}>" for n in missing))
         if unknown:
             parts.append("unknown names " + ", ".join(unknown) + " (not placeholders of this template)")
-        super().__init__("; ".join(parts) + "; give each placeholder a value (the window's form, "
-                         "or --set name=value on the command line)")
+        where = f"row {row}: " if row is not None else ""
+        super().__init__(where + "; ".join(parts) + "; give each placeholder a value")
 
 
 class ModelError(KvPrimerError):
@@ -48,7 +51,7 @@ class ContextOverflowError(ContextError):
         self.n_ctx = n_ctx
         super().__init__(
             f"the prompt has {n_tokens} tokens but the context holds {n_ctx}; "
-            f"raise --ctx-size to at least {n_tokens + 1} or shorten the prompt"
+            f"raise the context size to at least {n_tokens + 1} or shorten the prompt"
         )
 
 

@@ -36,19 +36,20 @@ from .prompts.template import FilledPrompt, Template
 from .cache.work_context import WorkContext
 
 
+_CTX = ContextParams  # the context settings' defaults are defined once, there
+
+
 @dataclass(frozen=True)
 class EngineConfig:
+    """The engine's settings: the CLI's shared options, the window's model panel and a project
+    file's "engine" settings all make one of these."""
     model_path: str | None = None  # None: the default model
-    n_ctx: int = 4096
-    n_batch: int = 256
-    n_threads: int = 0
-    # One-token decodes (generation) split their attention over threads by the size of the
-    # whole cache, so in a cache full of other prompts a warm run would generate with other
-    # rounding than its cold run: one thread keeps generation exact (measured: SmolLM2, 2
-    # threads, |Δlogit| up to 0.8 once the cache outgrew 2,048 cells; 1 thread, 0)
-    n_threads_gen: int = 1
-    type_k: str = "f16"
-    type_v: str = "f16"
+    n_ctx: int = _CTX.n_ctx
+    n_batch: int = _CTX.n_batch
+    n_threads: int = _CTX.n_threads  # batch threads (llama.cpp's -tb); 0: all cores
+    n_threads_gen: int = _CTX.n_threads_gen  # generation threads (llama.cpp's -t); see ContextParams
+    type_k: str = _CTX.type_k
+    type_v: str = _CTX.type_v
     n_seq_max: int = 64  # sequence 0 is the user's, the radix cache uses the rest
     cache: CacheLimits = CacheLimits()
     kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
@@ -57,6 +58,12 @@ class EngineConfig:
     # default can be set with KVPRIMER_FLASH_ATTN (as llama.cpp's tools take LLAMA_ARG_FLASH_ATTN)
     flash_attn: str = field(default_factory=lambda: os.environ.get("KVPRIMER_FLASH_ATTN", "auto"))
     remeasure_kernels: bool = False  # measure again even when a measurement is cached
+    n_ubatch: int = _CTX.n_ubatch  # micro-batch (llama.cpp's -ub); 0: the batch size
+
+    def context_params(self, n_seq_max: int, flash_attn: bool | None = None) -> ContextParams:
+        """These settings as a context's, for a context of ``n_seq_max`` sequences."""
+        return ContextParams(self.n_ctx, self.n_batch, self.n_threads, self.type_k, self.type_v,
+                             n_seq_max, self.n_threads_gen, flash_attn, self.n_ubatch)
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class ModelInfo:
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
     kernels: KernelChoice | None = None  # the attention kernel, and why
     cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
+    n_ubatch: int = 0  # the micro-batch llama.cpp runs
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "traits": self.traits.as_dict(),
@@ -99,8 +107,7 @@ class Engine(SequenceOps):
         self.model = NativeModel(path, config.n_gpu_layers, self.cpu_kernels.use_extra_bufts)
         sha256 = model_fingerprint(path)
         try:
-            params = ContextParams(config.n_ctx, config.n_batch, config.n_threads, config.type_k,
-                                   config.type_v, config.n_seq_max, config.n_threads_gen)
+            params = config.context_params(config.n_seq_max)
             early = read_traits(self.model, None, path)
             # every context of the engine runs the same kernel: states move between them, and
             # flash attention decides V's layout
@@ -118,7 +125,7 @@ class Engine(SequenceOps):
         self.info = ModelInfo(
             path=str(path), sha256=sha256, n_ctx=self.ctx.n_ctx, kernels=self.kernels,
             cpu_kernels=self.cpu_kernels,
-            n_batch=config.n_batch, n_seq_max=config.n_seq_max, type_k=config.type_k,
+            n_batch=config.n_batch, n_ubatch=self.ctx.n_ubatch, n_seq_max=config.n_seq_max, type_k=config.type_k,
             type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
             traits=with_context(early, self.ctx), gpu_offload=gpu_offload_supported(),
             **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
@@ -138,9 +145,7 @@ class Engine(SequenceOps):
 
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""
-        c = self.config
-        return ContextParams(c.n_ctx, c.n_batch, c.n_threads, c.type_k, c.type_v, n_seq_max,
-                             c.n_threads_gen, self.kernels.flash_attn)
+        return self.config.context_params(n_seq_max, self.kernels.flash_attn)
 
     @property
     def runs_in_work_context(self) -> bool:

@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Callable
 
-from .runs.bench_rows import BenchResult
-from .errors import TemplateSyntaxError
+from .runs.bench_rows import BenchResult, bench_summary  # noqa: F401 (the window's import)
+from .errors import KvPrimerError, TemplateSyntaxError
+from .runs.generation import GenerationConfig
 from .kv_engine import EngineConfig
 from .files.prefix_state import PrefixState
 from .runs.prefix_sweep import SweepPoint
 from .files.project_file import ProjectFile, bench_from_dict, report_from_dict
-from .runs.prompt_runs import REUSE_MODES, RunReport, report_dict
+from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes, report_dict
 from .prompts.rows import Row
 from .prompts.template import Template
 
@@ -65,14 +66,25 @@ class RowsChange:
     name: str = ""
 
 
+_GEN = GenerationConfig  # generation defaults are defined once, there
+
+
 @dataclass(frozen=True)
 class Options:
-    max_tokens: int = 24  # tokens generated per run
+    """How runs and benchmarks go: the window's boxes and the CLI's options set these, and
+    their defaults are the only ones (the CLI's help shows them)."""
+    max_tokens: int = _GEN.max_tokens  # tokens generated per run at most
     repeat: int = 3  # benchmark repeats per row
     reuse_mode: str = "chain"  # how a warm run reuses the cache (one of REUSE_MODES)
     recompute: int = 0  # compose mode: tokens of each module recomputed in context
     bench_modes: tuple[str, ...] = REUSE_MODES  # the reuse modes a benchmark compares
     engine: EngineConfig = field(default_factory=EngineConfig)  # the project's model settings
+    temperature: float = _GEN.temperature  # 0: greedy
+    top_p: float = _GEN.top_p
+    seed: int = _GEN.seed  # the sampler's seed
+
+    def generation(self) -> GenerationConfig:
+        return GenerationConfig(self.max_tokens, self.temperature, self.top_p, self.seed)
 
 
 @dataclass(frozen=True)
@@ -102,25 +114,6 @@ def run_summary(r: RunReport) -> str:
     if r.verdict:
         parts.append(r.verdict.describe())
     return "run: " + ", ".join(parts)
-
-
-def bench_summary(result: BenchResult) -> str:
-    """One line per benchmark: each mode's median warm time and speedup, and its verdicts."""
-    s = result.summary()
-    parts = []
-    for mode in result.modes:
-        m = s.get(mode) or {}
-        if not m.get("rows"):
-            parts.append(f"{mode}: no row finished")
-            continue
-        counts = m["equivalence"]
-        verdicts = ", ".join(f"{n} {w}" for w, n in counts.items() if n)
-        parts.append(f"{mode}: median warm {m['warm_ms_median']:,.0f} ms, "
-                     f"×{m['speedup_median']:.1f}" + (f" ({verdicts})" if verdicts else ""))
-    cold = next((s[m]["cold_ms_median"] for m in result.modes
-                 if (s.get(m) or {}).get("cold_ms_median")), None)
-    head = f"median cold {cold:,.0f} ms · " if cold else ""
-    return head + " · ".join(parts) + (" · cancelled" if result.cancelled else "")
 
 
 class Session:
@@ -296,7 +289,9 @@ class Session:
                            placeholders=list(self.placeholders), rows=self.rows,
                            settings={"engine": asdict(o.engine), "max_tokens": o.max_tokens,
                                      "repeat": o.repeat, "reuse_mode": o.reuse_mode,
-                                     "recompute": o.recompute, "bench_modes": list(o.bench_modes)},
+                                     "recompute": o.recompute, "bench_modes": list(o.bench_modes),
+                                     "temperature": o.temperature, "top_p": o.top_p,
+                                     "seed": o.seed},
                            results=results)
 
     def apply_project(self, project: ProjectFile, path: str = "") -> list[str]:
@@ -309,15 +304,17 @@ class Session:
         s = project.settings
         opts = {}
         try:
-            for key in ("max_tokens", "repeat", "recompute"):
+            for key in ("max_tokens", "repeat", "recompute", "seed"):
                 if key in s:
                     opts[key] = int(s[key])
-            if s.get("reuse_mode") in REUSE_MODES:
-                opts["reuse_mode"] = s["reuse_mode"]
-            modes = s.get("bench_modes")
-            if isinstance(modes, list) and modes and all(m in REUSE_MODES for m in modes):
-                opts["bench_modes"] = tuple(modes)
-        except (TypeError, ValueError):
+            for key in ("temperature", "top_p"):
+                if key in s:
+                    opts[key] = float(s[key])
+            if isinstance(s.get("reuse_mode"), str):
+                opts["reuse_mode"], = check_reuse_modes(s["reuse_mode"], one=True)
+            if isinstance(s.get("bench_modes"), list):
+                opts["bench_modes"] = check_reuse_modes(s["bench_modes"])
+        except (TypeError, ValueError, KvPrimerError):
             problems.append("the project's run options are unreadable; the defaults are used")
         cfg = engine_config(s.get("engine"))
         if cfg is not None:

@@ -1,10 +1,10 @@
 """The window's engine jobs: prime, save/load a state, run rows, benchmark, sweep.
 
-Each action reads what it needs from the session (template, rows, options, the state to save),
-submits a job of its kind to the worker and puts the job's typed results back into the session;
-panels observe the session. Job bodies are plain engine calls. Messages for the user leave
-through the ``status`` and ``error`` signals; what is transient (streamed text, the row being
-run, context use) through signals of its own.
+A thin forwarder: each action makes its flow's plan from the session (app/engine/session_flows.py:
+which rows, the blank-row check, the options), submits the flow's body to the worker as a job
+of its kind, and puts the typed results back into the session; panels observe the session.
+Messages for the user leave through the ``status`` and ``error`` signals; what is transient
+(streamed text, the row being run, context use) through signals of its own.
 """
 from __future__ import annotations
 
@@ -15,19 +15,13 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from ..engine import (BenchResult, GenerationConfig, MissingValuesError, PrefixState, TextDelta,
-                      bench_rows, run_prompt)
-from ..engine.prompts.prompt_tokens import common_prefix
+from ..engine import BenchResult, KvPrimerError, PrefixState, TextDelta
+from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import load_any_state, save_state
-from ..engine.runs.prefix_sweep import prefix_sweep
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind
 
-
-@dataclass(frozen=True)
-class RowStarted:
-    """Partial result of a run job: this row's paths start now."""
-    row: int
+RowStarted = flows.RowStarted  # a run's partial result: this row starts now
 
 
 @dataclass(frozen=True)
@@ -35,17 +29,6 @@ class Finished:
     """What every job of this module returns: its value and the KV cells then in use."""
     value: Any
     context_used: int
-
-
-def state_to_save(engine, template, state: PrefixState | None, task) -> PrefixState:
-    """The state Save writes after a run (worker thread): the session's own when it is a prefix
-    of the template's static prefix, else a snapshot of the cached static prefix. Runs never
-    need it: they fork the radix cache's node."""
-    if state is not None:
-        prefix = engine.tokenize(template.prefix_prompt())
-        if common_prefix(state.tokens, prefix) == state.n_tokens:
-            return state
-    return engine.prime(template, task=task)
 
 
 class PromptJobs(QObject):
@@ -93,12 +76,13 @@ class PromptJobs(QObject):
         return self.worker.submit(kind, body, label=label, on_done=done,
                                   on_error=on_error or self._fail, on_cancelled=cancelled, **kw)
 
-    def _template(self):
-        s = self.session
-        if s.template is None:
-            self._fail(str(s.template_error) if s.template_error else
-                       "the template is empty; write or open one first")
-        return s.template
+    def _plan(self, make, *args):
+        """The flow's plan, or None after telling the user why the flow cannot start."""
+        try:
+            return make(*args)
+        except KvPrimerError as e:
+            self._fail(str(e))
+            return None
 
     def _on_partial(self, job: Job, item) -> None:
         if self.worker.closed:
@@ -121,7 +105,7 @@ class PromptJobs(QObject):
 
     # ---- prime / save / load
     def prime(self) -> Job | None:
-        tpl = self._template()
+        tpl = self._plan(flows.session_template, self.session)
         if tpl is None:
             return None
 
@@ -130,7 +114,7 @@ class PromptJobs(QObject):
             self.status.emit(f"primed the static prefix: {state.n_tokens:,} tokens, "
                              f"{state.nbytes / 1e6:,.1f} MB of KV; save it with Ctrl+S")
 
-        return self._submit(JobKind.PRIME, lambda e, t: e.prime(tpl, task=t), done)
+        return self._submit(JobKind.PRIME, lambda e, t: flows.prime(e, tpl, t), done)
 
     def save_state(self, path: str | Path, fmt: str = "kvprimer") -> Job | None:
         """``fmt``: "kvprimer" (.kvstate, with the model's identity) or "llama" (llama.cpp's
@@ -175,78 +159,40 @@ class PromptJobs(QObject):
 
     # ---- runs
     def run(self, mode: str = "both", oneshot: bool = True) -> Job | None:
-        """``oneshot`` adds the plain-batches cold run (both paths only), shown apart."""
-        tpl = self._template()
-        if tpl is None:
+        """``mode``: both paths, cold or warm; ``oneshot`` adds the plain-batches cold run
+        (both paths only), shown apart."""
+        plan = self._plan(flows.selected_run_plan, self.session, mode, oneshot)
+        if plan is None:
             return None
-        rows = self.session.selected_rows() or self.session.all_rows()[:1]
-        if not rows:
-            self._fail("there is no row to run; fill the form or import rows first")
-            return None
-        for row in rows:
-            blank = tpl.blank(row.values)
-            if blank:
-                self._fail(f"row {row.number}: {MissingValuesError(blank, [])}")
-                return None
-        opts = self.session.options
-        gen = GenerationConfig(max_tokens=opts.max_tokens)
-        state = self.session.state
 
-        def job(engine, task):
-            for row in rows:
-                task.partial(RowStarted(row.number))
-                rep = run_prompt(engine, tpl, row.values, reuse=opts.reuse_mode,
-                                 recompute=opts.recompute, cold=mode != "warm",
-                                 warm=mode != "cold", oneshot=oneshot and mode == "both", gen=gen,
-                                 task=task)
-                task.partial(RunRecord(row.number, rep))
-            return state_to_save(engine, tpl, state, task) if mode != "cold" else None
-
-        def done(st):
-            self._keep_state(st)
+        def done(outcome: flows.RunOutcome):
+            self._keep_state(outcome.state)
             if self.session.runs:
                 self.status.emit(self.session.runs[-1].summary())
 
-        return self._submit(JobKind.RUN, job, done, label=f"run {mode}")
+        return self._submit(JobKind.RUN, lambda e, t: flows.run_rows(e, plan, t), done,
+                            label=f"run {mode}")
 
     def bench(self, repeat: int | None = None) -> Job | None:
-        tpl = self._template()
-        if tpl is None:
+        plan = self._plan(flows.session_bench_plan, self.session, repeat or None)
+        if plan is None:
             return None
-        rows = self.session.all_rows()
-        if not rows:
-            self._fail("there are no rows to benchmark; import or add rows first")
-            return None
-        opts = self.session.options
-        repeat = repeat or opts.repeat
-        state = self.session.state
 
-        def job(engine, task):
-            res = bench_rows(engine, tpl, rows, repeat=repeat, modes=opts.bench_modes,
-                             recompute=opts.recompute, task=task)
-            return state_to_save(engine, tpl, state, task), res
+        def done(outcome: flows.BenchOutcome):
+            self._keep_state(outcome.state)
+            self.session.set_bench(outcome.result)
+            self.status.emit("benchmark done: " + bench_summary(outcome.result))
 
-        def done(result):
-            st, res = result
-            self._keep_state(st)
-            self.session.set_bench(res)
-            self.status.emit("benchmark done: " + bench_summary(res))
-
-        return self._submit(JobKind.BENCH, job, done)
+        return self._submit(JobKind.BENCH, lambda e, t: flows.bench(e, plan, t), done)
 
     def sweep(self) -> Job | None:
-        tpl = self._template()
-        if tpl is None:
+        got = self._plan(flows.sweep_values, self.session)
+        if got is None:
             return None
-        rows = self.session.selected_rows() or self.session.all_rows()[:1]
-        if not rows:
-            self._fail("the sweep needs one row of values; fill the form first")
-            return None
-        values = rows[0].values
+        tpl, values = got
 
         def done(points):
             self.session.set_sweep(points)
             self.status.emit(f"sweep done: {len(points)} prefix lengths")
 
-        return self._submit(JobKind.SWEEP, lambda e, t: prefix_sweep(e, tpl, values, task=t), done)
-
+        return self._submit(JobKind.SWEEP, lambda e, t: flows.sweep(e, tpl, values, t), done)

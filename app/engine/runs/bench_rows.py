@@ -13,13 +13,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from ..errors import Cancelled, KvPrimerError
+from ..errors import Cancelled, KvPrimerError, MissingValuesError
 from .generation import GenerationConfig
 from ..files.prefix_state import PrefixState
-from .prompt_runs import REUSE_MODES, run_prompt
+from .prompt_runs import check_reuse_modes, run_prompt
 from ..prompts.rows import Row
 from ..task_state import TaskState
 from ..prompts.template import Template
+from .verdict import Verdict
 
 
 @dataclass
@@ -52,6 +53,15 @@ class BenchRow:
     note: str = ""
     state_bytes: int = 0
     error: str | None = None
+    positions: int = 0  # generated positions the verdict compared
+
+    def verdict(self) -> Verdict | None:
+        """The first repeat's verdict (None for a row that failed): its words come from it."""
+        if self.error is not None or not self.equivalence:
+            return None
+        return Verdict(self.equivalence, self.tokens_equal, self.first_diff, self.max_logit_diff,
+                       self.kl_divergence, self.top1_agree, self.noise_max_logit_diff,
+                       self.noise_kl_divergence, self.note, self.positions)
 
 
 @dataclass
@@ -97,21 +107,47 @@ class BenchResult:
         return {"model": self.model, "rows": [asdict(r) for r in self.rows],
                 "summary": self.summary()}
 
+    def mode_lines(self) -> list[str]:
+        """The benchmark in words, one line per reuse mode (and one if it was cancelled): the
+        CLI prints them, the window joins them into its summary."""
+        s = self.summary()
+        lines = []
+        for mode in self.modes:
+            m = s.get(mode) or {}
+            if not m.get("rows"):
+                lines.append(f"{mode}: no row finished")
+                continue
+            verdicts = ", ".join(f"{n} {w}" for w, n in m["equivalence"].items() if n)
+            parts = [f"{mode}: median warm {m['warm_ms_median']:,.1f} ms, cold "
+                     f"{m['cold_ms_median']:,.1f} ms, ×{m['speedup_median']:.1f}",
+                     f"reused {m['reused_tokens_median']:,.0f} tokens", verdicts,
+                     f"max |Δlogit| {m['max_logit_diff']:.3g}",
+                     f"modules built in {m['build_ms_total']:,.0f} ms" if m["build_ms_total"] else ""]
+            lines.append("; ".join(x for x in parts if x))
+        if self.cancelled:
+            lines.append("cancelled before every row ran")
+        return lines
+
+
+def bench_summary(result: BenchResult) -> str:
+    """The benchmark on one line (the window's status bar and Benchmark view)."""
+    return " · ".join(result.mode_lines())
+
+
+def check_repeat(repeat: int) -> None:
+    if repeat < 1:
+        raise KvPrimerError(f"the repeat count must be at least 1 (each row runs that many "
+                            f"times), not {repeat}")
+
 
 def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                modes: tuple[str, ...] | list[str] = ("prefix",), recompute: int = 0,
                state: PrefixState | None = None,
-               gen: GenerationConfig = GenerationConfig(max_tokens=8),
+               gen: GenerationConfig = GenerationConfig(),
                task: TaskState | None = None) -> BenchResult:
     task = task or TaskState()
-    if repeat < 1:
-        raise KvPrimerError(f"the repeat count must be at least 1 (each row runs that many "
-                            f"times), not {repeat}")
-    modes = tuple(modes)
-    bad = [m for m in modes if m not in REUSE_MODES]
-    if bad or not modes:
-        raise KvPrimerError(f"unknown reuse mode {', '.join(bad) or '(none)'}; use one or more of "
-                            f"{', '.join(REUSE_MODES)}, comma-separated")
+    check_repeat(repeat)
+    modes = check_reuse_modes(modes)
     result = BenchResult(model=engine.info.as_dict(), repeat=repeat, modes=modes,
                          recompute=recompute)
     prefix = engine.cache.adopt(state, "saved state") if state else engine.prime_node(template, task)
@@ -138,6 +174,9 @@ def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task,
     warms, restores = [], []
     before = engine.cache.generation + 1
     try:
+        blank = template.blank(row.values)
+        if blank:  # a row not filled in yet fails alone, as a row too long for the context does
+            raise MissingValuesError(blank, [])
         for r in range(repeat):
             # later repeats of a row reuse only what was cached before its first repeat
             rep = run_prompt(engine, template, row.values, reuse=mode, state=state, gen=gen,
@@ -169,4 +208,5 @@ def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task,
     out.max_logit_diff, out.kl_divergence, out.top1_agree = (v.max_logit_diff, v.kl_divergence,
                                                              v.top1_agree)
     out.noise_max_logit_diff, out.noise_kl_divergence = v.noise_max_logit_diff, v.noise_kl_divergence
+    out.positions = v.positions
     return out

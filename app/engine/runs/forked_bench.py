@@ -67,7 +67,7 @@ class ForkedBenchResult:
 
 def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
                  state: PrefixState | None = None,
-                 gen: GenerationConfig = GenerationConfig(max_tokens=8),
+                 gen: GenerationConfig = GenerationConfig(),
                  task: TaskState | None = None, exact: bool = True) -> ForkedBenchResult:
     task = task or TaskState()
     if k < 1:

@@ -113,7 +113,7 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
     need = len(prefix) + sum(r.evaluated_tokens + m for r, m in zip(rows, max_new))
     if need > engine.ctx.n_ctx:
         raise KvPrimerError(f"these {k} rows need up to {need} KV cells but the context has "
-                            f"{engine.ctx.n_ctx}; run fewer rows per batch or raise --ctx-size")
+                            f"{engine.ctx.n_ctx}; run fewer rows per batch or raise the context size")
     marks = [[seg.start for seg in prompt_segments(engine.tokenize, template, v, toks)]
              for v, toks in zip(values, prompts)]
     out = ForkedBatch(prefix_tokens=len(prefix), rows=rows)

@@ -19,7 +19,9 @@ from ..task_state import TaskState
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    max_tokens: int = 16
+    """How a run generates. These defaults are the app's only ones: the CLI's -n/-s, the
+    window's options, runs and benchmarks all start from them."""
+    max_tokens: int = 16  # new tokens at most (llama.cpp's -n); the verdict compares as many
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     seed: int = 0

@@ -44,14 +44,14 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
     """Cache a module for every segment between the exact part and the last segment."""
     if not engine.info.traits.can_shift:
         raise CacheError(f"{engine.info.name or 'this model'} cannot shift positions in its KV "
-                         "cache, which composing modules needs; use --reuse prefix or chain")
+                         "cache, which composing modules needs; use the prefix or chain reuse mode")
     starts = [s.start for s in segments]
     exact = max((b for b in starts if b <= hit.reused), default=0)
     if hit.reused != exact:
         hit = engine.cache.lookup(tokens, limit=exact)
     if hit.reused < segments[0].end:  # only a sliding-window model refuses the part it needs
         raise CacheError("the static prefix's last tokens merge with the first value's here, "
-                         "and this model cannot reuse part of a cached prompt; use --reuse chain")
+                         "and this model cannot reuse part of a cached prompt; use the chain reuse mode")
     cache = engine.cache
     p = prefix.depth
     base = prefix.tokens()

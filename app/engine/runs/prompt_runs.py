@@ -26,10 +26,29 @@ from ..prompts.template import Template
 from .verdict import Verdict, compare_runs, judge
 
 REUSE_MODES = ("prefix", "chain", "compose")
+EXACT_REUSE_MODES = ("prefix", "chain")  # compose is approximate by design
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
 
-__all__ = ["GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
-           "run_prompt", "report_dict", "warm_in_work_context"]
+__all__ = ["EXACT_REUSE_MODES", "GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
+           "check_reuse_modes", "run_prompt", "report_dict", "warm_in_work_context"]
+
+
+def check_reuse_modes(modes, *, one: bool = False) -> tuple[str, ...]:
+    """The one check of reuse modes asked for: a name, a comma list ("prefix,chain") or names.
+    Returns them known, in order, each once; ``one``: exactly one is allowed."""
+    if isinstance(modes, str):
+        modes = modes.split(",")
+    asked = tuple(dict.fromkeys(str(m).strip() for m in modes if str(m).strip()))
+    bad = [m for m in asked if m not in REUSE_MODES]
+    if bad or not asked:
+        how = "one of" if one else "one or more of"
+        raise KvPrimerError(f"unknown reuse mode {', '.join(repr(m) for m in bad) or '(none)'}; "
+                            f"use {how} {', '.join(REUSE_MODES)}"
+                            + ("" if one else ", comma-separated"))
+    if one and len(asked) > 1:
+        raise KvPrimerError(f"a run uses one reuse mode, not {len(asked)} "
+                            f"({', '.join(asked)}); a benchmark compares several")
+    return asked
 
 
 @dataclass
@@ -86,6 +105,11 @@ def report_dict(rep: RunReport) -> dict:
             "verdict": None if v is None else {**asdict(v), "text": v.describe()}}
 
 
+def check_recompute(recompute: int) -> None:
+    if recompute < 0:
+        raise KvPrimerError(f"recompute k must be 0 or more tokens, not {recompute}")
+
+
 def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str = "chain",
                state: PrefixState | None = None, cold: bool = True, warm: bool = True,
                oneshot: bool = True, gen: GenerationConfig = GenerationConfig(),
@@ -100,8 +124,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     ``reuse_before``: reuse only cache nodes older than this cache generation (a benchmark's
     repeats must not reuse what the row's own first run cached).
     """
-    if reuse not in REUSE_MODES:
-        raise KvPrimerError(f"unknown reuse mode '{reuse}'; use one of {', '.join(REUSE_MODES)}")
+    reuse, = check_reuse_modes(reuse, one=True)
     if not (cold or warm):
         raise KvPrimerError("choose cold, warm or both")
     if recompute < 0:

@@ -1,0 +1,215 @@
+"""The session's flows, written once: Prime, Run the selected rows, Benchmark the rows, the
+prefix sweep, and the snapshot Save writes after a run. The window (app/ui/prompt_jobs.py), the
+CLI (app/cli/) and the tests drive these same functions.
+
+A flow has two halves. Its plan is made on the caller's thread, from a Session or from a
+template and rows (the CLI's files): it picks the rows, refuses what cannot run (no template,
+no row, a row not filled in) with a one-line KvPrimerError, and freezes the options, so the body
+never reads a session that another thread may change. Its body is a plain function
+``(engine, plan, task)``, Orange3 style: it runs wherever the caller runs engine work (the
+window's worker thread, the CLI's main thread), reports progress and partial results
+(RowStarted, RunRecord, BenchResult) through the TaskState, and stops at the task's checks when
+cancelled, the results so far already delivered.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .runs.bench_rows import BenchResult, bench_rows, check_repeat
+from .errors import KvPrimerError, MissingValuesError, RowsError
+from .files.prefix_state import PrefixState
+from .runs.prefix_sweep import SweepPoint, prefix_sweep
+from .runs.prompt_runs import check_recompute, check_reuse_modes, run_prompt
+from .prompts.prompt_tokens import common_prefix
+from .prompts.rows import Row
+from .session import Options, RunRecord, Session
+from .task_state import TaskState
+from .prompts.template import Template
+
+RUN_PATHS = ("both", "cold", "warm")  # what a run times: both paths, or one of them
+
+
+@dataclass(frozen=True)
+class RowStarted:
+    """Partial result of a run: this row's paths start now."""
+    row: int
+
+
+# ---- plans (the caller's thread) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    template: Template
+    rows: tuple[Row, ...]
+    options: Options
+    paths: str = "both"  # one of RUN_PATHS
+    oneshot: bool = True  # with both paths: also the plain-batches cold run (the noise floor)
+    state: PrefixState | None = None  # the session's prefix state: kept by the snapshot if it fits
+    restore: PrefixState | None = None  # a saved state the warm runs start from
+    snapshot: bool = True  # after warm runs, the state Save writes (the window's; not the CLI's)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    template: Template
+    rows: tuple[Row, ...]
+    options: Options  # repeat, bench_modes, recompute and generation are used
+    state: PrefixState | None = None
+    restore: PrefixState | None = None
+    snapshot: bool = True
+
+
+def session_template(session: Session) -> Template:
+    """The session's template, or why there is none to run."""
+    if session.template is None:
+        raise session.template_error or KvPrimerError("the template has an error; fix it first")
+    if not session.template.parts:
+        raise KvPrimerError("the template is empty; write or open one first")
+    return session.template
+
+
+def check_filled(template: Template, rows) -> None:
+    """Refuse rows not filled in yet (a placeholder blank or only white space) and values for
+    names the template does not have."""
+    names = set(template.placeholders)
+    for row in rows:
+        blank = template.blank(row.values)
+        unknown = sorted(k for k in row.values if k not in names)
+        if blank or unknown:
+            raise MissingValuesError(blank, unknown, row=row.number)
+
+
+def check_options(options: Options) -> None:
+    """What every run checks of the options, before any engine work."""
+    if options.max_tokens < 1:
+        raise KvPrimerError(f"a run generates at least 1 new token; the number of new tokens "
+                            f"cannot be {options.max_tokens}")
+    check_recompute(options.recompute)
+
+
+def run_plan(template: Template, rows, options: Options, *, paths: str = "both",
+             oneshot: bool = True, state: PrefixState | None = None,
+             restore: PrefixState | None = None, snapshot: bool = True) -> RunPlan:
+    """A run of these rows, checked: a path to take, at least one row, every row filled in,
+    one reuse mode."""
+    if paths not in RUN_PATHS:
+        raise KvPrimerError(f"a run takes {', '.join(RUN_PATHS)} paths, not {paths!r}")
+    rows = tuple(rows)
+    if not rows:
+        raise RowsError("there is no row to run; fill the form or import rows first")
+    check_filled(template, rows)
+    check_options(options)
+    check_reuse_modes(options.reuse_mode, one=True)
+    return RunPlan(template, rows, options, paths, oneshot and paths == "both", state, restore,
+                   snapshot)
+
+
+def selected_run_plan(session: Session, paths: str = "both", oneshot: bool = True) -> RunPlan:
+    """Run the selected rows (else the current one, else the first)."""
+    tpl = session_template(session)
+    rows = session.selected_rows() or session.all_rows()[:1]
+    return run_plan(tpl, rows, session.options, paths=paths, oneshot=oneshot, state=session.state)
+
+
+def bench_plan(template: Template, rows, options: Options, *, state: PrefixState | None = None,
+               restore: PrefixState | None = None, snapshot: bool = True) -> BenchPlan:
+    """A benchmark of these rows, checked. Rows not filled in fail alone, as rows too long for
+    the context do (bench_rows.py); a saved state holds one prefix, so it is benchmarked in
+    prefix mode only."""
+    rows = tuple(rows)
+    if not rows:
+        raise RowsError("there are no rows to benchmark; import or add rows first")
+    check_repeat(options.repeat)
+    check_options(options)
+    modes = check_reuse_modes(options.bench_modes)
+    if restore is not None and modes != ("prefix",):
+        raise KvPrimerError("a saved state holds one prefix, so it is benchmarked in prefix "
+                            f"reuse mode only, not {', '.join(modes)}")
+    return BenchPlan(template, rows, replace(options, bench_modes=modes), state, restore, snapshot)
+
+
+def session_bench_plan(session: Session, repeat: int | None = None) -> BenchPlan:
+    """Benchmark all the session's rows with its options (``repeat``: another repeat count)."""
+    tpl = session_template(session)
+    opts = session.options if repeat is None else replace(session.options, repeat=repeat)
+    return bench_plan(tpl, session.all_rows(), opts, state=session.state)
+
+
+def sweep_values(session: Session) -> tuple[Template, dict[str, str]]:
+    """The sweep's template and its one row of values (the selected row, else the first)."""
+    tpl = session_template(session)
+    rows = session.selected_rows() or session.all_rows()[:1]
+    if not rows:
+        raise RowsError("the sweep needs one row of values; fill the form first")
+    return tpl, rows[0].values
+
+
+# ---- bodies (where engine work runs) --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    records: tuple[RunRecord, ...]
+    state: PrefixState | None  # the snapshot (None: not asked for, or cold runs only)
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    result: BenchResult
+    state: PrefixState | None
+
+
+def prime(engine, template: Template, task: TaskState | None = None) -> PrefixState:
+    """Evaluate the template's static prefix once (or find it cached) and snapshot it."""
+    return engine.prime(template, task=task)
+
+
+def snapshot(engine, template: Template, state: PrefixState | None,
+             task: TaskState | None = None) -> PrefixState:
+    """The state Save writes after a run: ``state`` (the session's) when it is a prefix of the
+    template's static prefix, else a snapshot of the cached static prefix. Runs never need it:
+    they fork the radix cache's node."""
+    if state is not None:
+        prefix = engine.tokenize(template.prefix_prompt())
+        if common_prefix(state.tokens, prefix) == state.n_tokens:
+            return state
+    return prime(engine, template, task)
+
+
+def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome:
+    """Run each row of the plan on its paths; each row's RowStarted and RunRecord go out as
+    partial results as they happen."""
+    task = task or TaskState()
+    o = plan.options
+    records = []
+    for row in plan.rows:
+        task.check()
+        task.partial(RowStarted(row.number))
+        rep = run_prompt(engine, plan.template, row.values, reuse=o.reuse_mode,
+                         state=plan.restore, recompute=o.recompute, cold=plan.paths != "warm",
+                         warm=plan.paths != "cold", oneshot=plan.oneshot, gen=o.generation(),
+                         task=task)
+        records.append(RunRecord(row.number, rep))
+        task.partial(records[-1])
+    state = None
+    if plan.snapshot and plan.paths != "cold":
+        state = snapshot(engine, plan.template, plan.state, task)
+    return RunOutcome(tuple(records), state)
+
+
+def bench(engine, plan: BenchPlan, task: TaskState | None = None) -> BenchOutcome:
+    """Benchmark the plan's rows cold against warm in each reuse mode (bench_rows.py); the
+    result so far goes out as a partial result after each row."""
+    o = plan.options
+    result = bench_rows(engine, plan.template, list(plan.rows), repeat=o.repeat,
+                        modes=o.bench_modes, recompute=o.recompute, state=plan.restore,
+                        gen=o.generation(), task=task)
+    state = snapshot(engine, plan.template, plan.state, task) if plan.snapshot else None
+    return BenchOutcome(result, state)
+
+
+def sweep(engine, template: Template, values: dict[str, str],
+          task: TaskState | None = None) -> list[SweepPoint]:
+    """Time to first token as the static prefix grows (prefix_sweep.py)."""
+    return prefix_sweep(engine, template, values, task=task)
