@@ -156,7 +156,7 @@ def test_cli_deploy_and_bench_server(server, tiny_model, tmp_path, capsys):
     assert "deployed" in capsys.readouterr().out
     out_json = tmp_path / "out.json"
     assert main(["bench", str(tpl), "--rows", str(rows), "--server", server.url, "--slot", "0",
-                 "--max-tokens", "4", "--json", str(out_json), *common]) == 0
+                 "-n", "4", "--json-out", str(out_json), *common]) == 0
     import json
     data = json.loads(out_json.read_text())
     assert [r["row"] for r in data["rows"]] == [2, 3, 4]  # lines of the file, after its header

@@ -3,13 +3,16 @@ llama-server and OpenAI-compatible servers (app/servers)."""
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
 
-from ..engine import KvPrimerError
+from dataclasses import asdict
+
+from ..engine import GenerationConfig, KvPrimerError
 from .engine_options import open_engine, progress_printer, read_template, rows_of
+from .exit_codes import ExitCode
+from .output import emit, yes_no
 
 
 def _servers():
@@ -52,7 +55,6 @@ def deploy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slot-dir", required=True, metavar="DIR",
                    help="the server's slot directory (its --slot-save-path)")
     p.add_argument("--name", default="", help="the state file's name (kvprimer-<template>.bin)")
-    p.add_argument("--json", action="store_true")
 
 
 def cmd_serve(args) -> int:
@@ -84,12 +86,9 @@ def cmd_deploy(args) -> int:
     with servers.LlamaServer(args.server) as server, open_engine(args) as eng:
         res = deploy_mod.deploy(eng, tpl, server, args.slot, args.slot_dir,
                                 progress_printer(), args.name)
-    if args.json:
-        print(json.dumps(res.__dict__, indent=2))
-    else:
-        print(res.describe())
-        print(f"state file: {res.path}; the server runs {res.model}")
-    return 0
+    emit(args, asdict(res), lambda: (print(res.describe()),
+                                     print(f"state file: {res.path}; the server runs {res.model}")))
+    return ExitCode.OK
 
 
 def cmd_bench_server(args) -> int:
@@ -98,14 +97,23 @@ def cmd_bench_server(args) -> int:
     rows = rows_of(args, tpl)
     with servers.connect(args.server, args.api, args.flavor, api_key=args.api_key) as server, \
             open_engine(args) as eng:
-        res = bench_mod.bench_on_server(eng, tpl, rows, server, max_tokens=args.max_tokens,
+        n = args.n_predict if args.n_predict is not None else GenerationConfig().max_tokens
+        res = bench_mod.bench_on_server(eng, tpl, rows, server, max_tokens=n,
                                         slot=args.slot, task=progress_printer())
+    emit(args, res.as_dict(), lambda: _print_server_bench(res))
+    s = res.summary()
+    differ = s.get("compared") and s["tokens_equal"] < s["compared"]
+    return ExitCode.RUNS_DIFFER if differ else ExitCode.OK
+
+
+def _print_server_bench(res) -> None:
     print(f"server {res.url} ({res.api} API, {res.flavor}); it runs {res.model}")
     print(f"{'row':>4} {'prompt':>6} {'prefix':>6} {'cached':>6} {'eval':>5} {'cold ms':>9} "
-          f"{'warm ms':>8} {'speedup':>7}  output")
+          f"{'warm ms':>8} {'speedup':>7}  same tokens as local cold")
     for r in res.rows:
-        same = "" if r.tokens_equal is None else (
-            "same tokens as local cold" if r.tokens_equal else f"differs from local cold at {r.first_diff}")
+        same = "" if r.tokens_equal is None else yes_no(r.tokens_equal)
+        if r.tokens_equal is False:
+            same += f" (first differs at {r.first_diff})"
         cached = "?" if r.server_cached_tokens is None else f"{r.server_cached_tokens}"
         evald = "?" if r.server_evaluated_tokens is None else f"{r.server_evaluated_tokens}"
         print(f"{r.row:>4} {r.prompt_tokens:>6} {r.prefix_tokens:>6} {cached:>6} {evald:>5} "
@@ -118,8 +126,3 @@ def cmd_bench_server(args) -> int:
               f"(speedup {s['median_speedup']:.1f}x); {s['misses']} of {s['rows']} rows missed "
               f"the static prefix" + (f"; {s['tokens_equal']} of {s['compared']} rows gave the "
                                       "local cold run's tokens" if s["compared"] else ""))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res.as_dict(), indent=2))
-        print(f"wrote {args.json}")
-    differ = s.get("compared") and s["tokens_equal"] < s["compared"]
-    return 1 if differ else 0
