@@ -14,8 +14,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import ( QFileDialog, QGroupBox, QMainWindow, QSplitter,
-                               QTabWidget, QVBoxLayout)
+from PySide6.QtWidgets import (QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget,
+                               QVBoxLayout)
 
 from ..engine import EngineConfig, ModelInfo
 from ..engine.llama_state_file import SUFFIX as LLAMA_SUFFIX
