@@ -79,6 +79,7 @@ async def screenshot_scenario(window, out: Path) -> str:
     await _job(window, window.jobs.run("both", oneshot=False))
     # save the primed prefix so that the States library shows what a saved state looks like
     await _job(window, window.jobs.save_state(window.library.folder / "rag.kvstate"))
+    window.docks.show_advanced(True)  # the picture shows every panel
     window.cache_panel.raise_()
     await asyncio.sleep(0.3)  # let the docks repaint after the last job
     img = window.grab()

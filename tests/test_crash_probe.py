@@ -213,7 +213,9 @@ def test_info_and_the_model_panel_show_the_cpu_kernels(q4_model, cache_home, cap
     text = capsys.readouterr().out
     assert f"cpu kernels: {k['summary']}\n  - {k['reason']}\n  - crash check: " in text
     with Engine(EngineConfig(model_path=str(q4_model), n_ctx=256, n_batch=16, n_threads=1)) as eng:
-        panel = ModelPanel(eng.config)
+        from app.engine.session import Options, Session
+
+        panel = ModelPanel(Session(Options(engine=eng.config)))
         qtbot.addWidget(panel)
         panel.show_info(eng.info)
     shown = panel.fact_labels["cpu kernels"].text()

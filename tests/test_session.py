@@ -72,6 +72,25 @@ def test_row_edits_selection_and_events():
     assert s.rows == [] and s.selected_rows() == [] and s.current == -1
 
 
+def test_removed_rows_go_back_where_they_were_with_every_value():
+    """What an undo of a delete needs: the rows, in place, with the values of placeholders the
+    template no longer has."""
+    s = Session()
+    s.set_template("<q> <old>")
+    s.set_rows([{"q": "a", "old": "kept"}, {"q": "b"}, {"q": "c"}])
+    s.set_template("<q>")
+    before = s.raw_rows()
+    removed = s.remove_rows([2, 0])
+    assert s.rows == [{"q": "b"}] and [i for i, _ in removed] == [0, 2]
+    s.insert_rows(removed)
+    assert s.raw_rows() == before and (s.selection, s.current) == ([0, 2], 2)
+    s.set_template("<q> <old>")
+    assert s.row_values(0) == {"q": "a", "old": "kept"}
+    s.set_rows([])
+    s.set_rows(before)
+    assert s.raw_rows() == before
+
+
 def test_options_state_and_results_emit_their_own_events(report):
     s = Session()
     opts, state, runs, bench, sweep = (record(s.events, k) for k in

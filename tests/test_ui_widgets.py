@@ -241,32 +241,37 @@ def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
     assert lib.paths == [] and not (tmp_path / "two.kvstate").exists()
 
 
-def test_model_panel_builds_the_config(qtbot, engine):
+def test_model_panel_edits_the_sessions_engine_settings(qtbot, engine):
+    from app.engine.session import Options, Session
     from app.ui.model_panel import ModelPanel
 
-    p = ModelPanel(EngineConfig(model_path="/m.gguf", n_ctx=1024, n_threads=1, flash_attn="auto"))
+    s = Session(Options(engine=EngineConfig(model_path="/m.gguf", n_ctx=1024, n_threads=1,
+                                            flash_attn="auto")))
+    p = ModelPanel(s)
     qtbot.addWidget(p)
+    f = p.form
     # -ngl: unknown until a model's facts arrive (the build is asked on the worker thread);
     # then usable on a build with GPU offload, else disabled and saying why
-    assert not p.ngl.isEnabled() and p.ngl.minimum() == -1
+    assert not f.ngl.isEnabled() and f.ngl.minimum() == -1
     p.show_info(engine.info)
-    assert p.ngl.isEnabled() == engine.info.gpu_offload
-    if not p.ngl.isEnabled():
-        assert "no GPU offload" in p.ngl.toolTip()
+    assert f.ngl.isEnabled() == engine.info.gpu_offload
+    if not f.ngl.isEnabled():
+        assert "no GPU offload" in f.ngl.toolTip()
     got = []
     p.apply_requested.connect(got.append)
-    p.n_ctx.setValue(2048)
-    p.type_k.setCurrentText("q8_0")
+    f.n_ctx.setValue(2048)
+    f.type_k.setCurrentText("q8_0")
+    assert s.options.engine.n_ctx == 2048 and s.options.engine.type_k == "q8_0"
     p.apply.click()
-    assert got[0].n_ctx == 2048 and got[0].type_k == "q8_0" and got[0].model_path == "/m.gguf"
-    assert got[0].n_threads == 1 and got[0].flash_attn == "auto"
+    assert got == [False] and s.options.engine.model_path == "/m.gguf"
+    assert s.options.engine.n_threads == 1 and s.options.engine.flash_attn == "auto"
     # the attention kernel: the engine's choice and its times shown, the setting applied
     assert p.fact_labels["attention"].text() == engine.kernels.describe()
-    p.flash_attn.setCurrentIndex(p.flash_attn.findData("off"))
-    p.apply.click()
-    assert got[-1].flash_attn == "off" and not got[-1].remeasure_kernels
+    f.flash_attn.setCurrentIndex(f.flash_attn.findData("off"))
+    assert s.options.engine.flash_attn == "off"
     p.remeasure.click()
-    assert got[-1].flash_attn == "auto" and got[-1].remeasure_kernels
+    assert got[-1] is True and s.options.engine.flash_attn == "auto"
+    assert not s.options.engine.remeasure_kernels  # asked for once, never kept
 
 
 def test_signal_emits_and_void_calls_keep_the_singletons_reference_counts(qapp):

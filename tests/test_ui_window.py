@@ -302,7 +302,7 @@ def test_shortcuts_and_excepthook(qtbot, make_window, tmp_path):
     w = make_window(load=False)
     keys = dict(w.shortcut_list())
     assert keys["Prime prefix"] == "Ctrl+P" and keys["Run cold + warm"] == "Ctrl+R"
-    assert keys["Cancel job"] == "Esc" and keys["Save state"] == "Ctrl+S"
+    assert keys["Cancel job"] == "Esc" and keys["Save project"] == "Ctrl+S"
     log_path = setup_file_logging(tmp_path / "logs")
     try:
         try:
@@ -419,10 +419,11 @@ def test_runs_are_the_sessions_and_come_back_with_the_project(qtbot, make_window
         w.session.runs[1].report.warm.text == w.run_panel.outputs["warm"].toPlainText()
 
 
-def test_first_start_shows_the_kv_cache_beside_the_model_panel(qtbot, make_window):
+def test_advanced_panels_show_the_kv_cache_beside_the_model_panel(qtbot, make_window):
     w = make_window(load=False)
     w.show()
     qtbot.waitExposed(w)
+    w.actions_by_text["Advanced panels"].trigger()
     assert w.kv_dock.isVisible() and w.model_panel.isVisible()
     assert not w.tabifiedDockWidgets(w.kv_dock)
     assert w.dockWidgetArea(w.kv_dock) == w.dockWidgetArea(w.model_panel)

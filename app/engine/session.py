@@ -197,14 +197,30 @@ class Session:
             self._reset_rows([added[-1]], added[-1])
         return added
 
-    def remove_rows(self, indexes: list[int]) -> None:
+    def remove_rows(self, indexes: list[int]) -> list[tuple[int, dict[str, str]]]:
+        """Returns what was removed, (index, every value the row had), for ``insert_rows``."""
         gone = sorted({i for i in indexes if 0 <= i < len(self._rows)})
         if not gone:
-            return
+            return []
+        removed = [(i, dict(self._rows[i])) for i in gone]
         for i in reversed(gone):
             del self._rows[i]
         cur = min(gone[0], len(self._rows) - 1)
         self._reset_rows([cur] if cur >= 0 else [], cur)
+        return removed
+
+    def insert_rows(self, items: list[tuple[int, dict[str, str]]]) -> None:
+        """Put rows back where ``remove_rows`` took them from (indexes ascending), selected."""
+        for i, values in sorted(items, key=lambda x: x[0]):
+            self._rows.insert(min(i, len(self._rows)), {str(k): str(v) for k, v in values.items()})
+        back = [min(i, len(self._rows) - 1) for i, _ in items]
+        if back:
+            self._reset_rows(sorted(back), back[-1])
+
+    def raw_rows(self) -> list[dict[str, str]]:
+        """Every value of every row, the placeholders no longer in the template's too: what
+        ``set_rows`` needs to give an earlier set of rows back exactly."""
+        return [dict(r) for r in self._rows]
 
     def _reset_rows(self, selection: list[int], current: int) -> None:
         """After rows were added or removed: observers see the new rows and selection together."""

@@ -4,7 +4,8 @@ sweep; exports.
 It shows the session's benchmark and sweep results: time to first token per row grouped by
 mode (charts from app.ui.charts), each mode's accuracy (verdict counts, KL divergence, top-1
 agreement), a table with readable headers; and exports them. Jobs are started by the window.
-The repeats, the modes compared and compose's recompute k are the session's options.
+The repeats, the modes compared and compose's recompute k are the session's options, changed
+through SessionEdits (undoable).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..engine import REUSE_MODES, BenchResult, BenchRow
 from ..engine.session import Session, bench_summary
 from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart
 from .run_panel import MODE_TIPS, VERDICT_COLORS, recompute_box
+from .session_edits import SessionEdits
 
 # (BenchRow field, header, tooltip)
 BENCH_COLUMNS = [
@@ -103,14 +105,16 @@ class BenchView(QWidget):
     sweep_requested = Signal()
     error = Signal(str)
 
-    def __init__(self, session: Session, parent: QWidget | None = None):
+    def __init__(self, session: Session, edits: SessionEdits | None = None,
+                 parent: QWidget | None = None):
         super().__init__(parent)
         self.session = session
+        self.edits = edits or SessionEdits(session, self)
         self.repeat = QSpinBox()
         self.repeat.setRange(1, 50)
         self.repeat.setValue(session.options.repeat)
         self.repeat.setPrefix("repeats: ")
-        self.repeat.valueChanged.connect(lambda v: session.set_options(repeat=v))
+        self.repeat.valueChanged.connect(lambda v: self.edits.set_option("repeat", v, merge=True))
         self.mode_boxes: dict[str, QCheckBox] = {}
         for m in REUSE_MODES:
             box = QCheckBox(m)
@@ -118,7 +122,7 @@ class BenchView(QWidget):
             box.setToolTip(MODE_TIPS[m])
             box.toggled.connect(self._modes_toggled)
             self.mode_boxes[m] = box
-        self.recompute = recompute_box(session, self, bench=True)
+        self.recompute = recompute_box(session, self.edits, self, bench=True)
         self.run_button = QPushButton("Benchmark rows")
         self.run_button.setToolTip("Run every row cold and warm, repeated (Ctrl+B)")
         self.run_button.clicked.connect(self.run_requested)
@@ -204,7 +208,7 @@ class BenchView(QWidget):
             self._show_options(self.session.options)
             self.error.emit("a benchmark needs at least one reuse mode")
             return
-        self.session.set_options(bench_modes=modes)
+        self.edits.set_option("bench_modes", modes, text="choose the benchmark's modes")
 
     def _show_result(self, result: BenchResult | None) -> None:
         rows = result.rows if result else []

@@ -107,6 +107,12 @@ class EngineWorker(QObject):
         return e.info if e else None
 
     @property
+    def loaded_config(self) -> EngineConfig | None:
+        """The settings the loaded model runs with (None: no model)."""
+        e = self._engine
+        return e.config if e else None
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -157,14 +163,16 @@ class EngineWorker(QObject):
                 j.task.cancel()
 
     def load(self, config: EngineConfig, **kw) -> Job:
-        """Replace the engine (closing the old one on the worker thread)."""
+        """Replace the engine on the worker thread. The new one is opened first and the old one
+        closed only once it works, so a model or context that cannot be opened leaves the loaded
+        one in place (both are in memory for that moment)."""
 
         def load_job(_engine, task):
             task.report("load", 0, 1)
-            old, self._engine = self._engine, None
+            new = Engine(config)
+            old, self._engine = self._engine, new
             if old is not None:
                 old.close()
-            self._engine = Engine(config)
             version_text()  # read llama.cpp's build here, so the About box need not call it
             task.report("load", 1, 1)
             return self._engine.info
@@ -208,8 +216,8 @@ class EngineWorker(QObject):
         was_working = self.working
         if job in self._jobs:
             self._jobs.remove(job)
-        if job.kind is JobKind.LOAD_MODEL:
-            self.engine_changed.emit(job.result if job.outcome == "done" else self.info)
+        if job.kind is JobKind.LOAD_MODEL and job.outcome == "done":
+            self.engine_changed.emit(job.result)  # a load that failed changed nothing
         try:
             if job.cancelled and job.on_cancelled:
                 job.on_cancelled(job)

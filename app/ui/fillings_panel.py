@@ -2,7 +2,8 @@
 
 The form edits the current row. Rows come from CSV/JSONL files (read and checked by
 app.engine.prompts.rows), from the clipboard (tab-separated, as spreadsheets copy), or by hand. The
-session holds the rows and the selection; this panel shows them and writes edits back.
+session holds the rows and the selection; this panel shows them and writes the user's edits
+back through SessionEdits, so each can be undone.
 """
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QHBo
 from ..engine import KvPrimerError, read_rows
 from ..engine.session import RowsChange, Session
 from .rows_model import RowsModel
+from .session_edits import SessionEdits
 
 
 class FillingsPanel(QWidget):
     error = Signal(str)
 
-    def __init__(self, session: Session, parent: QWidget | None = None):
+    def __init__(self, session: Session, edits: SessionEdits | None = None,
+                 parent: QWidget | None = None):
         super().__init__(parent)
         self.session = session
+        self.edits = edits or SessionEdits(session, self)
         self.placeholders: list[str] = []
         self.fields: dict[str, QPlainTextEdit] = {}
         self._syncing = False
@@ -34,7 +38,7 @@ class FillingsPanel(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setWidget(self.form_box)
 
-        self.model = RowsModel(session, self)
+        self.model = RowsModel(session, self.edits, self)
         self.table = QTableView()
         self.table.setObjectName("rowsTable")
         self.table.setModel(self.model)
@@ -53,6 +57,7 @@ class FillingsPanel(QWidget):
                                 ("Delete", self.delete_rows, "Delete the selected rows"),
                                 ("Paste", self.paste, "Paste rows copied from a spreadsheet")):
             b = QPushButton(text)
+            b.setObjectName("rows" + text.rstrip("…"))
             b.setToolTip(tip)
             b.clicked.connect(lambda _=False, slot=slot: slot())
             buttons.addWidget(b)
@@ -146,20 +151,20 @@ class FillingsPanel(QWidget):
             return
         s = self.session
         if s.row_count == 0:  # typing into an empty table starts its first row
-            s.add_rows([{n: f.toPlainText() for n, f in self.fields.items()}])
+            self.edits.add_rows([{n: f.toPlainText() for n, f in self.fields.items()}], "add a row")
             return
-        s.set_value(max(s.current, 0), name, self.fields[name].toPlainText())
+        self.edits.set_value(max(s.current, 0), name, self.fields[name].toPlainText(), merge=True)
 
     # ---- editing
     def add_row(self, values: dict[str, str] | None = None) -> None:
-        self.session.add_rows([values or {}])
+        self.edits.add_rows([values or {}], "add a row")
 
     def duplicate_rows(self) -> None:
         s = self.session
-        s.add_rows([s.row_values(i) for i in s.selection])
+        self.edits.add_rows([s.row_values(i) for i in s.selection], "duplicate rows")
 
     def delete_rows(self) -> None:
-        self.session.remove_rows(self.session.selection)
+        self.edits.remove_rows(self.session.selection)
 
     def paste(self, text: str | None = None) -> int:
         """Rows of tab-separated cells; a first line naming the placeholders is a header."""
@@ -168,16 +173,21 @@ class FillingsPanel(QWidget):
         lines = [ln for ln in text.replace("\r\n", "\n").split("\n") if ln.strip()]
         if lines and [c.strip() for c in lines[0].split("\t")] == names:
             lines = lines[1:]
-        self.session.add_rows([dict(zip(names, ln.split("\t"))) for ln in lines])
+        self.edits.add_rows([dict(zip(names, ln.split("\t"))) for ln in lines], "paste rows")
         return len(lines)
 
-    def import_file(self, path: str) -> int:
+    def import_file(self, path: str, undoable: bool = True) -> int:
+        """``undoable=False``: part of opening something new (an example), not an edit."""
         try:
             rows = read_rows(path, self.session.placeholders)
         except KvPrimerError as e:
             self.error.emit(str(e))
             return 0
-        self.session.set_rows([r.values for r in rows])
+        values = [r.values for r in rows]
+        if undoable:
+            self.edits.replace_rows(values, "import rows")
+        else:
+            self.session.set_rows(values)
         return len(rows)
 
     def import_dialog(self) -> None:

@@ -146,11 +146,33 @@ class KvCacheDock(QDockWidget):
 
     @property
     def selected_seq(self) -> int:
-        return max(self.seq_box.currentIndex(), 0)
+        seq = self.seq_box.currentData()
+        return 0 if seq is None else seq
 
     def select_seq(self, seq: int) -> None:
-        self.seq_box.setCurrentIndex(seq)
+        i = self.seq_box.findData(seq)
+        if i < 0:  # not in use yet: listed until the next view says otherwise
+            self._list_sequences(sorted({*self._listed(), seq}))
+            i = self.seq_box.findData(seq)
+        self.seq_box.setCurrentIndex(i)
         self._enable_for_seq()
+
+    def _listed(self) -> list[int]:
+        return [self.seq_box.itemData(i) for i in range(self.seq_box.count())]
+
+    def _list_sequences(self, seqs: list[int]) -> None:
+        """The box lists these sequences (0, the user's, always), the selected one kept."""
+        if seqs == self._listed():
+            return
+        keep = self.selected_seq
+        was = self.seq_box.blockSignals(True)
+        try:
+            self.seq_box.clear()
+            for s in seqs:
+                self.seq_box.addItem(str(s), s)
+            self.seq_box.setCurrentIndex(max(self.seq_box.findData(keep), 0))
+        finally:
+            self.seq_box.blockSignals(was)
 
     def _enable_for_seq(self) -> None:
         """The radix cache's sequences can be forked, not changed; keep-only is sequence 0's."""
@@ -171,8 +193,8 @@ class KvCacheDock(QDockWidget):
         if info is None:
             self.set_view(None)
             return
-        self.seq_box.clear()
-        self.seq_box.addItems([f"{s}" for s in range(info.n_seq_max)])
+        self._list_sequences([0])
+
         def watch(engine, task):
             def emit(view):  # called on the worker thread; the signal delivers it queued
                 try:
@@ -221,6 +243,8 @@ class KvCacheDock(QDockWidget):
     def set_view(self, view: KvCacheView | None, nodes: dict[int, SeqNode] | None = None) -> None:
         self.view = view
         self.nodes = nodes or {}
+        if view is not None:  # the sequences in use (and the user's 0), not all the context has
+            self._list_sequences(sorted({0, *(u.seq for u in view.sequences), *self.nodes}))
         self.grid.set_view(view, self.nodes)
         self._set_enabled(view is not None)
         self._enable_for_seq()
@@ -248,9 +272,9 @@ class KvCacheDock(QDockWidget):
         if len(rows) > LEGEND_LINES:  # the Cache panel lists every node
             rows = rows[:LEGEND_LINES - 1] + [f"… and {len(rows) - LEGEND_LINES + 1} more sequences"]
         self.legend.setText("<br>".join(rows) or "all sequences are empty")
-        for s in range(self.seq_box.count()):
+        for i, s in enumerate(self._listed()):
             u, node = view.seq(s), self.nodes.get(s)
-            self.seq_box.setItemText(s, f"{s}" + (f" · {node.label}" if node else
+            self.seq_box.setItemText(i, f"{s}" + (f" · {node.label}" if node else
                                                   "" if u else " (empty)"))
 
     # ---- operations on the selected sequence (run on the worker, queued after running jobs)

@@ -1,9 +1,10 @@
 """The main window: layout, menus and shortcuts, the model, and closing cleanly.
 
-The session (app.engine.session) holds the project; panels observe it and write the user's
-edits to it, never reading each other's widgets. Engine work goes through ``PromptJobs`` to
-the one worker thread; actions are enabled from the worker's state (a model loaded, no job of
-the user's running). Everything the window writes (settings, states, autosave, log) has an
+The session (app.engine.session) holds the project, the engine settings included; panels
+observe it and write the user's edits to it through ``SessionEdits`` (one undo stack for the
+window), never reading each other's widgets. Engine work goes through ``PromptJobs`` to the one
+worker thread; actions are enabled from the worker's state (a model loaded, no job of the
+user's running). Everything the window writes (settings, states, autosave, log) has an
 injectable location so tests run in temp folders.
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget, QVBoxLayout
+from PySide6.QtWidgets import (QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget,
+                               QVBoxLayout)
 
 from ..engine import EngineConfig, ModelInfo
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
@@ -33,9 +35,11 @@ from .project_actions import ProjectMixin
 from .prompt_jobs import PromptJobs
 from .server_view import ServerView
 from .run_panel import RunPanel
+from .session_edits import SessionEdits, UndoActions
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
 from .template_editor import TemplateEditor
+from .window_layout import DockLayout
 
 MAX_RECENT = 8
 STATE_FILTERS = (f"KV Primer state (*{STATE_SUFFIX})",
@@ -61,22 +65,23 @@ class MainWindow(ProjectMixin, QMainWindow):
         super().__init__()
         self.setWindowTitle("KV Primer")
         self.setAcceptDrops(True)
-        self.config = config or EngineConfig()  # the model loaded (or being loaded)
+        config = config or EngineConfig()
         self.settings = settings or QSettings("kvprimer", "KV Primer")
         # ask(kind, text) -> "save" | "discard" | "cancel" | "yes" | "no"; tests pass a function
         self.ask = ask or (lambda kind, text: ask_dialog(self, kind, text))
         self.closing = False
-        self.session = Session(Options(engine=self.config))
+        self.session = Session(Options(engine=config))
+        self.edits = SessionEdits(self.session, self)
         self.worker = EngineWorker(self)
 
         self.editor = TemplateEditor(self.worker, self.session)
-        self.fillings = FillingsPanel(self.session)
-        self.run_panel = RunPanel(self.session)
-        self.bench = BenchView(self.session)
+        self.fillings = FillingsPanel(self.session, self.edits)
+        self.run_panel = RunPanel(self.session, self.edits)
+        self.bench = BenchView(self.session, self.edits)
         self.server_view = ServerView(self.worker, self.session, self.settings)
         self.errors = ErrorPanel(self, log_path)
         self.errors.install_excepthook()
-        self.model_panel = ModelPanel(self.config, self)
+        self.model_panel = ModelPanel(self.session, self.edits, self)
         self.library = StatesLibrary(states_dir or default_states_dir(), self,
                                      confirm=lambda text: self.ask("delete", text) == "yes")
         self.kv_dock = KvCacheDock(self.worker, self)
@@ -99,7 +104,12 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.session.mark_clean()
         self._update_actions()
         if load_model:
-            self.load_model(self.config)
+            self.load_model(config)  # what the app was started with, over a restored project's
+
+    @property
+    def config(self) -> EngineConfig:
+        """The engine settings: the session's (Apply loads them; the worker knows the loaded)."""
+        return self.session.options.engine
 
     # ---- layout
     def _build_layout(self) -> None:
@@ -121,19 +131,12 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.center.setObjectName("centerSplit")
         self.center.addWidget(top)
         self.center.addWidget(self.central_tabs)
-        self.center.setSizes([380, 420])
+        self.center.setSizes([460, 400])  # the template gets room to be read and written
         self.setCentralWidget(self.center)
-        # the model's settings above the KV cache, both in view from the first start
-        self.addDockWidget(Qt.RightDockWidgetArea, self.model_panel)
-        self.splitDockWidget(self.model_panel, self.kv_dock, Qt.Vertical)
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.cache_panel)
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.library)
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.errors)
-        self.tabifyDockWidget(self.cache_panel, self.library)
-        self.tabifyDockWidget(self.library, self.errors)
-        self.cache_panel.raise_()
+        # the advanced panels: the model's settings above the KV cache, the rest tabbed below
+        self.docks = DockLayout(self, self.settings, [self.model_panel, self.kv_dock],
+                                [self.cache_panel, self.library, self.errors])
         self.resize(1400, 900)
-        self._docks_sized = False
 
     def _action(self, menu, text, slot, shortcut=None, tip="", toolbar=False) -> QAction:
         a = QAction(text, self)
@@ -159,8 +162,8 @@ class MainWindow(ProjectMixin, QMainWindow):
         A = self._action
         A(f, "&New project", self.new_project, "Ctrl+N")
         A(f, "&Open project…", self.open_project_dialog, "Ctrl+O")
-        A(f, "&Save project", self.save_project, "Ctrl+Shift+S")
-        A(f, "Save project &as…", self.save_project_as)
+        A(f, "&Save project", self.save_project, "Ctrl+S")
+        A(f, "Save project &as…", self.save_project_as, "Ctrl+Shift+S")
         f.addSeparator()
         A(f, "Open &template…", self.open_template_dialog, "Ctrl+T", toolbar=True)
         A(f, "Save template as…", self.save_template_dialog)
@@ -174,13 +177,17 @@ class MainWindow(ProjectMixin, QMainWindow):
         f.addSeparator()
         A(f, "&Quit", self.close, "Ctrl+Q")
         e = mb.addMenu("&Edit")
-        A(e, "&Undo", self.editor.edit.undo, "Ctrl+Z")
-        A(e, "&Redo", self.editor.edit.redo, "Ctrl+Shift+Z")
+        self.undo_actions = UndoActions(self.edits.stack, self.editor.edit,
+                                A(e, "&Undo", lambda: self.undo_actions.undo(), "Ctrl+Z"),
+                                A(e, "&Redo", lambda: self.undo_actions.redo(), "Ctrl+Shift+Z"))
         p = mb.addMenu("&Prompt")
         self.toolbar.addSeparator()
         A(p, "&Prime prefix", self.jobs.prime, "Ctrl+P", "Evaluate the static prefix once", True)
-        A(p, "&Save state…", self.save_state_dialog, "Ctrl+S", "Save the primed KV state", True)
-        A(p, "&Load state…", self.load_state_dialog, "Ctrl+L", "Load a saved KV state", True)
+        A(p, "&Save state…", self.save_state_dialog, "Ctrl+Alt+S", "Save the primed KV state", True)
+        A(p, "Save state for llama.cpp…", lambda: self.save_state_dialog("llama"), "",
+          "Save the primed KV state as llama.cpp's sequence state file")
+        A(p, "&Load state…", self.load_state_dialog, "Ctrl+L",
+          "Load a saved KV state (KV Primer's or llama.cpp's)", True)
         p.addSeparator()
         self.toolbar.addSeparator()
         A(p, "&Run cold + warm", lambda: self.jobs.run("both"), "Ctrl+R", "Run the selected rows", True)
@@ -191,7 +198,12 @@ class MainWindow(ProjectMixin, QMainWindow):
         p.addSeparator()
         A(p, "Cancel job", self.worker.cancel, "Esc", "Stop the running job", True)
         v = mb.addMenu("&View")
-        for d in (self.model_panel, self.kv_dock, self.cache_panel, self.library, self.errors):
+        v.addAction(self.docks.toggle)
+        self.actions_by_text["Advanced panels"] = self.docks.toggle
+        self.toolbar.addSeparator()
+        self.toolbar.addAction(self.docks.toggle)
+        v.addSeparator()
+        for d in self.docks.docks:
             v.addAction(d.toggleViewAction())
         v.addAction(self.toolbar.toggleViewAction())
         h = mb.addMenu("&Help")
@@ -221,7 +233,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.bench.run_requested.connect(jobs.bench)
         self.bench.sweep_requested.connect(jobs.sweep)
         self.bench.error.connect(self.show_error)
-        self.model_panel.apply_requested.connect(self.load_model)
+        self.model_panel.apply_requested.connect(lambda again: self.load_model(remeasure=again))
         self.library.load_requested.connect(jobs.load_state)
         self.library.save_requested.connect(self.save_state_dialog)
 
@@ -230,7 +242,8 @@ class MainWindow(ProjectMixin, QMainWindow):
         for name in ENGINE_ACTIONS:
             self.actions_by_text[name].setEnabled(ready)
         can_save = ready and self.session.state is not None
-        self.actions_by_text["Save state"].setEnabled(can_save)
+        for name in ("Save state", "Save state for llama.cpp"):
+            self.actions_by_text[name].setEnabled(can_save)
         self.actions_by_text["Cancel job"].setEnabled(self.worker.working)
         self.run_panel.set_can_run(ready)
         self.bench.set_can_run(ready)
@@ -255,26 +268,35 @@ class MainWindow(ProjectMixin, QMainWindow):
             self.status.show_context(used, info.n_ctx, info.kv_bytes_per_token)
 
     # ---- model
-    def load_model(self, config: EngineConfig):
-        load_with = config
-        config = replace(config, remeasure_kernels=False)  # once, not on every later load
-        self.config = config
-        self.model_panel.set_config(config)
-        self.session.set_options(engine=config, edit=False)
-        self.session.set_state(None)  # a state belongs to the model it was primed on
+    def load_model(self, config: EngineConfig | None = None, remeasure: bool = False):
+        """Load the session's engine settings, after setting them to ``config`` if given (a
+        program's choice, not an edit to undo). The loaded model stays until the new one works."""
+        if config is not None:
+            remeasure = remeasure or config.remeasure_kernels
+            self.session.set_options(engine=replace(config, remeasure_kernels=False), edit=False)
+        config = self.session.options.engine
         name = Path(config.model_path).name if config.model_path else "the default model"
 
         def done(info):
+            self.session.set_state(None)  # a state belongs to the model it was primed on
             self.show_status(f"loaded {Path(info.path).name}: {info.n_layer} layers, "
                              f"context {info.n_ctx:,} tokens")
             if config.model_path:
                 self._add_recent(config.model_path)
 
+        def failed(msg):
+            old = self.worker.info
+            kept = f"; {Path(old.path).name} stays loaded" if old else ""
+            self.show_error(f"cannot load {name}: {' '.join(msg.split())}{kept}")
+
         self.status.showMessage(f"loading {name}…")
-        return self.worker.load(load_with, on_done=done, on_error=self.show_error)
+        # measuring the kernels again is asked for once, never kept in the settings
+        return self.worker.load(replace(config, remeasure_kernels=remeasure), on_done=done,
+                                on_error=failed)
 
     def _model_changed(self, info: ModelInfo | None) -> None:
         self.model_panel.show_info(info)
+        self.model_panel.set_loaded(self.worker.loaded_config)
         self.status.show_model(info)
         if info:
             self.status.show_context(0, info.n_ctx, info.kv_bytes_per_token)
@@ -297,17 +319,24 @@ class MainWindow(ProjectMixin, QMainWindow):
         for p in recent:
             a = self.recent_menu.addAction(Path(p).name)
             a.setToolTip(p)
-            a.triggered.connect(lambda _=False, p=p: self.load_model(replace(self.config, model_path=p)))
+            a.triggered.connect(lambda _=False, p=p: self.open_model(p))
         self.recent_menu.setEnabled(bool(recent))
 
+    def open_model(self, path: str):
+        """The user chose a model file (recent models, a dropped file): set it and load it."""
+        self.edits.set_engine("model_path", path)
+        return self.load_model()
+
     # ---- states
-    def save_state_dialog(self) -> None:
+    def save_state_dialog(self, fmt: str = "kvprimer") -> None:
         if self.session.state is None:
             return self.jobs.save_state("")  # says what to do first
         stem = Path(self.session.template_path or "prefix").stem
+        filters = STATE_FILTERS if fmt == "kvprimer" else STATE_FILTERS[::-1]
+        suffix = LLAMA_SUFFIX if fmt == "llama" else STATE_SUFFIX
         path, chosen = QFileDialog.getSaveFileName(
-            self, "Save KV state", str(self.library.folder / f"{stem}{STATE_SUFFIX}"),
-            ";;".join(STATE_FILTERS))
+            self, "Save KV state", str(self.library.folder / f"{stem}{suffix}"),
+            ";;".join(filters))
         if path:
             self.save_state_as(path, "llama" if chosen == STATE_FILTERS[1] else "kvprimer")
 
@@ -331,9 +360,7 @@ class MainWindow(ProjectMixin, QMainWindow):
             return
         self.closing = True
         self._autosave_timer.stop()
-        self.settings.setValue("geometry", self.saveGeometry())
-        self.settings.setValue("windowState", self.saveState())
-        self.settings.sync()
+        self.docks.save()
         self.worker.shutdown(wait=True)  # cancels the running job, frees the context
         self.autosaver.discard()
         self.errors.uninstall_excepthook()
@@ -342,20 +369,11 @@ class MainWindow(ProjectMixin, QMainWindow):
 
     def _restore_layout(self) -> None:
         self._fill_recent()
-        geo = self.settings.value("geometry")
-        if geo is not None:
-            self.restoreGeometry(geo)
-        state = self.settings.value("windowState")
-        if state is not None:
-            self._docks_sized = self.restoreState(state)
+        self.docks.restore()
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
-        if not self._docks_sized:  # first start: docks sized for the work in the middle
-            self._docks_sized = True
-            self.resizeDocks([self.cache_panel], [190], Qt.Vertical)
-            self.resizeDocks([self.kv_dock], [430], Qt.Horizontal)
-            self.resizeDocks([self.model_panel, self.kv_dock], [300, 600], Qt.Vertical)
+        self.docks.size_docks()
 
     # ---- help
     def shortcut_list(self) -> list[tuple[str, str]]:

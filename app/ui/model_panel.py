@@ -1,7 +1,8 @@
-"""The Model dock: which GGUF, the context settings, GPU offload, and the loaded model's facts,
-with what its architecture means for caching.
+"""The Model dock: the engine's settings (engine_settings.py), Apply, and the loaded model's
+facts, with what its architecture means for caching.
 
-Apply emits the new EngineConfig; the main window reloads the engine as a worker job.
+The settings are the session's; Apply asks the window to load what the session holds. A note
+under Apply says when the loaded model runs with other settings than those shown.
 """
 from __future__ import annotations
 
@@ -10,91 +11,44 @@ from html import escape
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QDockWidget, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QPushButton, QScrollArea, QVBoxLayout, QWidget)
 
+from .engine_settings import EngineSettingsForm
+from .session_edits import SessionEdits
 from .units import size_text
 from ..engine import EngineConfig, ModelInfo
-from ..engine.llama.ggml_types import KV_TYPES as GGML_KV_TYPES
-from ..engine.llama.native import GPU_OFFLOAD_MISSING
-
-NGL_UNKNOWN = "Layers offloaded to the GPU (llama.cpp's -ngl): known once a model is loaded"
-NGL_TIP = "Layers offloaded to the GPU (llama.cpp's -ngl); -1: all, 0: none"
-
-KV_TYPES = ["f16", *(t for t in GGML_KV_TYPES if t != "f16")]  # the default first
-FLASH_ATTN_CHOICES = (("auto", "auto (the faster, measured)"), ("on", "on"), ("off", "off"))
+from ..engine.session import Session
 
 
 class ModelPanel(QDockWidget):
-    apply_requested = Signal(object)  # EngineConfig
+    apply_requested = Signal(bool)  # load the session's settings; True: time the kernels again
 
-    def __init__(self, config: EngineConfig, parent: QWidget | None = None):
+    def __init__(self, session: Session, edits: SessionEdits | None = None,
+                 parent: QWidget | None = None):
         super().__init__("Model", parent)
         self.setObjectName("modelDock")
-        self.config = config
-        self.path = QLineEdit(config.model_path or "")
-        self.path.setPlaceholderText("default model (SmolLM2-135M-Instruct)")
-        browse = QPushButton("Open…")
-        browse.clicked.connect(self.open_dialog)
-        self.recent = QComboBox()
-        self.recent.setPlaceholderText("recent models")
-        self.recent.activated.connect(lambda i: self.path.setText(self.recent.itemData(i) or ""))
-        row = QHBoxLayout()
-        row.addWidget(self.path, 1)
-        row.addWidget(browse)
-
-        self.n_ctx = QSpinBox()
-        self.n_ctx.setRange(64, 1 << 17)
-        self.n_ctx.setSingleStep(512)
-        self.threads = QSpinBox()
-        self.threads.setRange(0, 256)
-        self.threads.setSpecialValueText("auto")
-        self.batch = QSpinBox()
-        self.batch.setRange(1, 8192)
-        self.ngl = QSpinBox()
-        self.ngl.setObjectName("nGpuLayers")
-        self.ngl.setRange(-1, 999)
-        self.ngl.setSpecialValueText("all (-1)")
-        # whether the build can offload comes with the model's facts, from the worker thread
-        self.ngl.setEnabled(False)
-        self.ngl.setToolTip(NGL_UNKNOWN)
-        self.type_k, self.type_v = QComboBox(), QComboBox()
-        for c in (self.type_k, self.type_v):
-            c.addItems(KV_TYPES)
-        self.flash_attn = QComboBox()
-        self.flash_attn.setObjectName("flashAttn")
-        for value, text in FLASH_ATTN_CHOICES:
-            self.flash_attn.addItem(text, value)
-        self.flash_attn.setToolTip("llama.cpp's attention kernel; auto times both on this model "
-                                   "once and keeps the faster (the times show below)")
+        self.session = session
+        self.loaded: EngineConfig | None = None  # the settings the loaded model runs with
+        self.form = EngineSettingsForm(session, edits or SessionEdits(session, self))
+        self.form.open_requested.connect(lambda: self.apply_requested.emit(False))
         self.remeasure = QPushButton("Measure again")
         self.remeasure.setObjectName("remeasureKernels")
         self.remeasure.setToolTip("Time both attention kernels again and reload")
-        self.remeasure.clicked.connect(lambda: self.apply_requested.emit(
-            replace(self.current_config(), flash_attn="auto", remeasure_kernels=True)))
+        self.remeasure.clicked.connect(lambda: self._apply(remeasure=True))
+        self.form.flash_row.addWidget(self.remeasure)
         self.apply = QPushButton("Apply (reload)")
         self.apply.setObjectName("applyModel")
-        self.apply.clicked.connect(lambda: self.apply_requested.emit(self.current_config()))
-
-        settings = QFormLayout()
-        settings.addRow("Model file", row)
-        settings.addRow("", self.recent)
-        settings.addRow("Context (n_ctx)", self.n_ctx)
-        settings.addRow("Threads", self.threads)
-        settings.addRow("Batch", self.batch)
-        settings.addRow("GPU layers (-ngl)", self.ngl)
-        kv = QHBoxLayout()
-        kv.addWidget(QLabel("K"))
-        kv.addWidget(self.type_k)
-        kv.addWidget(QLabel("V"))
-        kv.addWidget(self.type_v)
-        settings.addRow("KV types", kv)
-        fa = QHBoxLayout()
-        fa.addWidget(self.flash_attn, 1)
-        fa.addWidget(self.remeasure)
-        settings.addRow("Flash attention", fa)
-        settings.addRow("", self.apply)
+        self.apply.setToolTip("Load the model with these settings; the loaded one stays until "
+                              "the new one works")
+        self.apply.clicked.connect(lambda: self._apply(remeasure=False))
+        self.pending = QLabel("")
+        self.pending.setObjectName("modelPending")
+        self.pending.setWordWrap(True)
+        self.pending.setStyleSheet("color: #a05a00")
+        apply_row = QHBoxLayout()
+        apply_row.addWidget(self.pending, 1)
+        apply_row.addWidget(self.apply)
 
         self.facts = QFormLayout()
         self.fact_labels: dict[str, QLabel] = {}
@@ -118,7 +72,8 @@ class ModelPanel(QDockWidget):
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(4, 4, 4, 4)
-        lay.addLayout(settings)
+        lay.addWidget(self.form)
+        lay.addLayout(apply_row)
         lay.addWidget(facts_box)
         lay.addWidget(notes_box)
         lay.addStretch(1)
@@ -128,39 +83,28 @@ class ModelPanel(QDockWidget):
         scroll.setFrameShape(QScrollArea.NoFrame)
         scroll.setWidget(body)
         self.setWidget(scroll)
-        self.set_config(config)
+        session.events.options.connect(lambda _o: self._show_pending())
 
-    def set_config(self, c: EngineConfig) -> None:
-        self.config = c
-        self.path.setText(c.model_path or "")
-        self.n_ctx.setValue(c.n_ctx)
-        self.threads.setValue(c.n_threads)
-        self.batch.setValue(c.n_batch)
-        self.ngl.setValue(c.n_gpu_layers)
-        self.type_k.setCurrentText(c.type_k)
-        self.type_v.setCurrentText(c.type_v)
-        self.flash_attn.setCurrentIndex(max(self.flash_attn.findData(c.flash_attn), 0))
+    def _apply(self, remeasure: bool) -> None:
+        self.form.commit_text()
+        if remeasure:  # the measured choice is the one to use
+            self.form.edits.set_engine("flash_attn", "auto")
+        self.apply_requested.emit(remeasure)
 
-    def current_config(self) -> EngineConfig:
-        return replace(self.config, model_path=self.path.text().strip() or None,
-                       n_ctx=self.n_ctx.value(), n_threads=self.threads.value(),
-                       n_batch=self.batch.value(), n_gpu_layers=self.ngl.value(),
-                       type_k=self.type_k.currentText(),
-                       type_v=self.type_v.currentText(),
-                       flash_attn=self.flash_attn.currentData(), remeasure_kernels=False)
+    def set_loaded(self, config: EngineConfig | None) -> None:
+        self.loaded = replace(config, remeasure_kernels=False) if config else None
+        self._show_pending()
+
+    def _show_pending(self) -> None:
+        wanted = self.session.options.engine
+        self.pending.setText("" if self.loaded is None or self.loaded == wanted else
+                             "The loaded model runs with other settings: Apply to reload.")
 
     def set_recent(self, paths: list[str]) -> None:
-        self.recent.clear()
-        for p in paths:
-            self.recent.addItem(Path(p).name, p)
-        self.recent.setCurrentIndex(-1)
+        self.form.set_recent(paths)
 
     def open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open model", str(Path(self.path.text()).parent),
-                                              "GGUF models (*.gguf);;All files (*)")
-        if path:
-            self.path.setText(path)
-            self.apply_requested.emit(self.current_config())
+        self.form.open_dialog()
 
     def show_info(self, info: ModelInfo | None) -> None:
         f = self.fact_labels
@@ -169,8 +113,7 @@ class ModelPanel(QDockWidget):
                 lab.setText("—")
             self.notes.setText("—")
             return
-        self.ngl.setEnabled(info.gpu_offload)
-        self.ngl.setToolTip(NGL_TIP if info.gpu_offload else GPU_OFFLOAD_MISSING)
+        self.form.show_gpu_offload(True, info.gpu_offload)
         f["name"].setText(info.name or Path(info.path).name)
         f["architecture"].setText(info.architecture)
         f["layers"].setText(str(info.n_layer))

@@ -49,17 +49,18 @@ class ProjectMixin:
 
     # ---- projects
     def apply_project(self, project: ProjectFile, path: str = "") -> None:
+        self.edits.forget()  # the rows and settings the commands changed are gone
         for problem in self.session.apply_project(project, path):
             self.show_error(problem)
-        cfg = self.session.options.engine
-        if cfg != self.config:
+        loaded = self.worker.loaded_config
+        if loaded is not None and replace(loaded, remeasure_kernels=False) != self.config:
             # reloading a model is slow and may not be wanted: offer it in the Model panel
-            self.model_panel.set_config(cfg)
             self.show_status("the project's model settings are in the Model panel; press "
                              "Apply (reload) to use them")
 
     def new_project(self) -> None:
         if self._settle_unsaved():
+            self.edits.forget()
             self.session.clear()
 
     def open_project(self, path: str | Path) -> bool:
@@ -132,7 +133,8 @@ class ProjectMixin:
         if self.open_template(d / f"{stem}.tmpl"):
             for rows in (d / f"{stem}-rows.csv", d / f"{stem}-rows.jsonl"):
                 if rows.is_file():
-                    self.fillings.import_file(str(rows))
+                    self.edits.forget()  # an example is opened, not edited
+                    self.fillings.import_file(str(rows), undoable=False)
                     break
 
     def open_template_dialog(self) -> None:
@@ -164,7 +166,7 @@ class ProjectMixin:
     def open_path(self, path: str) -> None:
         suffix = Path(path).suffix.lower()
         if suffix == ".gguf":
-            self.load_model(replace(self.config, model_path=path))
+            self.open_model(path)
         elif suffix in (STATE_SUFFIX, LLAMA_STATE_SUFFIX):
             self.jobs.load_state(path)
         elif suffix == PROJECT_SUFFIX:

@@ -112,7 +112,7 @@ class PromptJobs(QObject):
         def done(state):
             self.session.set_state(state)
             self.status.emit(f"primed the static prefix: {state.n_tokens:,} tokens, "
-                             f"{state.nbytes / 1e6:,.1f} MB of KV; save it with Ctrl+S")
+                             f"{state.nbytes / 1e6:,.1f} MB of KV; save it with Ctrl+Alt+S")
 
         return self._submit(JobKind.PRIME, lambda e, t: flows.prime(e, tpl, t), done)
 

@@ -1,20 +1,23 @@
 """The session's rows as a Qt table model: one column per placeholder, editable in place.
 
-The session holds the rows; this model only presents them. Cell edits go to the session, and
-the session's row events come back as model resets (rows or columns changed) or dataChanged
-(one value), so every view of the rows shows the same data.
+The session holds the rows; this model only presents them. Cell edits go to the session as
+undoable edits, and the session's row events come back as model resets (rows or columns
+changed) or dataChanged (one value), so every view of the rows shows the same data.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, Qt
 
 from ..engine.session import RowsChange, Session
+from .session_edits import SessionEdits
 
 
 class RowsModel(QAbstractTableModel):
-    def __init__(self, session: Session, parent: QObject | None = None):
+    def __init__(self, session: Session, edits: SessionEdits | None = None,
+                 parent: QObject | None = None):
         super().__init__(parent)
         self.session = session
+        self.edits = edits or SessionEdits(session, self)
         session.events.rows.connect(self._rows_changed)
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:
@@ -34,7 +37,7 @@ class RowsModel(QAbstractTableModel):
     def setData(self, index: QModelIndex, value, role: int = Qt.EditRole) -> bool:
         if not index.isValid() or role != Qt.EditRole:
             return False
-        self.session.set_value(index.row(), self.session.placeholders[index.column()], str(value))
+        self.edits.set_value(index.row(), self.session.placeholders[index.column()], str(value))
         return True
 
     def flags(self, index: QModelIndex) -> Qt.ItemFlags:

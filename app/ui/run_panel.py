@@ -4,7 +4,7 @@ Finished runs are the session's: the panel observes them and shows a table of ru
 verdict (bit-identical, within-noise or diverged, coloured, with its figures), what the warm run
 reused, and a chart of cold vs warm time to first token. The streamed text and the row being
 run are transient and come from the jobs. The max-tokens, reuse-mode and recompute boxes are
-the session's options.
+the session's options, changed through SessionEdits (undoable).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QComboBox, QGroupBox, QHBoxLayout, QHeaderView, Q
 from ..engine import REUSE_MODES, RunReport, TextDelta, Verdict
 from ..engine.session import Options, RunRecord, Session
 from .charts import TtftBar, TtftChart
+from .session_edits import SessionEdits
 
 COLUMNS = ["row", "path", "reuse", "reused (tokens)", "evaluated (tokens)", "first token (ms)",
            "speedup", "verdict", "fork (ms)", "tokens/s"]
@@ -44,7 +45,8 @@ def verdict_details(v: Verdict) -> str:
     return "; ".join(x for x in (exact, rest) if x)
 
 
-def reuse_mode_box(session: Session, parent: QWidget | None = None) -> QComboBox:
+def reuse_mode_box(session: Session, edits: SessionEdits, parent: QWidget | None = None
+                   ) -> QComboBox:
     """The reuse mode of runs, bound to the session's options."""
     box = QComboBox(parent)
     box.setObjectName("reuseMode")
@@ -59,12 +61,14 @@ def reuse_mode_box(session: Session, parent: QWidget | None = None) -> QComboBox
             box.setCurrentIndex(max(box.findData(o.reuse_mode), 0))
 
     show(session.options)
-    box.currentIndexChanged.connect(lambda _i: session.set_options(reuse_mode=box.currentData()))
+    box.currentIndexChanged.connect(lambda _i: edits.set_option("reuse_mode", box.currentData(),
+                                                                text="set the reuse mode"))
     session.events.options.connect(show)
     return box
 
 
-def recompute_box(session: Session, parent: QWidget | None = None, bench: bool = False) -> QSpinBox:
+def recompute_box(session: Session, edits: SessionEdits, parent: QWidget | None = None,
+                  bench: bool = False) -> QSpinBox:
     """Compose mode's recompute k, bound to the session's options; enabled when runs (or, with
     ``bench``, benchmarks) use compose."""
     k = QSpinBox(parent)
@@ -80,7 +84,7 @@ def recompute_box(session: Session, parent: QWidget | None = None, bench: bool =
         k.setEnabled("compose" in o.bench_modes if bench else o.reuse_mode == "compose")
 
     show(session.options)
-    k.valueChanged.connect(lambda v: session.set_options(recompute=v))
+    k.valueChanged.connect(lambda v: edits.set_option("recompute", v, merge=True))
     session.events.options.connect(show)
     return k
 
@@ -88,9 +92,11 @@ def recompute_box(session: Session, parent: QWidget | None = None, bench: bool =
 class RunPanel(QWidget):
     run_requested = Signal(str)  # "both", "cold" or "warm"
 
-    def __init__(self, session: Session, parent: QWidget | None = None):
+    def __init__(self, session: Session, edits: SessionEdits | None = None,
+                 parent: QWidget | None = None):
         super().__init__(parent)
         self.session = session
+        edits = edits or SessionEdits(session, self)
         self.current_row = 0
         self.run_buttons: list[QPushButton] = []
         buttons = QHBoxLayout()
@@ -107,11 +113,12 @@ class RunPanel(QWidget):
         self.max_tokens.setRange(1, 512)
         self.max_tokens.setValue(session.options.max_tokens)
         self.max_tokens.setPrefix("max new tokens: ")
-        self.max_tokens.valueChanged.connect(lambda v: session.set_options(max_tokens=v))
+        self.max_tokens.valueChanged.connect(
+            lambda v: edits.set_option("max_tokens", v, merge=True))
         buttons.addWidget(self.max_tokens)
         buttons.addWidget(QLabel("reuse:"))
-        self.reuse_mode = reuse_mode_box(session, self)
-        self.recompute = recompute_box(session, self)
+        self.reuse_mode = reuse_mode_box(session, edits, self)
+        self.recompute = recompute_box(session, edits, self)
         buttons.addWidget(self.reuse_mode)
         buttons.addWidget(self.recompute)
         buttons.addStretch(1)
