@@ -93,6 +93,9 @@ class EngineSettingsForm(QWidget):
                             "all cores")
         self.threads.setObjectName("threadsBatch")
         self.batch = spin(1, 8192, "Tokens per decode batch (llama.cpp's -b)")
+        self.ubatch = spin(0, 8192, "Tokens per physical batch inside a decode call "
+                           "(llama.cpp's -ub)", "as the batch")
+        self.ubatch.setObjectName("ubatch")
         # the radix cache needs 6 sequences; llama.cpp's contexts hold at most 64
         self.n_seq_max = spin(6, 64, "Sequences in the context: 0 is yours, the radix cache "
                               "uses the rest")
@@ -124,6 +127,7 @@ class EngineSettingsForm(QWidget):
                                  (E + ("n_threads_gen",), self.threads_gen, True),
                                  (E + ("n_threads",), self.threads, True),
                                  (E + ("n_batch",), self.batch, True),
+                                 (E + ("n_ubatch",), self.ubatch, True),
                                  (E + ("n_seq_max",), self.n_seq_max, True)):
             self._bind(path, box, box.value, box.setValue, box.valueChanged, merge)
         for name, box in (("resident_bytes", self.cache_resident), ("ram_bytes", self.cache_ram),
@@ -192,6 +196,7 @@ class EngineSettingsForm(QWidget):
         adv.addRow("Generation threads (-t)", self.threads_gen)
         adv.addRow("Batch threads (-tb)", self.threads)
         adv.addRow("Batch size (-b)", self.batch)
+        adv.addRow("Micro-batch size (-ub)", self.ubatch)
         adv.addRow("Sequences", self.n_seq_max)
         adv.addRow("Cache: in context", self.cache_resident)
         adv.addRow("Cache: in memory", self.cache_ram)
