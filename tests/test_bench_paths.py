@@ -3,6 +3,7 @@ same suffix tokens, the disk cache stays warm across repeats, and the whole suit
 report, ratios and chart. Timings are not checked here: the bench is for that."""
 import json
 
+import numpy as np
 import pytest
 
 from bench.chart import render_chart
@@ -44,13 +45,19 @@ def test_llamacpp_paths_evaluate_the_suffix_and_disk_cache_stays_warm(tiny_model
         lp.prime(work.prefix)
         assert lp.ram_entry_bytes() > lp.entry.llama_state_size > 0
         assert lp.disk_entry_bytes() > 0
+        disk = []
         for _ in range(3):  # __getitem__ pops the entry; each repeat must still be a hit
             s = lp.disk_warm(row, work.unrelated)
-            assert s.evaluated == len(row.suffix) and s.load_ms > 0
+            assert s.evaluated == len(row.suffix)
+            disk.append(s)
+        # a hit restores the prefix's state over the unrelated prompt's cells: every path then
+        # evaluates the same suffix after the same cells, bit for bit
         s = lp.ram_warm(row, work.unrelated)
         assert s.evaluated == len(row.suffix)
+        assert all(np.array_equal(d.logits, s.logits) for d in disk)
         s = lp.in_context(row, row.tokens[row.boundary] + 1)
         assert s.evaluated == len(row.suffix)
+        assert np.array_equal(s.logits, disk[0].logits)
         assert len(lp.more_tokens(s.first_token, 3)) <= 3
     finally:
         lp.close()
@@ -114,12 +121,15 @@ def test_reuse_section_on_tiny_model(tiny_model, tmp_path):
     assert rows[(3, "chain")]["reused_tokens"] > prefix
     assert rows[(5, "chain")]["reused_tokens"] > rows[(3, "chain")]["reused_tokens"]
     assert rows[(2, "chain")]["reused_tokens"] == prefix
-    # compose: accuracy reported whatever it is, shares summing to one
+    # compose: every row places a <c2> module that never attended to its <c1>, so every row
+    # measures a difference (this model has no batch-grouping noise), and the summary is the
+    # rows' own figures
     acc = rz["compose_accuracy"]
-    assert acc["rows"] == 4
-    assert acc["bit_identical"] + acc["within_noise"] + acc["diverged"] == pytest.approx(1.0)
-    assert 0.0 <= acc["top1_agree_min"] <= acc["top1_agree_mean"] <= 1.0
-    assert acc["kl_max"] >= acc["kl_median"] >= 0.0
+    composed = [r for (_row, mode), r in rows.items() if mode == "compose"]
+    assert acc["rows"] == 4 and all(r["max_logit_diff"] > 0 for r in composed)
+    assert (acc["bit_identical"], acc["within_noise"], acc["diverged"]) == (0.0, 0.0, 1.0)
+    assert acc["kl_median"] > 0 and acc["kl_max"] == max(r["kl_divergence"] for r in composed)
+    assert acc["top1_agree_min"] == min(r["top1_agree"] for r in composed)
     for name in ("chain_vs_prefix_warm", "compose_vs_prefix_warm",
                  "warm_in_place_vs_fastest_limit_recurring", "chain_vs_llamacpp_ram_recurring"):
         assert rz["ratios"][name] > 0 and name in rz["goals"]

@@ -37,6 +37,7 @@ from app.engine import REUSE_MODES, EngineConfig
 from app.resources_path import examples_dir
 from app.ui.engine_worker import JobKind
 from app.ui.main_window import MainWindow
+from tests.ui_actions import action as find_action
 
 # rag.tmpl's layout with a short system part: the tiny model's vocabulary spells most text a
 # byte per token, and rag.tmpl's handbook alone would not fit in its context
@@ -171,7 +172,7 @@ def trigger(qtbot, w, action: str, answer: str = "", wait=None, check=None,
             timeout: int = 20000) -> None:
     """Trigger the menu action (enabled: no job of the user's runs) and wait for ``wait``."""
     FileDialog.answer = answer
-    a = w.actions_by_text[action]
+    a = find_action(w, action)
     if not a.isEnabled():
         idle(qtbot, w.worker.working_changed, timeout)
     assert a.isEnabled(), action
@@ -273,6 +274,8 @@ def test_window_survives_thousands_of_kv_refreshes_and_a_long_benchmark(qtbot, w
     rows = w.session.bench.rows
     assert [sum(r.reuse == m for r in rows) for m in REUSE_MODES] == [N_ROWS] * 3
     assert not [r.error for r in rows if r.error]
+    # what the engine's tests demand of the exact modes, on a long run of real rows too
+    assert {r.equivalence for r in rows if r.reuse != "compose"} == {"bit-identical"}
     assert w.bench.table.rowCount() == 3 * N_ROWS and w.bench.accuracy.rowCount() == 3
     assert drawn[0] > before  # the dock followed the benchmark
     if w.worker.busy:

@@ -3,6 +3,7 @@ and the same in every context of an engine (states move between them)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -18,10 +19,13 @@ def make(tiny_model, **kw) -> Engine:
 def test_auto_measures_both_kernels_once_then_reads_the_measurement(tiny_model):
     with make(tiny_model, n_batch=48, remeasure_kernels=True) as e:
         first = e.kernels
-    assert first.how == "measured" and first.calibration_ms > 0
+    assert first.how == "measured"
     assert {t.flash_attn for t in first.timings} == {True, False}
-    assert all(t.suffix_ms > 0 and t.split_suffix_ms > 0 and t.prefix_ms_per_token > 0
+    # every timing was taken (a suffix time stays infinite until measured), and what the
+    # measuring cost covers them all
+    assert all(math.isfinite(t.suffix_ms) and math.isfinite(t.split_suffix_ms)
                for t in first.timings)
+    assert first.calibration_ms >= sum(t.suffix_ms + t.split_suffix_ms for t in first.timings)
     best = min(first.timings, key=lambda t: t.suffix_ms + t.split_suffix_ms)
     assert first.flash_attn == best.flash_attn  # the faster one on this machine, whichever
     stored = json.loads(_cache_path().read_text())

@@ -40,9 +40,8 @@ def cancel_everywhere(eng, job, on_tokens=False, limit=200) -> int:
     for k in range(1, limit):
         try:
             job(cancelling_at(k, on_tokens))
-        except Cancelled as e:
+        except Cancelled:
             assert_consistent(eng)
-            assert e.kept_tokens >= 0
             continue
         assert_consistent(eng)
         return k - 1

@@ -105,3 +105,25 @@ def test_nothing_compared_is_not_called_identical():
     v = judge(c, c)
     assert v.equivalence == DIVERGED and not v.exact
     assert "no position compared" in v.describe()
+
+
+def test_zero_positions_is_never_equality_whatever_else_the_comparison_says():
+    # built directly: equal tokens, no difference and full agreement, but nothing compared;
+    # judged against a noise measurement that would cover any difference
+    from app.engine.runs.verdict import Comparison
+
+    empty = Comparison(True, None, 0.0, 0.0, 1.0, 0)
+    noise = compare_runs(TOKENS, LOGITS, TOKENS, nudged(5.0))
+    for v in (judge(empty, noise), judge(empty, None), judge(empty, empty)):
+        assert v.equivalence == DIVERGED and not v.exact and v.positions == 0
+        assert v.describe().startswith("diverged (no position compared")
+
+
+def test_a_run_that_ends_at_once_still_compares_its_first_position():
+    # the first generated token is the end of generation: no tokens kept, but the logits that
+    # chose it were, and they are what the verdict weighs
+    c = compare_runs([], LOGITS[:1], [], nudged(0.5)[:1])
+    assert c.positions == 1 and c.tokens_equal and c.max_logit_diff == pytest.approx(0.5)
+    assert judge(c, None).equivalence == DIVERGED
+    same = compare_runs([], LOGITS[:1], [], [LOGITS[0].copy()])
+    assert same.positions == 1 and judge(same, None).equivalence == BIT_IDENTICAL
