@@ -55,6 +55,14 @@ def server(tiny_engine, tmp_path_factory):
     assert not proc.running()
 
 
+def test_with_on_a_started_server_starts_no_second_one(tiny_engine, tmp_path):
+    proc = start(tiny_engine, tmp_path)
+    first = proc.proc
+    with proc as same:
+        assert same.proc is first and proc.running()
+    assert first.poll() is not None  # stopped by the with block, and no other one started
+
+
 def test_the_server_writes_the_engines_seq_state_version(server, tiny_engine):
     with LlamaServer(server.url) as c:
         layout = server_layout(c, 0, Path(server.settings.slot_dir), 1)

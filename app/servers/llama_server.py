@@ -99,7 +99,7 @@ class LlamaServer:
                            model_path=str(p.get("model_path") or ""),
                            build_info=str(p.get("build_info") or ""))
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int] | None:
         out = request_json(self.http, "POST", "/tokenize", "tokenizing on the server",
                            json={"content": text, "add_special": add_special,
                                  "parse_special": parse_special})

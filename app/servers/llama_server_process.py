@@ -140,7 +140,7 @@ class ServerProcess:
             self.proc.wait(timeout_s)
 
     def __enter__(self) -> "ServerProcess":
-        return self.start()
+        return self if self.proc is not None else self.start()  # `with proc.start():` works too
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -85,6 +85,17 @@ class OpenAIServer:
                 return "ok"
         raise ServerError(f"{self.url} answered neither /health nor /v1/models")
 
+    def tokenize(self, text: str) -> list[int] | None:
+        """The server's own tokens for ``text`` (llama-server and vLLM have /tokenize), else None."""
+        if self.flavor == "llama":
+            body = {"content": text, "add_special": True, "parse_special": True}
+        elif self.flavor == "vllm":
+            body = {"model": self.model, "prompt": text}
+        else:
+            return None
+        out = request_json(self.http, "POST", "/tokenize", "tokenizing on the server", json=body)
+        return [int(t) if not isinstance(t, dict) else int(t["id"]) for t in out["tokens"]]
+
     def flush(self) -> None:
         """SGLang: empty the radix cache before a cold run."""
         for _ in range(_FLUSH_TRIES):

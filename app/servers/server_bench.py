@@ -117,14 +117,21 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
     hint = server.missing_report_hint() if hasattr(server, "missing_report_hint") else ""
     gen = GenerationConfig(max_tokens=max_tokens)
     out: list[ServerRow] = []
-    before: list[int] | None = engine.tokenize(template.prefix_prompt()) if deployed else None
+    # where reuse stops is measured in the server's own tokens: the ids we send, else its
+    # /tokenize of the text we send, else (a server without one) our tokenizer's guess
+    server_tokens = (lambda text: None) if as_ids else server.tokenize
+    prefix_text = template.prefix_prompt().text
+    prefix_ids = (server_tokens(prefix_text) or engine.tokenize(template.prefix_prompt())
+                  if prefix_text else [])
+    before: list[int] | None = list(prefix_ids) if deployed else None
     task.report("server", 0, len(rows))
     for i, row in enumerate(rows):
         task.check()
         filled = template.fill(row.values)
-        tokens = engine.tokenize(filled)
-        prefix = len(engine.tokenize(template.prefix_prompt()))
-        prompt = tokens if as_ids else filled.text
+        local = engine.tokenize(filled)
+        prompt = local if as_ids else filled.text
+        tokens = (None if as_ids else server_tokens(filled.text)) or local
+        prefix = len(prefix_ids)
         warm = server.complete(prompt, max_tokens, cache_prompt=True, slot=slot)
         cold = server.complete(prompt, max_tokens, cache_prompt=False, slot=slot)
         r = ServerRow(row=row.number, prompt_tokens=len(tokens),
@@ -135,7 +142,7 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                       tokens=warm.tokens,
                       miss_reason=miss_reason(warm.cached_tokens, prefix, block, tokens, before, hint))
         if compare and match.same:
-            _compare_local(engine, tokens, gen, max_tokens, warm, r, task)
+            _compare_local(engine, local, gen, max_tokens, warm, r, task)
         before = tokens
         out.append(r)
         task.partial(r)
