@@ -63,6 +63,13 @@ def test_with_on_a_started_server_starts_no_second_one(tiny_engine, tmp_path):
     assert first.poll() is not None  # stopped by the with block, and no other one started
 
 
+def test_a_port_in_use_is_refused_in_one_line(tiny_engine, tmp_path, server):
+    from app.servers.llama_server_process import ServeError
+    busy = settings_for(tiny_engine, str(tmp_path / "slots"), port=server.port)
+    with pytest.raises(ServeError, match=f"port {server.port} .* is in use"):
+        ServerProcess(busy).start(30)
+
+
 def test_the_server_writes_the_engines_seq_state_version(server, tiny_engine):
     with LlamaServer(server.url) as c:
         layout = server_layout(c, 0, Path(server.settings.slot_dir), 1)
@@ -92,6 +99,7 @@ def test_deploy_then_rows_reuse_the_prefix_and_answer_as_local_cold(server, tiny
         assert r.tokens_equal is True, (r.row, r.tokens, r.first_diff)
         assert r.miss_reason == "", r.miss_reason
         assert r.cold_cached_tokens == 0  # the cold request bypassed the cache
+        assert r.server_cold_equal is True and r.output_note == ""
     # row 3 repeats row 1's passage but row 2 came between: the prefix is what is shared
     assert bench.rows[2].server_cached_tokens >= prefix - 1
 

@@ -120,6 +120,8 @@ def _print_server_bench(res) -> None:
               f"{r.cold_ms:>9.1f} {r.warm_ms:>8.1f} {r.speedup or 0:>6.1f}x  {same}")
         if r.miss_reason:
             print(f"     miss: {r.miss_reason}")
+        if r.output_note:
+            print(f"     output: {r.output_note}")
     s = res.summary()
     if s["rows"]:
         print(f"median warm {s['median_warm_ms']:.1f} ms, cold {s['median_cold_ms']:.1f} ms "

@@ -144,15 +144,17 @@ class LlamaServer:
         if len(toks) < int(final.get("tokens_predicted") or 0):
             # tokens that end in half a UTF-8 character are never streamed: ask for the ids
             # once more, unstreamed (the prompt is cached by now, so this costs the generation)
-            toks = self._generated_ids(prompt, n_predict, slot, seed)
+            toks = self._generated_ids(prompt, n_predict, slot, seed, cache_prompt)
         return Completion(text=text, tokens=toks, ttft_ms=ttft, total_ms=total,
                           cached_tokens=_int(tm.get("cache_n")),
                           evaluated_tokens=_int(tm.get("prompt_n")),
                           prompt_ms=_float(tm.get("prompt_ms")),
                           slot=_int(final.get("id_slot")), raw_final=final)
 
-    def _generated_ids(self, prompt, n_predict: int, slot: int | None, seed: int) -> list[int]:
-        body = {"prompt": prompt, "n_predict": n_predict, "stream": False, "cache_prompt": True,
+    def _generated_ids(self, prompt, n_predict: int, slot: int | None, seed: int,
+                       cache_prompt: bool) -> list[int]:
+        body = {"prompt": prompt, "n_predict": n_predict, "stream": False,
+                "cache_prompt": cache_prompt,
                 "return_tokens": True, "temperature": 0.0, "top_k": 1, "seed": seed}
         if slot is not None:
             body["id_slot"] = slot

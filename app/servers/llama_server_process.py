@@ -41,7 +41,11 @@ class ServerSettings:
     swa_full: bool = False  # sliding-window models: keep every cell, or restores go unused
     slot_dir: str = ""
     port: int = 0  # 0: a free port
-    n_threads: int = 0
+    # how the engine batches and threads, so that the server's runs compute what ours do
+    n_batch: int = 256  # -b
+    n_ubatch: int = 0  # -ub (0: as -b)
+    n_threads: int = 0  # -tb (0: llama-server's default, all cores)
+    n_threads_gen: int = 0  # -t (0: llama-server's default)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -69,6 +73,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_port_free(port: int) -> None:
+    """ServeError when something listens on ``port`` already: its /health would answer for a
+    server that failed to start."""
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            raise ServeError(f"port {port} on {HOST} is in use; choose another with --port, or "
+                             "stop what runs there") from None
+
+
 def command(binary: Path, ours: bool, s: ServerSettings, port: int) -> list[str]:
     cmd = [str(binary), "-m", s.model_path, "--host", HOST, "--port", str(port),
            "-np", "1",  # one slot, one KV stream: what a sequence state restores into
@@ -78,8 +93,11 @@ def command(binary: Path, ours: bool, s: ServerSettings, port: int) -> list[str]
         cmd += ["--slot-save-path", str(Path(s.slot_dir).resolve())]
     if s.swa_full:
         cmd.append("--swa-full")
+    cmd += ["-b", str(s.n_batch), "-ub", str(s.n_ubatch or s.n_batch)]
     if s.n_threads > 0:
-        cmd += ["-t", str(s.n_threads)]
+        cmd += ["-tb", str(s.n_threads)]
+    if s.n_threads_gen > 0:
+        cmd += ["-t", str(s.n_threads_gen)]
     if not ours and cpu_facts().amx:
         cmd.append("--no-repack")
     return cmd + list(s.extra_args)
@@ -98,6 +116,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 120.0) -> "ServerProcess":
+        check_port_free(self.port)
         if self.settings.slot_dir:
             Path(self.settings.slot_dir).mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
@@ -149,9 +168,12 @@ class ServerProcess:
 def settings_for(engine, slot_dir: str = "", port: int = 0,
                  extra_args: tuple[str, ...] = ()) -> ServerSettings:
     """Server settings that restore what ``engine`` primes: its model, flash-attention
-    setting, KV types and context size; --swa-full on sliding-window models."""
-    info = engine.info
+    setting, KV types and context size; --swa-full on sliding-window models. Its batch sizes
+    and thread counts too: llama.cpp's results depend on how a prompt is batched and, for
+    one-token decodes, on the thread count, and a server run is compared with ours."""
+    info, c = engine.info, engine.config
     return ServerSettings(model_path=info.path, flash_attn=bool(engine.kernels.flash_attn),
                           n_ctx=info.n_ctx, type_k=info.type_k, type_v=info.type_v,
                           swa_full=info.traits.n_swa > 0, slot_dir=slot_dir, port=port,
-                          extra_args=tuple(extra_args))
+                          n_batch=c.n_batch, n_ubatch=c.n_ubatch, n_threads=c.n_threads,
+                          n_threads_gen=c.n_threads_gen, extra_args=tuple(extra_args))

@@ -37,6 +37,8 @@ class ServerRow:
     tokens: list[int] = field(default_factory=list)
     tokens_equal: bool | None = None  # against KV Primer's local cold run (None: not compared)
     first_diff: int | None = None  # first generated position that differs
+    server_cold_equal: bool | None = None  # the server's warm output equals its own cold one
+    output_note: str = ""  # why the output differs from the local cold run, when it does
     local_cold_ms: float | None = None
     miss_reason: str = ""  # empty when the server reused at least the static prefix (− 1)
 
@@ -141,8 +143,10 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                       cold_cached_tokens=cold.cached_tokens, text=warm.text,
                       tokens=warm.tokens,
                       miss_reason=miss_reason(warm.cached_tokens, prefix, block, tokens, before, hint))
+        r.server_cold_equal = _same_output(warm, cold)
         if compare and match.same:
             _compare_local(engine, local, gen, max_tokens, warm, r, task)
+            r.output_note = output_note(r)
         before = tokens
         out.append(r)
         task.partial(r)
@@ -151,8 +155,27 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                        match.same, out)
 
 
+def _same_output(a: Completion, b: Completion) -> bool:
+    if a.tokens and b.tokens:
+        return a.tokens == b.tokens
+    return a.text.rstrip("\ufffd") == b.text.rstrip("\ufffd")
+
+
+def output_note(r: ServerRow) -> str:
+    """What a difference from the local cold run is due to: the server's cache, or how the
+    server computes (its own cold run differs the same way)."""
+    if r.tokens_equal is not False:
+        return ""
+    if r.server_cold_equal:
+        return ("the server's own cold run gives the same output: it computes otherwise than "
+                "this machine's engine (batch sizes, threads, build), not its cache")
+    return "the server's warm output differs from its own cold run: its cache changed the result"
+
+
 def _compare_local(engine, tokens, gen, max_tokens, warm: Completion, r: ServerRow, task) -> None:
-    local = engine.cold.run(tokens, None, gen, max_tokens, task, "cold", 0)
+    # a plain cold run: batches of n_batch from cell 0 ([]: no batch marks; None would be the
+    # one-shot noise run, whose cells sit one further on)
+    local = engine.cold.run(tokens, [], gen, max_tokens, task, "cold", 0)
     r.local_cold_ms = local.ttft_ms
     if warm.tokens:
         a, b = local.tokens, warm.tokens

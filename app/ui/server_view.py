@@ -24,7 +24,8 @@ COLUMNS = [("row", "row"), ("prompt_tokens", "prompt"), ("prefix_tokens", "prefi
            ("server_cached_tokens", "reused by server"), ("server_evaluated_tokens", "evaluated"),
            ("local_cold_ms", "local cold (ms)"), ("cold_ms", "server cold (ms)"),
            ("warm_ms", "server warm (ms)"), ("tokens_equal", "same tokens as local cold"),
-           ("miss_reason", "miss")]
+           ("server_cold_equal", "server warm = its cold"), ("miss_reason", "miss"),
+           ("output_note", "why the output differs")]
 
 
 def servers():
