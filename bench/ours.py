@@ -141,7 +141,8 @@ class OurPaths:
             try:
                 e.fork(seq, own, upto=row.boundary)
                 t0 = time.perf_counter()
-                e.evaluate(row.suffix, own, chunk=EXACT_CHUNK, marks=list(row.marks))
+                e.evaluate(row.suffix, own,
+                           starts=e.batch_plan(own, len(row.suffix), EXACT_CHUNK, row.marks))
                 n = max(1, more)
                 g = generate(e.ctx, e.model, lambda tok: e.evaluate([tok], own, stage="generate"),
                              GenerationConfig(max_tokens=n), n, None, "bench", 1)

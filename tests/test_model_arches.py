@@ -32,7 +32,7 @@ def _diff(a, b) -> float:
 
 def _cold(eng: Engine, tokens: list[int], boundary: int, seq: int = 0):
     eng.clear_seq(seq)
-    return eng.evaluate(tokens, seq, marks=[boundary])
+    return eng.evaluate(tokens, seq, starts=eng.batch_plan(seq, len(tokens), marks=[boundary]))
 
 
 @pytest.fixture(params=ARCHITECTURES)

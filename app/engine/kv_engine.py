@@ -187,16 +187,26 @@ class Engine(SequenceOps):
             raise ContextOverflowError(n_tokens, self.ctx.n_ctx)
 
     # ---- evaluation
+    def batch_plan(self, seq: int, n_tokens: int, chunk: int | None = None,
+                   marks=()) -> list[int]:
+        """Where batches start to append ``n_tokens`` to ``seq``: at most ``chunk`` tokens each
+        (default and cap n_batch), and a batch also starts at every absolute position in
+        ``marks`` (batch_plan.py). Callers that record the plan (nodes, the cold reference)
+        make it here and pass it to ``evaluate``."""
+        start = len(self.resident[seq])
+        return batch_starts(start, start + n_tokens,
+                            min(chunk or self.config.n_batch, self.config.n_batch), marks)
+
     def evaluate(self, tokens: list[int], seq: int = 0, task: TaskState | None = None,
-                 stage: str = "eval", want_logits: bool = True, chunk: int | None = None,
-                 marks: list[int] = (), at_mark=None):
+                 stage: str = "eval", want_logits: bool = True, starts: list[int] | None = None,
+                 marks=(), at_mark=None):
         """Append ``tokens`` to sequence ``seq``; return the last logits (or None).
 
-        Batches hold at most ``chunk`` tokens (default n_batch) and also start at every
-        absolute position in ``marks``, where ``at_mark(position)`` is called once the tokens
-        before it are in (the radix cache forks nodes there). The batch starts used are left
-        in ``self.last_starts``. Cancelling between batches leaves the sequence holding
-        exactly the tokens evaluated so far.
+        Batches start at the absolute positions ``starts`` (from ``batch_plan``; default plain
+        n_batch batches). ``at_mark(position)`` is called at every position in ``marks`` (each
+        a batch start or the end) once the tokens before it are in: the radix cache forks nodes
+        there. Cancelling between batches leaves the sequence holding exactly the tokens
+        evaluated so far.
         """
         self._check_seq(seq)
         if seq in self.moved:
@@ -206,9 +216,12 @@ class Engine(SequenceOps):
         start = len(self.resident[seq])
         end = start + len(tokens)
         self.check_fits(end)
-        starts = batch_starts(start, end, min(chunk or self.config.n_batch, self.config.n_batch),
-                              marks)
-        self.last_starts = starts
+        if starts is None:
+            starts = self.batch_plan(seq, len(tokens))
+        elif tokens and (not starts or starts[0] != start):
+            raise ValueError("the batch plan must start where the sequence ends")
+        if any(m not in starts and m != end for m in marks if start <= m <= end):
+            raise ValueError("every mark must be where a batch starts or at the end")
         task.report(stage, 0, len(tokens))
         for a, b in batches(starts, end):
             task.check(kept_tokens=len(self.resident[seq]))
@@ -367,9 +380,10 @@ class Engine(SequenceOps):
             work = self.cache.take_work_seq()
             try:
                 self.cache.fork_into(hit, work)
+                starts = self.batch_plan(work, len(tokens) - hit.reused, chunk)
                 self.evaluate(tokens[hit.reused:], work, task, stage="prime", want_logits=False,
-                              chunk=chunk)
-                return self.cache.add(work, "static prefix", hit.head_cuts() + self.last_starts,
+                              starts=starts)
+                return self.cache.add(work, "static prefix", hit.head_cuts() + starts,
                                       template.sha256, hit.approx)
             finally:
                 self.cache.give_back(work)
