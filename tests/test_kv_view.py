@@ -111,6 +111,25 @@ def test_shift_and_divide_move_positions_and_keep_resident_honest(engine):
     assert engine.resident[2] == []
 
 
+def test_the_token_account_changes_only_through_its_owner(engine):
+    # reads are copies: the account of what each sequence holds cannot be changed behind the
+    # engine's back, only by the operations that change the cells (sequence_tokens.py)
+    engine.evaluate(toks(12), 2)
+    engine.resident[2].append(7)
+    assert len(engine.resident[2]) == engine.resident.count(2) == 12
+    with pytest.raises(TypeError):
+        engine.resident[2] = []
+    with pytest.raises(AttributeError):
+        engine.moved.add(2)
+    engine.evaluate(toks(12), 3)
+    engine.shift(3, 6, 4)  # cells of 3 alone, from position 6
+    assert engine.resident[3] == toks(12)[:6] and engine.moved == {3}
+    engine.fork(3, 4)  # a whole copy of a moved sequence holds its moved cells too
+    assert engine.moved == {3, 4} and engine.resident[4] == toks(12)[:6]
+    engine.fork(3, 5, upto=4)
+    assert 5 not in engine.moved and engine.resident[5] == toks(12)[:4]
+
+
 def test_shift_of_shared_cells_is_refused(engine):
     engine.evaluate(toks(20), 0)
     engine.fork(0, 1)

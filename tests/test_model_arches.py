@@ -239,5 +239,5 @@ def test_recurrent_state_is_restored_exactly_by_llama_cpp_but_refused_by_our_che
         with pytest.raises(KvPrimerError):
             eng.restore(state, 0)
         assert eng.ctx.state_set(raw, 0)
-        eng.resident[0] = list(toks[:40])
+        eng.resident.set(0, toks[:40])  # what the raw state_set put back
         assert _diff(eng.evaluate(toks[40:], 0), cold) == 0.0

@@ -31,6 +31,7 @@ from .cache.radix_tree import RadixNode
 from .prompts.prompt_tokens import PromptTokenizer
 from .files.seq_payload import in_position_order, v_transposed
 from .kv.sequence_ops import SequenceOps
+from .kv.sequence_tokens import SequenceTokens
 from .task_state import TaskState
 from .prompts.template import FilledPrompt, Template
 from .cache.work_context import WorkContext
@@ -132,16 +133,20 @@ class Engine(SequenceOps):
                                      "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                      "file_bytes")})
         self.tokenizer = PromptTokenizer(self.model)
-        # token ids resident in each sequence, position i holding resident[seq][i]
-        self.resident: dict[int, list[int]] = {s: [] for s in range(config.n_seq_max)}
-        # sequences that also hold shifted or divided cells beyond resident[seq] (see shift())
-        self.moved: set[int] = set()
+        # token ids resident in each sequence, position i holding resident[seq][i], and the
+        # sequences that also hold shifted cells: changed only through its methods
+        self.resident = SequenceTokens(config.n_seq_max)
         self._kv_listeners: list = []
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
         self.cold = ColdReference(self)
         self.work = WorkContext(self)
         self.cache = RadixCache(self, config.cache)
+
+    @property
+    def moved(self) -> frozenset[int]:
+        """Sequences that also hold shifted or divided cells beyond ``resident[seq]``."""
+        return self.resident.moved
 
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""
@@ -193,7 +198,7 @@ class Engine(SequenceOps):
         (default and cap n_batch), and a batch also starts at every absolute position in
         ``marks`` (batch_plan.py). Callers that record the plan (nodes, the cold reference)
         make it here and pass it to ``evaluate``."""
-        start = len(self.resident[seq])
+        start = self.resident.count(seq)
         return batch_starts(start, start + n_tokens,
                             min(chunk or self.config.n_batch, self.config.n_batch), marks)
 
@@ -209,11 +214,11 @@ class Engine(SequenceOps):
         evaluated so far.
         """
         self._check_seq(seq)
-        if seq in self.moved:
+        if self.resident.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions; trim it to "
-                                f"{len(self.resident[seq])} tokens or clear it before evaluating")
+                                f"{self.resident.count(seq)} tokens or clear it before evaluating")
         task = task or TaskState()
-        start = len(self.resident[seq])
+        start = self.resident.count(seq)
         end = start + len(tokens)
         self.check_fits(end)
         if starts is None:
@@ -224,7 +229,7 @@ class Engine(SequenceOps):
             raise ValueError("every mark must be where a batch starts or at the end")
         task.report(stage, 0, len(tokens))
         for a, b in batches(starts, end):
-            task.check(kept_tokens=len(self.resident[seq]))
+            task.check(kept_tokens=self.resident.count(seq))
             if at_mark is not None and a in marks:
                 at_mark(a)
             self.decode([(tokens[i - start], i, (seq,), want_logits and i == end - 1)
@@ -244,15 +249,16 @@ class Engine(SequenceOps):
                 self._resync(seq)
             raise
         for tok, _pos, seqs, _logits in entries:
-            self.resident[seqs[0]].append(tok)
+            self.resident.extend(seqs[0], (tok,))
 
     def _resync(self, seq: int) -> None:
         """After a failed decode, trust llama.cpp's own position range."""
         lo, hi = self.ctx.pos_range(seq)
-        n = hi + 1 if lo == 0 else 0
         if lo != 0:
             self.ctx.seq_rm(seq)
-        self.resident[seq] = self.resident[seq][:n]
+            self.resident.clear(seq)
+        else:
+            self.resident.truncate(seq, hi + 1)
 
     # ---- the KV cache view
     def kv_view(self) -> KvCacheView:
@@ -260,7 +266,7 @@ class Engine(SequenceOps):
         self.ctx.verify()
         return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
                           self.info.kv_bytes_per_token,
-                          {s: len(t) for s, t in self.resident.items()})
+                          self.resident.counts())
 
     def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
         """Call ``fn(view)`` on this (the engine's) thread after KV changes, at most every
@@ -285,11 +291,11 @@ class Engine(SequenceOps):
     def snapshot(self, seq: int = 0, template: Template | None = None, text: str = "") -> PrefixState:
         """The state of one sequence (its KV cells only: no logits, no other sequences)."""
         self._check_seq(seq)
-        if not self.resident[seq]:
+        if not self.resident.count(seq):
             raise KvPrimerError(f"sequence {seq} is empty; prime it first")
-        if seq in self.moved:
+        if self.resident.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
-                                f"state cannot describe; trim it to {len(self.resident[seq])} tokens first")
+                                f"state cannot describe; trim it to {self.resident.count(seq)} tokens first")
         return PrefixState(
             tokens=tuple(self.resident[seq]), data=in_position_order(self.ctx.state_get(seq)),
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
@@ -318,20 +324,17 @@ class Engine(SequenceOps):
         t0 = time.perf_counter()
         # llama.cpp clears the sequence before it finds a layer/row/V-layout mismatch; keep a
         # copy to put back (run paths restore into an empty sequence, so this costs them nothing)
-        old, was_moved = self.resident[seq], seq in self.moved
+        old, was_moved = self.resident[seq], self.resident.is_moved(seq)
         backup = self.ctx.state_get(seq) if old else None
         self.ctx.seq_rm(seq)
-        self.resident[seq] = []
-        self.moved.discard(seq)
+        self.resident.clear(seq)
         if not self.ctx.state_set(state.data, seq):
             self.ctx.seq_rm(seq)
             if backup and self.ctx.state_set(backup, seq):
-                self.resident[seq] = old
-                if was_moved:
-                    self.moved.add(seq)
+                self.resident.set(seq, old, moved=was_moved)
             raise StateFileError("llama.cpp rejected the state's KV data (layer or row sizes differ); "
                                  "prime the prefix again with this model")
-        self.resident[seq] = list(state.tokens)
+        self.resident.set(seq, state.tokens)
         return time.perf_counter() - t0
 
     def load_state(self, path: str | Path) -> PrefixState:

@@ -21,24 +21,21 @@ class SequenceOps:
     def clear_seq(self, seq: int) -> None:
         self._check_seq(seq)
         self.ctx.seq_rm(seq)
-        self.resident[seq] = []
-        self.moved.discard(seq)
+        self.resident.clear(seq)
 
     def clear_all(self) -> None:
         self.ctx.clear()
-        for s in self.resident:
-            self.resident[s] = []
-        self.moved.clear()
+        self.resident.clear_all()
         self.cache.lost_sequences()
 
     def trim(self, seq: int, keep: int) -> None:
         """Keep the first ``keep`` tokens of ``seq``, drop the rest."""
         self._check_seq(seq)
-        if keep < len(self.resident[seq]) or (seq in self.moved and keep <= len(self.resident[seq])):
+        n = self.resident.count(seq)
+        if keep < n or (self.resident.is_moved(seq) and keep <= n):
             if not self.ctx.seq_rm(seq, keep, -1):
                 raise ContextError("llama.cpp could not trim that sequence")
-            self.resident[seq] = self.resident[seq][:keep]
-            self.moved.discard(seq)
+            self.resident.trim(seq, keep)
 
     def fork(self, src: int, dst: int, upto: int | None = None) -> None:
         """Make ``dst`` hold what ``src`` holds (its first ``upto`` tokens); the cells are
@@ -48,19 +45,16 @@ class SequenceOps:
         if src == dst:
             return
         self.clear_seq(dst)
-        if upto is None or upto >= len(self.resident[src]):
+        if upto is None or upto >= self.resident.count(src):
             self.ctx.seq_cp(src, dst)
-            self.resident[dst] = list(self.resident[src])
-            if src in self.moved:
-                self.moved.add(dst)
         elif upto > 0:
             self.ctx.seq_cp(src, dst, 0, upto)
-            self.resident[dst] = self.resident[src][:upto]
+        self.resident.copy(src, dst, upto)
 
     def fork_into_user_sequence(self, src: int) -> None:
         """Fork ``src`` into sequence 0, the user's, which must be empty: a fork replaces what
         the destination holds, and the user's sequence is theirs to clear."""
-        if self.resident[0] or 0 in self.moved:
+        if self.resident.count(0) or self.resident.is_moved(0):
             raise KvPrimerError("sequence 0 is in use: clear it first, then fork into it")
         self.fork(src, 0)
 
@@ -77,7 +71,7 @@ class SequenceOps:
             return False
         self.ctx.seq_cp(scratch, seq)
         self.ctx.seq_rm(scratch)
-        self.resident[seq] = list(tokens)
+        self.resident.set(seq, tokens)
         return True
 
     def place_cells(self, src: int, p0: int, p1: int, dst: int, delta: int, scratch: int,
@@ -85,7 +79,7 @@ class SequenceOps:
         """Append the cells of ``src`` at positions p0..p1-1 to ``dst``, moved by ``delta``
         (shared when not moved; otherwise copied through ``scratch``, then seq_add, which makes
         the next decode re-rotate their K). ``tokens`` are the tokens they hold."""
-        if len(self.resident[dst]) != p0 + delta:
+        if self.resident.count(dst) != p0 + delta:
             raise KvPrimerError("cells must be placed right after what the sequence holds")
         if delta == 0:
             self.ctx.seq_cp(src, dst, p0, p1)
@@ -97,7 +91,7 @@ class SequenceOps:
             self.ctx.seq_add(scratch, p0, p1, delta)
             self.ctx.seq_cp(scratch, dst)
             self.ctx.seq_rm(scratch)
-        self.resident[dst].extend(tokens)
+        self.resident.extend(dst, tokens)
 
     def used_cells(self, ignoring: int | None = None) -> int:
         """Cells holding some sequence's tokens (besides sequence ``ignoring``'s), by the
@@ -111,10 +105,7 @@ class SequenceOps:
         """Drop every other sequence; cells ``seq`` shared with them become its own."""
         self._check_seq(seq)
         self.ctx.seq_keep(seq)
-        for s in self.resident:
-            if s != seq:
-                self.resident[s] = []
-                self.moved.discard(s)
+        self.resident.keep_only(seq)
         self.cache.lost_sequences(kept=seq)
 
     def shift(self, seq: int, p0: int, delta: int) -> None:
@@ -161,10 +152,6 @@ class SequenceOps:
                 f"evaluate this one on its own first")
 
     def _after_move(self, seq: int, exact: int) -> None:
-        self.resident[seq] = self.resident[seq][:exact]
-        lo, hi = self.ctx.pos_range(seq)
-        if hi >= len(self.resident[seq]):
-            self.moved.add(seq)
-        else:
-            self.moved.discard(seq)
+        _lo, hi = self.ctx.pos_range(seq)
+        self.resident.moved_from(seq, exact, holds_more=hi >= min(exact, self.resident.count(seq)))
 
