@@ -139,7 +139,7 @@ class OurPaths:
             seq = cache.materialise(node)
             own = cache.take_work_seq()
             try:
-                e.fork(seq, own, upto=row.boundary)
+                e.seqs.fork(seq, own, upto=row.boundary)
                 t0 = time.perf_counter()
                 e.evaluate(row.suffix, own,
                            starts=e.batch_plan(own, len(row.suffix), EXACT_CHUNK, row.marks))

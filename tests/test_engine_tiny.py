@@ -116,7 +116,7 @@ def test_cancel_prime_between_batches_leaves_a_known_length(engine):
     kept = e.value.kept_tokens
     assert kept == 32
     # the half-primed working sequence was given back: no cells, no node left behind
-    assert len(engine.cache.tree) == 0 and engine.used_cells() == 0
+    assert len(engine.cache.tree) == 0 and engine.seqs.used_cells() == 0
     assert all(not toks for toks in engine.resident.values())
     assert all(engine.ctx.pos_range(s) == (-1, -1) for s in range(engine.config.n_seq_max))
     state = engine.prime(TPL)  # the next job works
@@ -149,7 +149,7 @@ def test_progress_is_reported_per_batch(engine):
 
 def test_the_batch_plan_is_a_value_the_caller_holds(engine):
     # the plan a node or a cold run records is the one evaluate used: made before, passed in
-    engine.clear_seq(3)
+    engine.seqs.clear(3)
     engine.evaluate([5] * 10, 3, want_logits=False)
     plan = engine.batch_plan(3, 40, chunk=16, marks=[30])
     assert plan == [10, 26, 30, 46]
@@ -161,4 +161,4 @@ def test_the_batch_plan_is_a_value_the_caller_holds(engine):
     with pytest.raises(ValueError):  # a mark where no batch starts would never be called
         engine.evaluate([7] * 4, 3, starts=[50], marks=[52], at_mark=seen.append)
     assert len(engine.resident[3]) == 50 and not hasattr(engine, "last_starts")
-    engine.clear_seq(3)
+    engine.seqs.clear(3)

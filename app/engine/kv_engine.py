@@ -8,25 +8,25 @@ warm run's history, for the verdict to compare with.
 """
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
 from .runs.cold_reference import ColdReference
-from .llama.crash_probe import CpuKernels, checked_cpu_kernels
-from .llama.kernel_choice import KernelChoice, choose_kernels
+from .engine_config import EngineConfig, ModelInfo
+from .llama.crash_probe import checked_cpu_kernels
+from .llama.kernel_choice import choose_kernels
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
-from .llama.model_traits import ModelTraits, read_traits, with_context
+from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
 from .kv.kv_view import KvCacheView, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
 from .files.prefix_state import PrefixState
-from .cache.radix_cache import CacheLimits, RadixCache
+from .cache.radix_cache import RadixCache
 from .cache.radix_tree import RadixNode
 from .prompts.prompt_tokens import PromptTokenizer
 from .files.seq_payload import in_position_order, v_transposed
@@ -37,70 +37,7 @@ from .prompts.template import FilledPrompt, Template
 from .cache.work_context import WorkContext
 
 
-_CTX = ContextParams  # the context settings' defaults are defined once, there
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine's settings: the CLI's shared options, the window's model panel and a project
-    file's "engine" settings all make one of these."""
-    model_path: str | None = None  # None: the default model
-    n_ctx: int = _CTX.n_ctx
-    n_batch: int = _CTX.n_batch
-    n_threads: int = _CTX.n_threads  # batch threads (llama.cpp's -tb); 0: all cores
-    n_threads_gen: int = _CTX.n_threads_gen  # generation threads (llama.cpp's -t); see ContextParams
-    type_k: str = _CTX.type_k
-    type_v: str = _CTX.type_v
-    n_seq_max: int = 64  # sequence 0 is the user's, the radix cache uses the rest
-    cache: CacheLimits = CacheLimits()
-    kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
-    n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp's -ngl); -1: all of them
-    # flash attention: "auto" measures which kernel is faster here (kernel_choice.py); the
-    # default can be set with KVPRIMER_FLASH_ATTN (as llama.cpp's tools take LLAMA_ARG_FLASH_ATTN)
-    flash_attn: str = field(default_factory=lambda: os.environ.get("KVPRIMER_FLASH_ATTN", "auto"))
-    remeasure_kernels: bool = False  # measure again even when a measurement is cached
-    n_ubatch: int = _CTX.n_ubatch  # micro-batch (llama.cpp's -ub); 0: the batch size
-
-    def context_params(self, n_seq_max: int, flash_attn: bool | None = None) -> ContextParams:
-        """These settings as a context's, for a context of ``n_seq_max`` sequences."""
-        return ContextParams(self.n_ctx, self.n_batch, self.n_threads, self.type_k, self.type_v,
-                             n_seq_max, self.n_threads_gen, flash_attn, self.n_ubatch)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    path: str
-    name: str
-    architecture: str
-    description: str
-    sha256: str
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    n_embd: int
-    n_ctx_train: int
-    n_vocab: int
-    n_params: int
-    file_bytes: int
-    n_ctx: int
-    n_batch: int
-    n_seq_max: int
-    type_k: str
-    type_v: str
-    kv_bytes_per_token: int
-    traits: ModelTraits  # what the architecture means for caching
-    gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
-    kernels: KernelChoice | None = None  # the attention kernel, and why
-    cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
-    n_ubatch: int = 0  # the micro-batch llama.cpp runs
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "traits": self.traits.as_dict(),
-                "kernels": self.kernels.as_dict() if self.kernels else None,
-                "cpu_kernels": self.cpu_kernels.as_dict() if self.cpu_kernels else None}
-
-
-class Engine(SequenceOps):
+class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()):
         self.config = config
         path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
@@ -136,17 +73,14 @@ class Engine(SequenceOps):
         # token ids resident in each sequence, position i holding resident[seq][i], and the
         # sequences that also hold shifted cells: changed only through its methods
         self.resident = SequenceTokens(config.n_seq_max)
+        # clear, trim, fork, shift… of what sequences hold
+        self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
         self._kv_listeners: list = []
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
         self.cold = ColdReference(self)
         self.work = WorkContext(self)
         self.cache = RadixCache(self, config.cache)
-
-    @property
-    def moved(self) -> frozenset[int]:
-        """Sequences that also hold shifted or divided cells beyond ``resident[seq]``."""
-        return self.resident.moved
 
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""
@@ -157,6 +91,23 @@ class Engine(SequenceOps):
         """Warm runs evaluate in the work context (work_context.py), cells laid out as a cold
         run lays them out; sliding-window models fork in the cache's context instead."""
         return self.n_swa == 0
+
+    def clear_seq(self, seq: int) -> None:
+        """Empty one sequence (the Python API's; the other operations are ``engine.seqs``)."""
+        self.seqs.clear(seq)
+
+    def clear_all(self) -> None:
+        """Empty every sequence; the cache's nodes lose their cells (not their snapshots)."""
+        self.ctx.clear()
+        self.resident.clear_all()
+        self.cache.lost_sequences()
+
+    def keep_only(self, seq: int) -> None:
+        """Drop every other sequence; cells ``seq`` shared with them become its own."""
+        self.seqs.check(seq)
+        self.ctx.seq_keep(seq)
+        self.resident.keep_only(seq)
+        self.cache.lost_sequences(kept=seq)
 
     def clear_cache(self) -> None:
         """Drop every cached prompt and what the work context holds (the user's sequence 0 and
@@ -213,7 +164,7 @@ class Engine(SequenceOps):
         there. Cancelling between batches leaves the sequence holding exactly the tokens
         evaluated so far.
         """
-        self._check_seq(seq)
+        self.seqs.check(seq)
         if self.resident.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions; trim it to "
                                 f"{self.resident.count(seq)} tokens or clear it before evaluating")
@@ -290,7 +241,7 @@ class Engine(SequenceOps):
     # ---- states
     def snapshot(self, seq: int = 0, template: Template | None = None, text: str = "") -> PrefixState:
         """The state of one sequence (its KV cells only: no logits, no other sequences)."""
-        self._check_seq(seq)
+        self.seqs.check(seq)
         if not self.resident.count(seq):
             raise KvPrimerError(f"sequence {seq} is empty; prime it first")
         if self.resident.is_moved(seq):
@@ -319,7 +270,7 @@ class Engine(SequenceOps):
 
     def restore(self, state: PrefixState, seq: int = 0) -> float:
         """Put a saved state into ``seq``; returns seconds taken. The context is unchanged on error."""
-        self._check_seq(seq)
+        self.seqs.check(seq)
         self.check_state(state)
         t0 = time.perf_counter()
         # llama.cpp clears the sequence before it finds a layer/row/V-layout mismatch; keep a
@@ -378,7 +329,7 @@ class Engine(SequenceOps):
                 return self.cache.store(tokens, "static prefix", template.sha256, hit.approx)
             if hit.node is not None:
                 self.cache.materialise(hit.node)
-            chunk = None if self.used_cells() == 0 else EXACT_CHUNK
+            chunk = None if self.seqs.used_cells() == 0 else EXACT_CHUNK
             self.cache.ensure_free_cells(len(tokens) - hit.reused)
             work = self.cache.take_work_seq()
             try:

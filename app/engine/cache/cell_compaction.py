@@ -22,15 +22,15 @@ def relayout(cache) -> None:
             continue
         base = cache.resident_ancestor(node)
         start = base.depth if base is not None else 0
-        plan.append((node, base, e.cells_of(node.seq, start, node.depth, cache.scratch)))
+        plan.append((node, base, e.seqs.cells_of(node.seq, start, node.depth, cache.scratch)))
     user_tokens, user_moved = e.resident[0], e.resident.is_moved(0)
     user = e.ctx.state_get(0) if user_tokens or user_moved else b""
     e.ctx.clear()
     e.resident.clear_all()
     for node, base, data in plan:
         if base is not None:
-            e.fork(base.seq, node.seq)
-        if not e.add_cells(data, node.seq, cache.scratch, node.tokens()):
+            e.seqs.fork(base.seq, node.seq)
+        if not e.seqs.add_cells(data, node.seq, cache.scratch, node.tokens()):
             e.ctx.clear()
             e.resident.clear_all()
             cache.lost_sequences()  # every node now says it holds nothing, as it does

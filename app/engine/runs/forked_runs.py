@@ -127,7 +127,7 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
             prefix_seq = cache.materialise(node)
         t0 = time.perf_counter()
         for r in rows:
-            engine.fork(prefix_seq, r.seq, upto=r.reused_tokens)
+            engine.seqs.fork(prefix_seq, r.seq, upto=r.reused_tokens)
         t1 = time.perf_counter()
         out.fork_ms = (t1 - t0) * 1000
         first = _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact)

@@ -101,7 +101,7 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
                         starts=engine.batch_plan(work, len(toks), EXACT_CHUNK))
 
     def place(src, p0, p1, cur, toks):
-        engine.place_cells(src, p0, p1, work, cur - p0, cache.scratch, toks)
+        engine.seqs.place_cells(src, p0, p1, work, cur - p0, cache.scratch, toks)
 
     return _compose(engine, plan, tokens, recompute, evaluate, place)
 
@@ -119,7 +119,7 @@ def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompu
                       want_logits=False)
 
     def place(src, p0, p1, cur, toks):
-        work.append_cells(engine.cells_of(src, p0, p1, cache.scratch), toks, [cur], shift=cur - p0)
+        work.append_cells(engine.seqs.cells_of(src, p0, p1, cache.scratch), toks, [cur], shift=cur - p0)
 
     return _compose(engine, plan, tokens, recompute, evaluate, place)
 
