@@ -139,9 +139,10 @@ class OurPaths:
             seq = cache.materialise(node)
             own = cache.take_work_seq()
             try:
-                e.fork(seq, own, upto=row.boundary)
+                e.seqs.fork(seq, own, upto=row.boundary)
                 t0 = time.perf_counter()
-                e.evaluate(row.suffix, own, chunk=EXACT_CHUNK, marks=list(row.marks))
+                e.evaluate(row.suffix, own,
+                           starts=e.batch_plan(own, len(row.suffix), EXACT_CHUNK, row.marks))
                 n = max(1, more)
                 g = generate(e.ctx, e.model, lambda tok: e.evaluate([tok], own, stage="generate"),
                              GenerationConfig(max_tokens=n), n, None, "bench", 1)

@@ -27,7 +27,7 @@ def probe_restore(engine: Engine, state: PrefixState, path: Path, n: int = 5, se
     data = state.data
 
     def engine_restore():
-        engine.clear_seq(seq)
+        engine.seqs.clear(seq)
         engine.restore(state, seq)
 
     def set_in_place():
@@ -51,5 +51,5 @@ def probe_restore(engine: Engine, state: PrefixState, path: Path, n: int = 5, se
         "state_get_ms": _median_ms(lambda: ctx.state_get(seq), n),
         "repeats": n,
     }
-    engine.clear_seq(seq)  # the probes left llama.cpp's cells and our token list out of step
+    engine.seqs.clear(seq)  # the probes left llama.cpp's cells and our token list out of step
     return out

@@ -23,11 +23,11 @@ def run_sweep(ours: OurPaths, full: PrefixState, work: Workload, points, repeats
     row = work.rows[0]
     out = []
     for n in sorted(p for p in points if 0 < p < row.boundary):
-        e.clear_seq(seq)
+        e.seqs.clear(seq)
         e.restore(full, seq)
-        e.trim(seq, n)
+        e.seqs.trim(seq, n)
         state_n = e.snapshot(seq)
-        e.clear_seq(seq)
+        e.seqs.clear(seq)
         out.append(_sweep_point(ours, state_n, truncated(work.prefix, row, n), repeats, log))
 
     def same_row(name):

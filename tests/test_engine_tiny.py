@@ -116,7 +116,7 @@ def test_cancel_prime_between_batches_leaves_a_known_length(engine):
     kept = e.value.kept_tokens
     assert kept == 32
     # the half-primed working sequence was given back: no cells, no node left behind
-    assert len(engine.cache.tree) == 0 and engine.used_cells() == 0
+    assert len(engine.cache.tree) == 0 and engine.seqs.used_cells() == 0
     assert all(not toks for toks in engine.resident.values())
     assert all(engine.ctx.pos_range(s) == (-1, -1) for s in range(engine.config.n_seq_max))
     state = engine.prime(TPL)  # the next job works
@@ -146,3 +146,20 @@ def test_progress_is_reported_per_batch(engine):
     prime = [p for p in seen if p.stage == "prime"]
     assert prime[0].done == 0 and prime[-1].done == prime[-1].total
     assert len(prime) == 1 + -(-prime[-1].total // 32)
+
+
+def test_the_batch_plan_is_a_value_the_caller_holds(engine):
+    # the plan a node or a cold run records is the one evaluate used: made before, passed in
+    engine.seqs.clear(3)
+    engine.evaluate([5] * 10, 3, want_logits=False)
+    plan = engine.batch_plan(3, 40, chunk=16, marks=[30])
+    assert plan == [10, 26, 30, 46]
+    seen: list[int] = []
+    engine.evaluate([7] * 40, 3, want_logits=False, starts=plan, marks=[30, 50], at_mark=seen.append)
+    assert seen == [30, 50] and len(engine.resident[3]) == 50
+    with pytest.raises(ValueError):  # a plan that does not start where the sequence ends
+        engine.evaluate([7] * 4, 3, starts=[0])
+    with pytest.raises(ValueError):  # a mark where no batch starts would never be called
+        engine.evaluate([7] * 4, 3, starts=[50], marks=[52], at_mark=seen.append)
+    assert len(engine.resident[3]) == 50 and not hasattr(engine, "last_starts")
+    engine.seqs.clear(3)

@@ -94,7 +94,7 @@ def test_forked_run_gives_its_sequences_back_and_reuses_the_prefix(wide):
     # only the prefix's node stays resident, holding exactly the prefix
     assert [n for n in wide.cache.tree] == [node]
     assert wide.resident[node.seq] == list(state.tokens)
-    assert wide.used_cells() == state.n_tokens
+    assert wide.seqs.used_cells() == state.n_tokens
     hits = node.hits
     again = run_forked(wide, TPL, ROWS[:2], state=state, gen=GEN)  # same prefix: no restore
     assert [n for n in wide.cache.tree] == [node] and node.hits == hits + 1

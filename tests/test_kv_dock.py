@@ -80,7 +80,7 @@ def test_grid_colours_cells_by_radix_node_forks_hatched_and_trim_changes_it(qtbo
 
 
 def test_refused_operation_shows_its_message(qtbot, dock):
-    dock.worker.submit(JobKind.TASK, lambda e, t: (e.evaluate([5, 6, 7, 8], 1), e.fork(1, 0)))
+    dock.worker.submit(JobKind.TASK, lambda e, t: (e.evaluate([5, 6, 7, 8], 1), e.seqs.fork(1, 0)))
     qtbot.waitUntil(lambda: dock.view.seq(0) is not None, timeout=10000)
     dock.select_seq(0)
     dock.shift_delta.setValue(5)

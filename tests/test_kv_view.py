@@ -18,7 +18,7 @@ def test_fork_shares_every_prefix_cell_and_trim_keeps_shared_cells(engine):
     prefix = engine.tokenize(TPL.prefix_prompt())
     engine.evaluate(prefix, 0, want_logits=False)
     P = len(prefix)
-    engine.fork(0, 1)
+    engine.seqs.fork(0, 1)
     v = engine.kv_view()
     assert v.source == "debug-log" and v.has_cells
     assert v.used_cells == P
@@ -26,27 +26,27 @@ def test_fork_shares_every_prefix_cell_and_trim_keeps_shared_cells(engine):
         u = v.seq(s)
         assert (u.cells, u.pos_min, u.pos_max, u.shared_cells) == (P, 0, P - 1, P)
     Q = P // 3
-    engine.trim(1, Q)
+    engine.seqs.trim(1, Q)
     v = engine.kv_view()
     assert (v.seq(1).cells, v.seq(1).shared_cells, v.seq(1).pos_max) == (Q, Q, Q - 1)
     assert (v.seq(0).cells, v.seq(0).shared_cells) == (P, Q)
     assert v.used_cells == P  # trimming a fork frees nothing: sequence 0 still holds them
-    engine.clear_seq(0)
+    engine.seqs.clear(0)
     v = engine.kv_view()
     assert v.used_cells == Q and v.seq(1).shared_cells == 0
-    engine.clear_seq(1)
+    engine.seqs.clear(1)
     v = engine.kv_view()
     assert v.used_cells == 0 and v.sequences == ()
 
 
 def test_cell_map_matches_llama_cpp_after_operations(engine):
     engine.evaluate(toks(50), 0)
-    engine.fork(0, 1)
-    engine.trim(1, 20)
+    engine.seqs.fork(0, 1)
+    engine.seqs.trim(1, 20)
     engine.evaluate(toks(10, 3), 1)
     state = engine.snapshot(1)
     engine.restore(state, 2)
-    engine.clear_seq(0)
+    engine.seqs.clear(0)
     engine.evaluate(toks(33, 5), 3)  # its log shows the cache before: checked against our record
     v = engine.kv_view()
     assert engine.ctx.log.maps_seen >= 4
@@ -62,9 +62,9 @@ def test_cell_map_matches_llama_cpp_after_operations(engine):
 
 def test_every_logged_map_agrees_with_the_record(engine):
     engine.evaluate(toks(40), 0)
-    engine.fork(0, 1)
-    engine.fork(0, 2)
-    engine.trim(2, 5)
+    engine.seqs.fork(0, 1)
+    engine.seqs.fork(0, 2)
+    engine.seqs.trim(2, 5)
     for i in range(3):  # each decode logs the cache as it was: a shared map with "M" cells
         engine.evaluate([9 + i], 1)
         assert engine.kv_view().source == "debug-log", engine.ctx.mirror.problem
@@ -79,7 +79,7 @@ def test_every_logged_map_agrees_with_the_record(engine):
 
 def test_keep_only_frees_the_other_sequences(engine):
     engine.evaluate(toks(40), 0)
-    engine.fork(0, 1)
+    engine.seqs.fork(0, 1)
     engine.evaluate(toks(8), 2)
     engine.keep_only(1)
     v = engine.kv_view()
@@ -90,32 +90,51 @@ def test_keep_only_frees_the_other_sequences(engine):
 
 def test_shift_and_divide_move_positions_and_keep_resident_honest(engine):
     engine.evaluate(toks(40), 2)
-    engine.shift(2, 10, 100)
+    engine.seqs.shift(2, 10, 100)
     v = engine.kv_view()
     assert (v.seq(2).cells, v.seq(2).pos_min, v.seq(2).pos_max) == (40, 0, 139)
     assert engine.ctx.pos_range(2) == (0, 139)
-    assert len(engine.resident[2]) == 10 and 2 in engine.moved
+    assert len(engine.resident[2]) == 10 and 2 in engine.resident.moved
     with pytest.raises(KvPrimerError, match="shifted or divided"):
         engine.evaluate([5], 2)
     with pytest.raises(KvPrimerError, match="shifted or divided"):
         engine.snapshot(2)
-    engine.trim(2, 10)  # back to the exact part
-    assert 2 not in engine.moved and engine.kv_view().seq(2).cells == 10
+    engine.seqs.trim(2, 10)  # back to the exact part
+    assert 2 not in engine.resident.moved and engine.kv_view().seq(2).cells == 10
     engine.evaluate(toks(40)[10:], 2)
-    engine.divide(2, 20, 2)  # positions 20..39 become 10..19
+    engine.seqs.divide(2, 20, 2)  # positions 20..39 become 10..19
     v = engine.kv_view()
     assert (v.seq(2).cells, v.seq(2).pos_max) == (40, 19) and engine.ctx.pos_range(2) == (0, 19)
-    assert len(engine.resident[2]) == 10 and 2 in engine.moved
-    engine.shift(2, 0, -15)  # shifted below 0: those cells are freed
+    assert len(engine.resident[2]) == 10 and 2 in engine.resident.moved
+    engine.seqs.shift(2, 0, -15)  # shifted below 0: those cells are freed
     assert engine.kv_view().seq(2).cells == 40 - 15 - 10  # 0..14 and the divided 10..14
     assert engine.resident[2] == []
 
 
+def test_the_token_account_changes_only_through_its_owner(engine):
+    # reads are copies: the account of what each sequence holds cannot be changed behind the
+    # engine's back, only by the operations that change the cells (sequence_tokens.py)
+    engine.evaluate(toks(12), 2)
+    engine.resident[2].append(7)
+    assert len(engine.resident[2]) == engine.resident.count(2) == 12
+    with pytest.raises(TypeError):
+        engine.resident[2] = []
+    with pytest.raises(AttributeError):
+        engine.resident.moved.add(2)
+    engine.evaluate(toks(12), 3)
+    engine.seqs.shift(3, 6, 4)  # cells of 3 alone, from position 6
+    assert engine.resident[3] == toks(12)[:6] and engine.resident.moved == {3}
+    engine.seqs.fork(3, 4)  # a whole copy of a moved sequence holds its moved cells too
+    assert engine.resident.moved == {3, 4} and engine.resident[4] == toks(12)[:6]
+    engine.seqs.fork(3, 5, upto=4)
+    assert 5 not in engine.resident.moved and engine.resident[5] == toks(12)[:4]
+
+
 def test_shift_of_shared_cells_is_refused(engine):
     engine.evaluate(toks(20), 0)
-    engine.fork(0, 1)
+    engine.seqs.fork(0, 1)
     with pytest.raises(KvPrimerError, match="share cells with sequence 0"):
-        engine.shift(1, 5, 3)
+        engine.seqs.shift(1, 5, 3)
     assert engine.ctx.pos_range(0) == (0, 19)
 
 
@@ -123,7 +142,7 @@ def test_without_the_debug_log_the_view_is_ranges(tiny_model):
     with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=512, n_batch=32, n_threads=1,
                              kv_debug_log=False)) as eng:
         eng.evaluate(toks(30), 0)
-        eng.fork(0, 1)
+        eng.seqs.fork(0, 1)
         v = eng.kv_view()
         assert v.source == "ranges" and not v.has_cells and v.used_cells is None
         assert [(u.seq, u.pos_min, u.pos_max, u.shared_cells) for u in v.sequences] == [
@@ -143,7 +162,7 @@ def test_sequence_ids_above_nine_make_the_map_ambiguous_but_the_record_still_hol
         assert v.source == "debug-log" and v.used_cells == 13
         assert (v.seq(10).cells, v.seq(10).pos_max) == (10, 9) == (10, eng.ctx.pos_range(10)[1])
         assert v.seq(1).cells == 3 and v.owners(0) in ([10], [1])
-        eng.clear_seq(10)
+        eng.seqs.clear(10)
         eng.evaluate(toks(2), 0)  # an unambiguous map again: checked against the record
         v = eng.kv_view()
         assert v.source == "debug-log" and v.used_cells == 5
@@ -170,7 +189,7 @@ def test_listeners_receive_views_as_the_cache_changes(engine):
     seen = []
     engine.add_kv_listener(seen.append, min_interval_s=0.0)
     engine.evaluate(toks(70), 0)  # 32 + 32 + 6: three decodes
-    engine.fork(0, 1)
+    engine.seqs.fork(0, 1)
     assert [v.used_cells for v in seen[:3]] == [32, 64, 70]
     assert seen[-1].seq(1).shared_cells == 70
     engine.remove_kv_listener(seen.append)

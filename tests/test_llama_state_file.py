@@ -59,7 +59,7 @@ def primed(tiny_model):
 
 
 def _cold_logits(eng, state, suffix) -> np.ndarray:
-    eng.clear_seq(1)
+    eng.seqs.clear(1)
     eng.evaluate(list(state.tokens), 1, want_logits=False)
     return eng.evaluate(suffix, 1)
 

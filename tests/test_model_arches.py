@@ -31,8 +31,8 @@ def _diff(a, b) -> float:
 
 
 def _cold(eng: Engine, tokens: list[int], boundary: int, seq: int = 0):
-    eng.clear_seq(seq)
-    return eng.evaluate(tokens, seq, marks=[boundary])
+    eng.seqs.clear(seq)
+    return eng.evaluate(tokens, seq, starts=eng.batch_plan(seq, len(tokens), marks=[boundary]))
 
 
 @pytest.fixture(params=ARCHITECTURES)
@@ -123,7 +123,7 @@ def test_forked_resident_prefix_is_bit_identical_to_cold(arch_models, arch, n_ba
         cold = _cold(eng, toks, prefix)
         eng.clear_all()
         eng.evaluate(toks[:prefix], 0, want_logits=False)
-        eng.fork(0, 1)
+        eng.seqs.fork(0, 1)
         assert _diff(eng.evaluate(toks[prefix:], 1), cold) == 0.0
 
 
@@ -138,7 +138,7 @@ def test_resident_prefix_trimmed_back_is_bit_identical(arch_models, arch_name, p
         cold = _cold(eng, toks[:prefix] + suffix, prefix)
         eng.clear_all()
         eng.evaluate(toks[:prefix] + toks[300:300 + extra], 0, want_logits=False)
-        eng.trim(0, prefix)
+        eng.seqs.trim(0, prefix)
         assert _diff(eng.evaluate(suffix, 0), cold) == 0.0
 
 
@@ -147,7 +147,7 @@ def test_recurrent_state_cannot_be_trimmed(arch_models):
         toks = eng.model.tokenize(TEXT)
         eng.evaluate(toks[:20], 0, want_logits=False)
         with pytest.raises(ContextError, match="could not trim"):
-            eng.trim(0, 10)
+            eng.seqs.trim(0, 10)
 
 
 # ---- restoring a saved state
@@ -174,7 +174,7 @@ def _restored_then_suffix(eng: Engine, toks, prefix: int, saved: int):
     state = eng.snapshot(0)
     eng.clear_all()
     eng.restore(state, 0)
-    eng.trim(0, prefix)
+    eng.seqs.trim(0, prefix)
     return eng.evaluate(toks[prefix:], 0)
 
 
@@ -214,7 +214,7 @@ def test_restored_state_trimmed_to_a_shorter_prefix(arch_models, arch_name, pref
         state = eng.snapshot(0)
         eng.clear_all()
         eng.restore(state, 0)
-        eng.trim(0, prefix)
+        eng.seqs.trim(0, prefix)
         d = _diff(eng.evaluate(toks[prefix:], 0), cold)
         loses_cells = arch_name == "gemma3" and extra >= 2 and prefix + extra > WINDOW
         if loses_cells:
@@ -239,5 +239,5 @@ def test_recurrent_state_is_restored_exactly_by_llama_cpp_but_refused_by_our_che
         with pytest.raises(KvPrimerError):
             eng.restore(state, 0)
         assert eng.ctx.state_set(raw, 0)
-        eng.resident[0] = list(toks[:40])
+        eng.resident.set(0, toks[:40])  # what the raw state_set put back
         assert _diff(eng.evaluate(toks[40:], 0), cold) == 0.0

@@ -153,7 +153,7 @@ def test_a_full_context_evicts_instead_of_failing(tiny_model, tmp_path):
         for vals in rows(8):  # the static prefix (191 tokens) and ~60 more tokens a row
             rep = run_prompt(eng, TPL, vals, reuse="chain", gen=GEN, oneshot=False)
             assert rep.verdict.exact, rep.verdict.describe()
-            assert eng.used_cells() <= eng.ctx.n_ctx
+            assert eng.seqs.used_cells() <= eng.ctx.n_ctx
             assert_tree_consistent(eng)
         # 191 + 8 rows of ~66 tokens do not fit in 512 cells: nodes went to RAM on the way
         assert any(n.tier == "ram" for n in eng.cache.tree)
@@ -170,7 +170,7 @@ def test_cache_clear_and_close_remove_an_own_folder(tiny_model):
     folder = eng.cache.folder
     assert [p.name for p in folder.iterdir()] == [f"node-{leaf.id}.kvcells"]
     eng.cache.clear()
-    assert len(eng.cache.tree) == 0 and list(folder.iterdir()) == [] and eng.used_cells() == 0
+    assert len(eng.cache.tree) == 0 and list(folder.iterdir()) == [] and eng.seqs.used_cells() == 0
     eng.close()
     assert not folder.exists()
 
@@ -204,10 +204,10 @@ def test_the_users_operations_stay_off_the_caches_sequences(tiny_model, tmp_path
         with pytest.raises(CacheError, match="static prefix"):
             eng.cache.check_user_sequence(node.seq)
         eng.cache.check_user_sequence(0)
-        eng.fork_into_user_sequence(node.seq)
+        eng.seqs.fork_into_user_sequence(node.seq)
         assert eng.resident[0] == node.tokens()
         with pytest.raises(Exception, match="sequence 0 is in use"):
-            eng.fork_into_user_sequence(node.seq)
+            eng.seqs.fork_into_user_sequence(node.seq)
         assert_tree_consistent(eng)
     finally:
         eng.close()

@@ -131,7 +131,7 @@ def test_kv_cache_full_mid_prompt_leaves_a_known_length(tiny_model):
             eng.evaluate(toks[:120], 0)
         assert_sequences_consistent(eng)
         assert 0 < len(eng.resident[0]) < 120 and eng.resident[1] == toks[:200]
-        eng.clear_seq(1)
+        eng.seqs.clear(1)
         eng.evaluate(toks[len(eng.resident[0]):120], 0)  # the rest fits now
         assert eng.resident[0] == toks[:120]
         assert_sequences_consistent(eng)

@@ -46,7 +46,7 @@ def good(eng):
     eng.clear_all()
     eng.evaluate(eng.model.tokenize(PREFIX), 0, want_logits=False)
     state = eng.snapshot(0)
-    eng.clear_seq(0)
+    eng.seqs.clear(0)
     eng.evaluate(eng.model.tokenize(OTHER), 1, want_logits=False)
     eng.evaluate(eng.model.tokenize(OTHER + " and"), 2, want_logits=False)
     return state
@@ -114,7 +114,7 @@ def try_restore(eng, state: PrefixState, seq: int = 1) -> bool:
 
 
 def put_back(eng, seq: int = 1) -> None:
-    eng.clear_seq(seq)
+    eng.seqs.clear(seq)
     eng.evaluate(eng.model.tokenize(OTHER), seq, want_logits=False)
 
 
@@ -342,7 +342,7 @@ def fragmented(e):
     toks = e.model.tokenize("hello world of the answer and question " * 3)
     e.evaluate(toks[:40], 1, want_logits=False)
     e.evaluate(toks[:10], 0, want_logits=False)
-    e.clear_seq(1)
+    e.seqs.clear(1)
     e.evaluate(toks[10:15], 0, want_logits=False)
     return toks[:15]
 
@@ -366,13 +366,13 @@ def test_a_fragmented_sequence_saves_in_position_order_and_restores(tiny_model, 
         state = e.snapshot(0)
         assert cell_positions(state.data, 15) == list(range(15))
         assert len(state.data) == len(raw) and in_position_order(state.data) is state.data
-        e.clear_seq(0)
+        e.seqs.clear(0)
         e.restore(state, 2)
         assert e.ctx.pos_range(2) == (0, 14) and e.resident[2] == toks
         # each K/V row moved with its position: trimming to 8 keeps the first 8 tokens' rows,
         # and the next token's logits equal a cold run's bit for bit (a position-only sort
         # gave |Δlogit| 20 here)
-        e.trim(2, 8)
+        e.seqs.trim(2, 8)
         warm = e.evaluate(toks[8:9], 2)
         e.evaluate(toks[:8], 1, want_logits=False)
         cold = e.evaluate(toks[8:9], 1)
@@ -392,7 +392,7 @@ def test_warm_equals_cold_after_the_cache_was_fragmented(tiny_model):
                              n_seq_max=8, type_k="q8_0", type_v="q8_0")) as e:
         e.evaluate(e.model.tokenize("hello world " * 30), 0, want_logits=False)
         e.prime(a)
-        e.clear_seq(0)
+        e.seqs.clear(0)
         rep = run_prompt(e, b, {"c": "the world", "q": "hello?"}, gen=GenerationConfig(max_tokens=4))
         assert rep.reused_tokens > 200 and rep.verdict.exact
 

@@ -238,11 +238,11 @@ def test_benchmark_and_sweep_fill_the_charts_and_export(qtbot, make_window, tmp_
     assert all(f.stat().st_size > 1000 for f in files)
     assert b"<svg" in files[-1].read_bytes()[:400]
     # results travel in the project file and come back as charts
-    assert w.save_project(tmp_path / "p.kvproj")
+    assert w.project.save(tmp_path / "p.kvproj")
     w.session.set_bench(None)
     w.session.set_sweep([])
     assert w.bench.chart.bar_count == 0
-    assert w.open_project(tmp_path / "p.kvproj")
+    assert w.project.open(tmp_path / "p.kvproj")
     assert w.bench.chart.bar_count == 6 and len(w.bench.sweep.points) == len(pts)
 
 
@@ -251,15 +251,15 @@ def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_
     w = make_window(load=False, ask=answers)
     w.editor.set_text("intro <a>")
     w.session.set_rows([{"a": "one"}, {"a": "two"}])
-    w.mark_dirty()
+    w.session.mark_dirty()
     w.close()
     assert answers.asked == ["unsaved"] and not w.closing and not w.worker._closed
     proj = tmp_path / "p.kvproj"
-    assert w.save_project(proj) and not w.dirty
+    assert w.project.save(proj) and not w.session.dirty
     w.editor.set_text("other <b>")
-    assert w.open_project(proj)
+    assert w.project.open(proj)
     assert w.editor.text() == "intro <a>" and w.session.rows == [{"a": "one"}, {"a": "two"}]
-    assert not w.open_project(tmp_path / "missing.kvproj")
+    assert not w.project.open(tmp_path / "missing.kvproj")
     assert "no project file" in w.errors.messages("error")[-1]
     w.editor.set_text("changed <a>")
     answers.answers["unsaved"] = "discard"
@@ -271,7 +271,7 @@ def test_autosave_is_offered_back_after_a_crash(qtbot, make_window, tmp_path):
     crashed = make_window(load=False)
     crashed.editor.set_text("unsaved work <x>")
     crashed.session.set_rows([{"x": "1"}])
-    crashed.autosave()
+    crashed.project.autosave()
     assert (tmp_path / "autosave" / "autosave.kvproj").is_file()
     answers = Answers(restore="yes")
     again = make_window(load=False, ask=answers, offer_restore=True, open_example=True)
@@ -408,10 +408,10 @@ def test_runs_are_the_sessions_and_come_back_with_the_project(qtbot, make_window
     assert [r.report.verdict.equivalence for r in w.session.runs] == ["bit-identical"] * 2
     assert w.run_panel.table.rowCount() == 4 and w.run_panel.chart.bar_count == 4
     assert w.errors.messages()[-1] == w.session.runs[-1].summary()
-    assert w.save_project(tmp_path / "runs.kvproj")
+    assert w.project.save(tmp_path / "runs.kvproj")
     w.session.clear_runs()
     assert w.run_panel.table.rowCount() == 0
-    assert w.open_project(tmp_path / "runs.kvproj")
+    assert w.project.open(tmp_path / "runs.kvproj")
     assert [r.row for r in w.session.runs] == [1, 2] and w.run_panel.table.rowCount() == 4
     # the panel shows the last run, as it did before the project was saved
     assert w.run_panel.outputs["warm"].toPlainText() == w.session.runs[-1].report.warm.text

@@ -76,7 +76,7 @@ def test_ctrl_s_saves_the_project_and_state_files_live_under_prompt(qtbot, make_
     shown_active(qtbot, w)
     w.editor.set_text(SHORT_TPL)
     path = tmp_path / "p.kvproj"
-    assert w.save_project(path)
+    assert w.project.save(path)
     button(w, "rowsAdd").click()
     assert w.session.dirty
     qtbot.keyClick(w.fillings.table, Qt.Key_S, Qt.ControlModifier)

@@ -98,7 +98,7 @@ def test_clear_cache_drops_every_cached_prompt_and_the_work_context(engine128):
     first = run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="chain", gen=GEN)
     assert len(list(e.cache.tree)) > 1 and e.work.tokens
     e.clear_cache()
-    assert not list(e.cache.tree) and e.work.tokens == [] and e.used_cells() == 0
+    assert not list(e.cache.tree) and e.work.tokens == [] and e.seqs.used_cells() == 0
     again = run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="chain", gen=GEN)
     # rebuilt from nothing: the static prefix evaluated again, the same answer bit for bit
     assert again.reused_tokens == again.prefix_tokens and again.verdict.exact

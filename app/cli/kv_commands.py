@@ -27,9 +27,9 @@ def cmd_kv(args) -> int:
             raise KvPrimerError(f"--fork {args.fork} needs {args.fork} more sequences; this "
                                 f"context has room to fork into at most {most}")
         node = eng.prime_node(tpl, progress_printer())
-        eng.fork(node.seq, 0)
+        eng.seqs.fork(node.seq, 0)
         for _ in range(args.fork):
-            eng.fork(0, eng.cache.take_work_seq())
+            eng.seqs.fork(0, eng.cache.take_work_seq())
         view = eng.kv_view()
 
     def words():

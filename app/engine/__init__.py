@@ -14,7 +14,8 @@ from .runs.bench_rows import BenchResult, BenchRow, bench_rows
 from .errors import (CacheError, Cancelled, ContextError, ContextOverflowError, KvPrimerError,
                      MissingValuesError, ModelError, RowsError, StateFileError, StoreError,
                      TemplateError, TemplateSyntaxError)
-from .kv_engine import Engine, EngineConfig, ModelInfo
+from .engine_config import EngineConfig, ModelInfo
+from .kv_engine import Engine
 from .llama.model_files import default_model_path
 from .files.prefix_state import PrefixState
 from .runs.prompt_runs import (EXACT_REUSE_MODES, REUSE_MODES, GenerationConfig, PathResult, RunReport, TextDelta,

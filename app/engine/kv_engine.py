@@ -8,98 +8,36 @@ warm run's history, for the verdict to compare with.
 """
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
 from .runs.cold_reference import ColdReference
-from .llama.crash_probe import CpuKernels, checked_cpu_kernels
-from .llama.kernel_choice import KernelChoice, choose_kernels
+from .engine_config import EngineConfig, ModelInfo
+from .llama.crash_probe import checked_cpu_kernels
+from .llama.kernel_choice import choose_kernels
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
-from .llama.model_traits import ModelTraits, read_traits, with_context
+from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
 from .kv.kv_view import KvCacheView, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
 from .files.prefix_state import PrefixState
-from .cache.radix_cache import CacheLimits, RadixCache
+from .cache.radix_cache import RadixCache
 from .cache.radix_tree import RadixNode
 from .prompts.prompt_tokens import PromptTokenizer
 from .files.seq_payload import in_position_order, v_transposed
 from .kv.sequence_ops import SequenceOps
+from .kv.sequence_tokens import SequenceTokens
 from .task_state import TaskState
 from .prompts.template import FilledPrompt, Template
 from .cache.work_context import WorkContext
 
 
-_CTX = ContextParams  # the context settings' defaults are defined once, there
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine's settings: the CLI's shared options, the window's model panel and a project
-    file's "engine" settings all make one of these."""
-    model_path: str | None = None  # None: the default model
-    n_ctx: int = _CTX.n_ctx
-    n_batch: int = _CTX.n_batch
-    n_threads: int = _CTX.n_threads  # batch threads (llama.cpp's -tb); 0: all cores
-    n_threads_gen: int = _CTX.n_threads_gen  # generation threads (llama.cpp's -t); see ContextParams
-    type_k: str = _CTX.type_k
-    type_v: str = _CTX.type_v
-    n_seq_max: int = 64  # sequence 0 is the user's, the radix cache uses the rest
-    cache: CacheLimits = CacheLimits()
-    kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
-    n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp's -ngl); -1: all of them
-    # flash attention: "auto" measures which kernel is faster here (kernel_choice.py); the
-    # default can be set with KVPRIMER_FLASH_ATTN (as llama.cpp's tools take LLAMA_ARG_FLASH_ATTN)
-    flash_attn: str = field(default_factory=lambda: os.environ.get("KVPRIMER_FLASH_ATTN", "auto"))
-    remeasure_kernels: bool = False  # measure again even when a measurement is cached
-    n_ubatch: int = _CTX.n_ubatch  # micro-batch (llama.cpp's -ub); 0: the batch size
-
-    def context_params(self, n_seq_max: int, flash_attn: bool | None = None) -> ContextParams:
-        """These settings as a context's, for a context of ``n_seq_max`` sequences."""
-        return ContextParams(self.n_ctx, self.n_batch, self.n_threads, self.type_k, self.type_v,
-                             n_seq_max, self.n_threads_gen, flash_attn, self.n_ubatch)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    path: str
-    name: str
-    architecture: str
-    description: str
-    sha256: str
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    n_embd: int
-    n_ctx_train: int
-    n_vocab: int
-    n_params: int
-    file_bytes: int
-    n_ctx: int
-    n_batch: int
-    n_seq_max: int
-    type_k: str
-    type_v: str
-    kv_bytes_per_token: int
-    traits: ModelTraits  # what the architecture means for caching
-    gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
-    kernels: KernelChoice | None = None  # the attention kernel, and why
-    cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
-    n_ubatch: int = 0  # the micro-batch llama.cpp runs
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "traits": self.traits.as_dict(),
-                "kernels": self.kernels.as_dict() if self.kernels else None,
-                "cpu_kernels": self.cpu_kernels.as_dict() if self.cpu_kernels else None}
-
-
-class Engine(SequenceOps):
+class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()):
         self.config = config
         path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
@@ -132,10 +70,11 @@ class Engine(SequenceOps):
                                      "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                      "file_bytes")})
         self.tokenizer = PromptTokenizer(self.model)
-        # token ids resident in each sequence, position i holding resident[seq][i]
-        self.resident: dict[int, list[int]] = {s: [] for s in range(config.n_seq_max)}
-        # sequences that also hold shifted or divided cells beyond resident[seq] (see shift())
-        self.moved: set[int] = set()
+        # token ids resident in each sequence, position i holding resident[seq][i], and the
+        # sequences that also hold shifted cells: changed only through its methods
+        self.resident = SequenceTokens(config.n_seq_max)
+        # clear, trim, fork, shift… of what sequences hold
+        self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
         self._kv_listeners: list = []
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
@@ -152,6 +91,23 @@ class Engine(SequenceOps):
         """Warm runs evaluate in the work context (work_context.py), cells laid out as a cold
         run lays them out; sliding-window models fork in the cache's context instead."""
         return self.n_swa == 0
+
+    def clear_seq(self, seq: int) -> None:
+        """Empty one sequence (the Python API's; the other operations are ``engine.seqs``)."""
+        self.seqs.clear(seq)
+
+    def clear_all(self) -> None:
+        """Empty every sequence; the cache's nodes lose their cells (not their snapshots)."""
+        self.ctx.clear()
+        self.resident.clear_all()
+        self.cache.lost_sequences()
+
+    def keep_only(self, seq: int) -> None:
+        """Drop every other sequence; cells ``seq`` shared with them become its own."""
+        self.seqs.check(seq)
+        self.ctx.seq_keep(seq)
+        self.resident.keep_only(seq)
+        self.cache.lost_sequences(kept=seq)
 
     def clear_cache(self) -> None:
         """Drop every cached prompt and what the work context holds (the user's sequence 0 and
@@ -187,31 +143,44 @@ class Engine(SequenceOps):
             raise ContextOverflowError(n_tokens, self.ctx.n_ctx)
 
     # ---- evaluation
+    def batch_plan(self, seq: int, n_tokens: int, chunk: int | None = None,
+                   marks=()) -> list[int]:
+        """Where batches start to append ``n_tokens`` to ``seq``: at most ``chunk`` tokens each
+        (default and cap n_batch), and a batch also starts at every absolute position in
+        ``marks`` (batch_plan.py). Callers that record the plan (nodes, the cold reference)
+        make it here and pass it to ``evaluate``."""
+        start = self.resident.count(seq)
+        return batch_starts(start, start + n_tokens,
+                            min(chunk or self.config.n_batch, self.config.n_batch), marks)
+
     def evaluate(self, tokens: list[int], seq: int = 0, task: TaskState | None = None,
-                 stage: str = "eval", want_logits: bool = True, chunk: int | None = None,
-                 marks: list[int] = (), at_mark=None):
+                 stage: str = "eval", want_logits: bool = True, starts: list[int] | None = None,
+                 marks=(), at_mark=None):
         """Append ``tokens`` to sequence ``seq``; return the last logits (or None).
 
-        Batches hold at most ``chunk`` tokens (default n_batch) and also start at every
-        absolute position in ``marks``, where ``at_mark(position)`` is called once the tokens
-        before it are in (the radix cache forks nodes there). The batch starts used are left
-        in ``self.last_starts``. Cancelling between batches leaves the sequence holding
-        exactly the tokens evaluated so far.
+        Batches start at the absolute positions ``starts`` (from ``batch_plan``; default plain
+        n_batch batches). ``at_mark(position)`` is called at every position in ``marks`` (each
+        a batch start or the end) once the tokens before it are in: the radix cache forks nodes
+        there. Cancelling between batches leaves the sequence holding exactly the tokens
+        evaluated so far.
         """
-        self._check_seq(seq)
-        if seq in self.moved:
+        self.seqs.check(seq)
+        if self.resident.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions; trim it to "
-                                f"{len(self.resident[seq])} tokens or clear it before evaluating")
+                                f"{self.resident.count(seq)} tokens or clear it before evaluating")
         task = task or TaskState()
-        start = len(self.resident[seq])
+        start = self.resident.count(seq)
         end = start + len(tokens)
         self.check_fits(end)
-        starts = batch_starts(start, end, min(chunk or self.config.n_batch, self.config.n_batch),
-                              marks)
-        self.last_starts = starts
+        if starts is None:
+            starts = self.batch_plan(seq, len(tokens))
+        elif tokens and (not starts or starts[0] != start):
+            raise ValueError("the batch plan must start where the sequence ends")
+        if any(m not in starts and m != end for m in marks if start <= m <= end):
+            raise ValueError("every mark must be where a batch starts or at the end")
         task.report(stage, 0, len(tokens))
         for a, b in batches(starts, end):
-            task.check(kept_tokens=len(self.resident[seq]))
+            task.check(kept_tokens=self.resident.count(seq))
             if at_mark is not None and a in marks:
                 at_mark(a)
             self.decode([(tokens[i - start], i, (seq,), want_logits and i == end - 1)
@@ -231,15 +200,16 @@ class Engine(SequenceOps):
                 self._resync(seq)
             raise
         for tok, _pos, seqs, _logits in entries:
-            self.resident[seqs[0]].append(tok)
+            self.resident.extend(seqs[0], (tok,))
 
     def _resync(self, seq: int) -> None:
         """After a failed decode, trust llama.cpp's own position range."""
         lo, hi = self.ctx.pos_range(seq)
-        n = hi + 1 if lo == 0 else 0
         if lo != 0:
             self.ctx.seq_rm(seq)
-        self.resident[seq] = self.resident[seq][:n]
+            self.resident.clear(seq)
+        else:
+            self.resident.truncate(seq, hi + 1)
 
     # ---- the KV cache view
     def kv_view(self) -> KvCacheView:
@@ -247,7 +217,7 @@ class Engine(SequenceOps):
         self.ctx.verify()
         return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
                           self.info.kv_bytes_per_token,
-                          {s: len(t) for s, t in self.resident.items()})
+                          self.resident.counts())
 
     def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
         """Call ``fn(view)`` on this (the engine's) thread after KV changes, at most every
@@ -271,12 +241,12 @@ class Engine(SequenceOps):
     # ---- states
     def snapshot(self, seq: int = 0, template: Template | None = None, text: str = "") -> PrefixState:
         """The state of one sequence (its KV cells only: no logits, no other sequences)."""
-        self._check_seq(seq)
-        if not self.resident[seq]:
+        self.seqs.check(seq)
+        if not self.resident.count(seq):
             raise KvPrimerError(f"sequence {seq} is empty; prime it first")
-        if seq in self.moved:
+        if self.resident.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
-                                f"state cannot describe; trim it to {len(self.resident[seq])} tokens first")
+                                f"state cannot describe; trim it to {self.resident.count(seq)} tokens first")
         return PrefixState(
             tokens=tuple(self.resident[seq]), data=in_position_order(self.ctx.state_get(seq)),
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
@@ -300,25 +270,22 @@ class Engine(SequenceOps):
 
     def restore(self, state: PrefixState, seq: int = 0) -> float:
         """Put a saved state into ``seq``; returns seconds taken. The context is unchanged on error."""
-        self._check_seq(seq)
+        self.seqs.check(seq)
         self.check_state(state)
         t0 = time.perf_counter()
         # llama.cpp clears the sequence before it finds a layer/row/V-layout mismatch; keep a
         # copy to put back (run paths restore into an empty sequence, so this costs them nothing)
-        old, was_moved = self.resident[seq], seq in self.moved
+        old, was_moved = self.resident[seq], self.resident.is_moved(seq)
         backup = self.ctx.state_get(seq) if old else None
         self.ctx.seq_rm(seq)
-        self.resident[seq] = []
-        self.moved.discard(seq)
+        self.resident.clear(seq)
         if not self.ctx.state_set(state.data, seq):
             self.ctx.seq_rm(seq)
             if backup and self.ctx.state_set(backup, seq):
-                self.resident[seq] = old
-                if was_moved:
-                    self.moved.add(seq)
+                self.resident.set(seq, old, moved=was_moved)
             raise StateFileError("llama.cpp rejected the state's KV data (layer or row sizes differ); "
                                  "prime the prefix again with this model")
-        self.resident[seq] = list(state.tokens)
+        self.resident.set(seq, state.tokens)
         return time.perf_counter() - t0
 
     def load_state(self, path: str | Path) -> PrefixState:
@@ -362,14 +329,15 @@ class Engine(SequenceOps):
                 return self.cache.store(tokens, "static prefix", template.sha256, hit.approx)
             if hit.node is not None:
                 self.cache.materialise(hit.node)
-            chunk = None if self.used_cells() == 0 else EXACT_CHUNK
+            chunk = None if self.seqs.used_cells() == 0 else EXACT_CHUNK
             self.cache.ensure_free_cells(len(tokens) - hit.reused)
             work = self.cache.take_work_seq()
             try:
                 self.cache.fork_into(hit, work)
+                starts = self.batch_plan(work, len(tokens) - hit.reused, chunk)
                 self.evaluate(tokens[hit.reused:], work, task, stage="prime", want_logits=False,
-                              chunk=chunk)
-                return self.cache.add(work, "static prefix", hit.head_cuts() + self.last_starts,
+                              starts=starts)
+                return self.cache.add(work, "static prefix", hit.head_cuts() + starts,
                                       template.sha256, hit.approx)
             finally:
                 self.cache.give_back(work)

@@ -18,7 +18,7 @@ from typing import Callable
 from .runs.bench_rows import BenchResult, bench_summary  # noqa: F401 (the window's import)
 from .errors import KvPrimerError, TemplateSyntaxError
 from .runs.generation import GenerationConfig
-from .kv_engine import EngineConfig
+from .engine_config import EngineConfig
 from .files.prefix_state import PrefixState
 from .runs.prefix_sweep import SweepPoint
 from .files.project_file import ProjectFile, bench_from_dict, report_from_dict

@@ -124,13 +124,13 @@ class KvCacheDock(QDockWidget):
         self.fork_btn.clicked.connect(self.fork_selected)
         self.keep_btn.clicked.connect(
             lambda: self._op("keep only", lambda e, s: (e.cache.clear(), e.keep_only(s))))
-        self.clear_btn.clicked.connect(lambda: self._op("clear", lambda e, s: e.clear_seq(s)))
+        self.clear_btn.clicked.connect(lambda: self._op("clear", lambda e, s: e.seqs.clear(s)))
         self.trim_btn.clicked.connect(
-            lambda: self._op("trim", lambda e, s, p=self.trim_pos.value(): e.trim(s, p)))
+            lambda: self._op("trim", lambda e, s, p=self.trim_pos.value(): e.seqs.trim(s, p)))
         self.shift_btn.clicked.connect(lambda: self._op(
-            "shift", lambda e, s, p=self.shift_from.value(), d=self.shift_delta.value(): e.shift(s, p, d)))
+            "shift", lambda e, s, p=self.shift_from.value(), d=self.shift_delta.value(): e.seqs.shift(s, p, d)))
         self.div_btn.clicked.connect(lambda: self._op(
-            "divide", lambda e, s, p=self.div_from.value(), d=self.div_by.value(): e.divide(s, p, d)))
+            "divide", lambda e, s, p=self.div_from.value(), d=self.div_by.value(): e.seqs.divide(s, p, d)))
         self._set_enabled(False)
 
     def _button(self, text: str, tip: str) -> QPushButton:
@@ -291,7 +291,7 @@ class KvCacheDock(QDockWidget):
         if self.view and self.view.seq(0) is not None:
             self.status.setText("Sequence 0 is in use: clear it first, then fork into it.")
             return
-        self._op("fork to 0", lambda e, s: e.fork_into_user_sequence(s), seq=self.selected_seq,
+        self._op("fork to 0", lambda e, s: e.seqs.fork_into_user_sequence(s), seq=self.selected_seq,
                  own_only=False)
 
     def _op(self, name: str, fn, seq: int | None = None, own_only: bool = True) -> None:

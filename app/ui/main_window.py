@@ -31,7 +31,7 @@ from .fillings_panel import FillingsPanel
 from .help_dialogs import ask_dialog, show_about, show_shortcuts
 from .kv_dock import KvCacheDock
 from .model_panel import ModelPanel
-from .project_actions import ProjectMixin
+from .project_actions import ProjectActions
 from .prompt_jobs import PromptJobs
 from .server_view import ServerView
 from .run_panel import RunPanel
@@ -55,7 +55,7 @@ def default_states_dir() -> Path:
     return user_data_path("kvprimer", appauthor=False) / "states"
 
 
-class MainWindow(ProjectMixin, QMainWindow):
+class MainWindow(QMainWindow):
     closed = Signal()
 
     def __init__(self, config: EngineConfig | None = None, *, settings: QSettings | None = None,
@@ -72,6 +72,8 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.closing = False
         self.session = Session(Options(engine=config))
         self.edits = SessionEdits(self.session, self)
+        # the File menu's projects, templates and examples, drops and autosave
+        self.project = ProjectActions(self, Autosaver(autosave_path(autosave_dir)))
         self.worker = EngineWorker(self)
 
         self.editor = TemplateEditor(self.worker, self.session)
@@ -93,14 +95,13 @@ class MainWindow(ProjectMixin, QMainWindow):
         self.server_view.message.connect(lambda m: self.status.showMessage(m, 15000))
         self._build_actions()
         self._connect()
-        self.autosaver = Autosaver(autosave_path(autosave_dir))
         self._autosave_timer = QTimer(self, interval=3000)  # a crash loses at most 3 s of edits
-        self._autosave_timer.timeout.connect(self.autosave)
+        self._autosave_timer.timeout.connect(self.project.autosave)
         self._autosave_timer.start()
         self._restore_layout()
-        restored = offer_restore and self._offer_restore()
+        restored = offer_restore and self.project.offer_restore()
         if open_example and not restored:
-            self.open_example("rag")
+            self.project.open_example("rag")
         self.session.mark_clean()
         self._update_actions()
         if load_model:
@@ -160,16 +161,17 @@ class MainWindow(ProjectMixin, QMainWindow):
         mb = self.menuBar()
         f = mb.addMenu("&File")
         A = self._action
-        A(f, "&New project", self.new_project, "Ctrl+N")
-        A(f, "&Open project…", self.open_project_dialog, "Ctrl+O")
-        A(f, "&Save project", self.save_project, "Ctrl+S")
-        A(f, "Save project &as…", self.save_project_as, "Ctrl+Shift+S")
+        pr = self.project
+        A(f, "&New project", pr.new, "Ctrl+N")
+        A(f, "&Open project…", pr.open_dialog, "Ctrl+O")
+        A(f, "&Save project", pr.save, "Ctrl+S")
+        A(f, "Save project &as…", pr.save_as, "Ctrl+Shift+S")
         f.addSeparator()
-        A(f, "Open &template…", self.open_template_dialog, "Ctrl+T", toolbar=True)
-        A(f, "Save template as…", self.save_template_dialog)
+        A(f, "Open &template…", pr.open_template_dialog, "Ctrl+T", toolbar=True)
+        A(f, "Save template as…", pr.save_template_dialog)
         ex = f.addMenu("E&xamples")
         for p in sorted(examples_dir().glob("*.tmpl")):
-            A(ex, p.stem, lambda s=p.stem: self.open_example(s))
+            A(ex, p.stem, lambda s=p.stem: pr.open_example(s))
         A(f, "&Import rows…", self.fillings.import_dialog, "Ctrl+I")
         f.addSeparator()
         A(f, "Open &model…", self.model_panel.open_dialog, "Ctrl+M")
@@ -216,7 +218,7 @@ class MainWindow(ProjectMixin, QMainWindow):
         w.working_changed.connect(lambda _on: self._update_actions())
         w.job_started.connect(self._job_started)
         s.events.state.connect(lambda _ref: self._update_actions())
-        s.events.file.connect(self._update_title)
+        s.events.file.connect(self.project.update_title)
         jobs.status.connect(self.show_status)
         jobs.error.connect(self.show_error)
         jobs.context_used.connect(self._context_used)
@@ -355,17 +357,26 @@ class MainWindow(ProjectMixin, QMainWindow):
 
     # ---- closing
     def closeEvent(self, event) -> None:
-        if not self.closing and not self._settle_unsaved():
+        if not self.closing and not self.project.settle_unsaved():
             event.ignore()
             return
         self.closing = True
         self._autosave_timer.stop()
         self.docks.save()
         self.worker.shutdown(wait=True)  # cancels the running job, frees the context
-        self.autosaver.discard()
+        self.project.autosaver.discard()
         self.errors.uninstall_excepthook()
         event.accept()
         self.closed.emit()
+
+    # ---- drag and drop: a file dropped on the window is opened by what it is
+    def dragEnterEvent(self, event) -> None:
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        for url in event.mimeData().urls():
+            self.project.open_path(url.toLocalFile())
 
     def _restore_layout(self) -> None:
         self._fill_recent()

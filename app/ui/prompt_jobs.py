@@ -61,7 +61,7 @@ class PromptJobs(QObject):
 
         def body(engine, task):
             value = fn(engine, task)
-            return Finished(value, engine.used_cells())
+            return Finished(value, engine.seqs.used_cells())
 
         def done(finished: Finished):
             if self.worker.closed:

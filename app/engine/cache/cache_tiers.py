@@ -147,9 +147,9 @@ class CacheTiers:
             self.ensure_free_cells(node.depth - node.ram_start)
             seq = self._take_seq()
             if base_seq is not None:
-                self.e.fork(base.seq, seq, upto=node.ram_start)
-            if not self.e.add_cells(data, seq, self.scratch, node.tokens()):
-                self.e.clear_seq(seq)
+                self.e.seqs.fork(base.seq, seq, upto=node.ram_start)
+            if not self.e.seqs.add_cells(data, seq, self.scratch, node.tokens()):
+                self.e.seqs.clear(seq)
                 self._free.append(seq)
                 raise CacheError("llama.cpp refused a cached snapshot; clear the cache")
             self._drop_lower(node)
@@ -170,21 +170,21 @@ class CacheTiers:
     def give_back(self, seq: int) -> None:
         """A working sequence is done: its own cells (the newest) are freed."""
         self._out.discard(seq)
-        self.e.clear_seq(seq)
+        self.e.seqs.clear(seq)
         self._free.append(seq)
 
     def _release(self, seq: int) -> None:
         """A node's sequence is no longer needed: its cells go to the holding sequence."""
         if self.holding is not None:
             self.e.ctx.seq_cp(seq, self.holding)
-        self.e.clear_seq(seq)
+        self.e.seqs.clear(seq)
         self._free.append(seq)
 
     def held_cells(self) -> int:
         """Cells only the holding sequence keeps (freed by the next compaction)."""
         if self.holding is None:
             return 0
-        return self.e.used_cells() - self.e.used_cells(ignoring=self.holding)
+        return self.e.seqs.used_cells() - self.e.seqs.used_cells(ignoring=self.holding)
 
     def compact(self) -> bool:
         """Free the held cells; the live ones are laid out again in tree order when no run is
@@ -192,7 +192,7 @@ class CacheTiers:
         if not self.held_cells():
             return False
         if self._out:
-            self.e.clear_seq(self.holding)
+            self.e.seqs.clear(self.holding)
         else:
             relayout(self)
         return True
@@ -230,8 +230,8 @@ class CacheTiers:
         if self.holding is not None and not self._out and self.e.ctx.mirror.has_holes():
             relayout(self)  # cells freed in the middle (the user's sequence): put back in order
         room = self.e.ctx.n_ctx - n
-        while self.e.used_cells() > room:
-            if self.e.used_cells(ignoring=self.holding) <= room:
+        while self.e.seqs.used_cells() > room:
+            if self.e.seqs.used_cells(ignoring=self.holding) <= room:
                 self.compact()
             elif not self._spill_one() and not self.compact():
                 raise CacheError(
@@ -278,7 +278,7 @@ class CacheTiers:
         """Resident → RAM: keep the node's own cells, free its sequence."""
         anchor = self._holding_ancestor(node)
         start = anchor.depth if anchor is not None else 0
-        data = self.e.cells_of(node.seq, start, node.depth, self.scratch)
+        data = self.e.seqs.cells_of(node.seq, start, node.depth, self.scratch)
         self._release(node.seq)
         node.seq = None
         node.ram, node.ram_start, node.nbytes = data, start, len(data)

@@ -22,20 +22,17 @@ def relayout(cache) -> None:
             continue
         base = cache.resident_ancestor(node)
         start = base.depth if base is not None else 0
-        plan.append((node, base, e.cells_of(node.seq, start, node.depth, cache.scratch)))
-    user_tokens, user_moved = list(e.resident[0]), 0 in e.moved
+        plan.append((node, base, e.seqs.cells_of(node.seq, start, node.depth, cache.scratch)))
+    user_tokens, user_moved = e.resident[0], e.resident.is_moved(0)
     user = e.ctx.state_get(0) if user_tokens or user_moved else b""
     e.ctx.clear()
-    for s in e.resident:
-        e.resident[s] = []
-    e.moved.clear()
+    e.resident.clear_all()
     for node, base, data in plan:
         if base is not None:
-            e.fork(base.seq, node.seq)
-        if not e.add_cells(data, node.seq, cache.scratch, node.tokens()):
+            e.seqs.fork(base.seq, node.seq)
+        if not e.seqs.add_cells(data, node.seq, cache.scratch, node.tokens()):
             e.ctx.clear()
-            for s in e.resident:
-                e.resident[s] = []
+            e.resident.clear_all()
             cache.lost_sequences()  # every node now says it holds nothing, as it does
             raise CacheError("llama.cpp refused cells while compacting the cache; it was "
                              "cleared, and the next runs cache their prompts again")
@@ -43,6 +40,4 @@ def relayout(cache) -> None:
         if not e.ctx.state_set(user, 0):
             raise CacheError("sequence 0 could not be put back after compacting the cache; "
                              "fork or evaluate it again")
-        e.resident[0] = user_tokens
-        if user_moved:
-            e.moved.add(0)
+        e.resident.set(0, user_tokens, moved=user_moved)

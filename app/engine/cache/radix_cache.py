@@ -139,7 +139,7 @@ class RadixCache(CacheTiers):
         with self.busy(hit.node):
             def fetch(p0: int, p1: int) -> bytes:
                 seq = self.materialise(hit.node)
-                return self.e.cells_of(seq, p0, p1, self.scratch)
+                return self.e.seqs.cells_of(seq, p0, p1, self.scratch)
 
             copied = work.bring(tokens, hit.reused,
                                 [c for c in hit.node.all_cuts() if c < hit.reused], fetch)
@@ -166,12 +166,12 @@ class RadixCache(CacheTiers):
 
     def fork_into(self, hit: CacheHit, work: int) -> None:
         """Make ``work`` hold the hit's first ``reused`` tokens (promoting the node if needed)."""
-        self.e.clear_seq(work)
+        self.e.seqs.clear(work)
         if hit.node is None:
             return
         with self.busy(hit.node):
             seq = self.materialise(hit.node)
-            self.e.fork(seq, work, upto=hit.reused)
+            self.e.seqs.fork(seq, work, upto=hit.reused)
             self.touch(hit.node)
 
     def touch(self, node: RadixNode) -> None:
@@ -189,7 +189,7 @@ class RadixCache(CacheTiers):
         with self.busy(node):  # the caps hold after every addition; the new node stays
             if node.seq is None:
                 seq = self._take_seq()
-                self.e.fork(work, seq, upto=upto)
+                self.e.seqs.fork(work, seq, upto=upto)
                 self._drop_lower(node)
                 node.seq = seq
                 node.approx = approx
@@ -229,7 +229,7 @@ class RadixCache(CacheTiers):
             return self.add(seq, label, self.state_cuts(state),
                             state.template_sha256, APPROX_RESTORED if self.windowed else "")
         finally:
-            self.e.clear_seq(seq)
+            self.e.seqs.clear(seq)
             self._free.append(seq)
 
     # ---- user actions
@@ -258,7 +258,7 @@ class RadixCache(CacheTiers):
             n.seq = None
             self._drop_lower(n)
         if self.holding is not None:
-            self.e.clear_seq(self.holding)
+            self.e.seqs.clear(self.holding)
         self.tree = RadixTree()
 
     def retain(self, keep: RadixNode) -> None:

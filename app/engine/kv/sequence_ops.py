@@ -1,83 +1,80 @@
-"""What the engine does to its sequences besides evaluating: clear, trim, fork, keep, shift,
-divide, and moving cells between sequences, each keeping ``resident`` (the token ids every
-sequence holds) in step with llama.cpp's cells.
+"""What the engine does to its sequences besides evaluating: clear, trim, fork, shift,
+divide, and moving cells between sequences, each keeping the engine's account of what every
+sequence holds (``engine.resident``, sequence_tokens.py) in step with llama.cpp's cells.
 
-A mixin of ``Engine`` (kv_engine.py), which provides ``ctx``, ``config``, ``resident``, ``moved``
-and ``kv_view``.
+``engine.seqs``: the engine evaluates, these operations change what sequences already hold.
+Dropping many sequences at once (``Engine.clear_all``, ``Engine.keep_only``) is the engine's:
+the radix cache must learn which of its nodes lost their cells.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ContextError, KvPrimerError
+from .sequence_tokens import SequenceTokens
 
 
 class SequenceOps:
-    def _check_seq(self, seq: int) -> None:
-        if not 0 <= seq < self.config.n_seq_max:
+    def __init__(self, ctx, tokens: SequenceTokens, n_seq: int, kv_view):
+        self._ctx = ctx  # the cache's context (kv_debug_log.TrackedContext)
+        self._tokens = tokens  # the engine's account of what each sequence holds
+        self._n_seq = n_seq
+        self._kv_view = kv_view  # the engine's, to see which cells are shared before a move
+
+    def check(self, seq: int) -> None:
+        if not 0 <= seq < self._n_seq:
             raise KvPrimerError(f"sequence {seq} does not exist; this context has sequences "
-                                f"0 to {self.config.n_seq_max - 1}")
+                                f"0 to {self._n_seq - 1}")
 
-    def clear_seq(self, seq: int) -> None:
-        self._check_seq(seq)
-        self.ctx.seq_rm(seq)
-        self.resident[seq] = []
-        self.moved.discard(seq)
-
-    def clear_all(self) -> None:
-        self.ctx.clear()
-        for s in self.resident:
-            self.resident[s] = []
-        self.moved.clear()
-        self.cache.lost_sequences()
+    def clear(self, seq: int) -> None:
+        self.check(seq)
+        self._ctx.seq_rm(seq)
+        self._tokens.clear(seq)
 
     def trim(self, seq: int, keep: int) -> None:
         """Keep the first ``keep`` tokens of ``seq``, drop the rest."""
-        self._check_seq(seq)
-        if keep < len(self.resident[seq]) or (seq in self.moved and keep <= len(self.resident[seq])):
-            if not self.ctx.seq_rm(seq, keep, -1):
+        self.check(seq)
+        n = self._tokens.count(seq)
+        if keep < n or (self._tokens.is_moved(seq) and keep <= n):
+            if not self._ctx.seq_rm(seq, keep, -1):
                 raise ContextError("llama.cpp could not trim that sequence")
-            self.resident[seq] = self.resident[seq][:keep]
-            self.moved.discard(seq)
+            self._tokens.trim(seq, keep)
 
     def fork(self, src: int, dst: int, upto: int | None = None) -> None:
         """Make ``dst`` hold what ``src`` holds (its first ``upto`` tokens); the cells are
         shared, nothing is copied."""
-        self._check_seq(src)
-        self._check_seq(dst)
+        self.check(src)
+        self.check(dst)
         if src == dst:
             return
-        self.clear_seq(dst)
-        if upto is None or upto >= len(self.resident[src]):
-            self.ctx.seq_cp(src, dst)
-            self.resident[dst] = list(self.resident[src])
-            if src in self.moved:
-                self.moved.add(dst)
+        self.clear(dst)
+        if upto is None or upto >= self._tokens.count(src):
+            self._ctx.seq_cp(src, dst)
         elif upto > 0:
-            self.ctx.seq_cp(src, dst, 0, upto)
-            self.resident[dst] = self.resident[src][:upto]
+            self._ctx.seq_cp(src, dst, 0, upto)
+        self._tokens.copy(src, dst, upto)
 
     def fork_into_user_sequence(self, src: int) -> None:
         """Fork ``src`` into sequence 0, the user's, which must be empty: a fork replaces what
         the destination holds, and the user's sequence is theirs to clear."""
-        if self.resident[0] or 0 in self.moved:
+        if self._tokens.count(0) or self._tokens.is_moved(0):
             raise KvPrimerError("sequence 0 is in use: clear it first, then fork into it")
         self.fork(src, 0)
 
     def cells_of(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
         """A state of only the cells of ``seq`` at positions p0..p1-1 (through ``scratch``)."""
-        return self.ctx.cells_state(seq, p0, p1, scratch)
+        return self._ctx.cells_state(seq, p0, p1, scratch)
 
     def add_cells(self, data: bytes, seq: int, scratch: int, tokens: list[int]) -> bool:
         """Put a state of cells (from ``cells_of``) into ``seq`` beside what it holds, which
         then holds ``tokens``. False when llama.cpp refuses the state."""
-        self.ctx.seq_rm(scratch)
-        if not self.ctx.state_set(data, scratch):
-            self.ctx.seq_rm(scratch)
+        self._ctx.seq_rm(scratch)
+        if not self._ctx.state_set(data, scratch):
+            self._ctx.seq_rm(scratch)
             return False
-        self.ctx.seq_cp(scratch, seq)
-        self.ctx.seq_rm(scratch)
-        self.resident[seq] = list(tokens)
+        self._ctx.seq_cp(scratch, seq)
+        self._ctx.seq_rm(scratch)
+        self._tokens.set(seq, tokens)
         return True
 
     def place_cells(self, src: int, p0: int, p1: int, dst: int, delta: int, scratch: int,
@@ -85,37 +82,27 @@ class SequenceOps:
         """Append the cells of ``src`` at positions p0..p1-1 to ``dst``, moved by ``delta``
         (shared when not moved; otherwise copied through ``scratch``, then seq_add, which makes
         the next decode re-rotate their K). ``tokens`` are the tokens they hold."""
-        if len(self.resident[dst]) != p0 + delta:
+        if self._tokens.count(dst) != p0 + delta:
             raise KvPrimerError("cells must be placed right after what the sequence holds")
         if delta == 0:
-            self.ctx.seq_cp(src, dst, p0, p1)
+            self._ctx.seq_cp(src, dst, p0, p1)
         else:
             data = self.cells_of(src, p0, p1, scratch)
-            if not self.ctx.state_set(data, scratch):
-                self.ctx.seq_rm(scratch)
+            if not self._ctx.state_set(data, scratch):
+                self._ctx.seq_rm(scratch)
                 raise ContextError("llama.cpp refused a module's cells; clear the cache")
-            self.ctx.seq_add(scratch, p0, p1, delta)
-            self.ctx.seq_cp(scratch, dst)
-            self.ctx.seq_rm(scratch)
-        self.resident[dst].extend(tokens)
+            self._ctx.seq_add(scratch, p0, p1, delta)
+            self._ctx.seq_cp(scratch, dst)
+            self._ctx.seq_rm(scratch)
+        self._tokens.extend(dst, tokens)
 
     def used_cells(self, ignoring: int | None = None) -> int:
         """Cells holding some sequence's tokens (besides sequence ``ignoring``'s), by the
         engine's own account of every operation."""
-        owners = self.ctx.mirror.owners
+        owners = self._ctx.mirror.owners
         if ignoring is None:
             return int(np.count_nonzero(owners))
         return int(np.count_nonzero(owners & ~np.uint64(1 << ignoring)))
-
-    def keep_only(self, seq: int) -> None:
-        """Drop every other sequence; cells ``seq`` shared with them become its own."""
-        self._check_seq(seq)
-        self.ctx.seq_keep(seq)
-        for s in self.resident:
-            if s != seq:
-                self.resident[s] = []
-                self.moved.discard(s)
-        self.cache.lost_sequences(kept=seq)
 
     def shift(self, seq: int, p0: int, delta: int) -> None:
         """Add ``delta`` to the positions of ``seq`` from ``p0`` on (llama.cpp's seq_add).
@@ -125,27 +112,27 @@ class SequenceOps:
         below the moved range, and the sequence is marked moved until trimmed back to them.
         Cells shifted below position 0 are freed.
         """
-        self._check_seq(seq)
+        self.check(seq)
         if delta == 0:
             return
         self._check_unshared(seq, p0, "shift")
-        self.ctx.seq_add(seq, p0, -1, delta)
+        self._ctx.seq_add(seq, p0, -1, delta)
         self._after_move(seq, max(0, min(p0, p0 + delta)))
 
     def divide(self, seq: int, p0: int, d: int) -> None:
         """Integer-divide the positions of ``seq`` from ``p0`` on by ``d`` (llama.cpp's seq_div)."""
-        self._check_seq(seq)
+        self.check(seq)
         if d < 1:
             raise KvPrimerError(f"divide positions by 1 or more, not {d}")
         if d == 1:
             return
         self._check_unshared(seq, p0, "divide")
-        self.ctx.seq_div(seq, p0, -1, d)
+        self._ctx.seq_div(seq, p0, -1, d)
         self._after_move(seq, max(0, p0 // d))
 
     def _check_unshared(self, seq: int, p0: int, verb: str) -> None:
         # a cell has one position for all its owners: moving a shared cell moves it for all
-        view = self.kv_view()
+        view = self._kv_view()
         if view.has_cells:
             o = view.cell_owners
             mine = ((o & (1 << seq)) != 0) & (view.cell_pos >= max(p0, 0))
@@ -161,10 +148,6 @@ class SequenceOps:
                 f"evaluate this one on its own first")
 
     def _after_move(self, seq: int, exact: int) -> None:
-        self.resident[seq] = self.resident[seq][:exact]
-        lo, hi = self.ctx.pos_range(seq)
-        if hi >= len(self.resident[seq]):
-            self.moved.add(seq)
-        else:
-            self.moved.discard(seq)
+        _lo, hi = self._ctx.pos_range(seq)
+        self._tokens.moved_from(seq, exact, holds_more=hi >= min(exact, self._tokens.count(seq)))
 

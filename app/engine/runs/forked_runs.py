@@ -127,7 +127,7 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
             prefix_seq = cache.materialise(node)
         t0 = time.perf_counter()
         for r in rows:
-            engine.fork(prefix_seq, r.seq, upto=r.reused_tokens)
+            engine.seqs.fork(prefix_seq, r.seq, upto=r.reused_tokens)
         t1 = time.perf_counter()
         out.fork_ms = (t1 - t0) * 1000
         first = _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact)
@@ -213,7 +213,7 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
             break
         # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
         task.check()
-        engine.decode([(pending[r.index], len(engine.resident[r.seq]), (r.seq,), True) for r in step])
+        engine.decode([(pending[r.index], engine.resident.count(r.seq), (r.seq,), True) for r in step])
         out.gen_decodes += 1
         for i, r in enumerate(step):
             pending[r.index] = samplers[r.index].sample(engine.ctx, i)

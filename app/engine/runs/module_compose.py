@@ -77,9 +77,10 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
             work = cache.take_work_seq()
             try:
                 cache.fork_into(CacheHit(prefix, p, (), "resident", prefix.approx), work)
+                starts = engine.batch_plan(work, seg.end - seg.start, EXACT_CHUNK)
                 engine.evaluate(tokens[seg.start:seg.end], work, task, stage="module",
-                                want_logits=False, chunk=EXACT_CHUNK)
-                node = cache.add(work, f"module {seg.label}", prefix.all_cuts() + engine.last_starts,
+                                want_logits=False, starts=starts)
+                node = cache.add(work, f"module {seg.label}", prefix.all_cuts() + starts,
                                  approx=prefix.approx)
             finally:
                 cache.give_back(work)
@@ -96,10 +97,11 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
     cache.fork_into(plan.hit, work)
 
     def evaluate(toks, cur):
-        engine.evaluate(toks, work, task, stage="recompute", want_logits=False, chunk=EXACT_CHUNK)
+        engine.evaluate(toks, work, task, stage="recompute", want_logits=False,
+                        starts=engine.batch_plan(work, len(toks), EXACT_CHUNK))
 
     def place(src, p0, p1, cur, toks):
-        engine.place_cells(src, p0, p1, work, cur - p0, cache.scratch, toks)
+        engine.seqs.place_cells(src, p0, p1, work, cur - p0, cache.scratch, toks)
 
     return _compose(engine, plan, tokens, recompute, evaluate, place)
 
@@ -117,7 +119,7 @@ def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompu
                       want_logits=False)
 
     def place(src, p0, p1, cur, toks):
-        work.append_cells(engine.cells_of(src, p0, p1, cache.scratch), toks, [cur], shift=cur - p0)
+        work.append_cells(engine.seqs.cells_of(src, p0, p1, cache.scratch), toks, [cur], shift=cur - p0)
 
     return _compose(engine, plan, tokens, recompute, evaluate, place)
 

@@ -237,20 +237,21 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         # out of the time to first token); a sliding-window model's node must be forked while
         # the sequence ends there.
         later: list[int] = []
+        starts = engine.batch_plan(work, len(tokens) - reused, EXACT_CHUNK, marks)
 
         def remember(pos: int) -> None:
             if not (keep and reuse == "chain" and pos in labels):
                 return
             if cache.windowed:
-                cache.add(work, labels[pos], head + engine.last_starts, template.sha256,
+                cache.add(work, labels[pos], head + starts, template.sha256,
                           hit.approx)
             else:
                 later.append(pos)
 
-        engine.evaluate(tokens[reused:], work, task, stage="warm", chunk=EXACT_CHUNK,
-                                 marks=marks, at_mark=remember)
+        engine.evaluate(tokens[reused:], work, task, stage="warm", starts=starts, marks=marks,
+                        at_mark=remember)
         prompt_s = time.perf_counter() - t1
-        report.plan = head + engine.last_starts
+        report.plan = head + starts
         if compose:
             # a composed sequence has no single history to replay: its reference is the cold
             # run every exact mode shares (static prefix as primed, then each segment in small

@@ -1,0 +1,75 @@
+"""The engine's settings (``EngineConfig``) and what it reports about the model it loaded
+(``ModelInfo``): plain values, shared by the engine, the session, the CLI and the window."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .cache.cache_tiers import CacheLimits
+from .llama.crash_probe import CpuKernels
+from .llama.kernel_choice import KernelChoice
+from .llama.model_traits import ModelTraits
+from .llama.native import ContextParams
+
+
+_CTX = ContextParams  # the context settings' defaults are defined once, there
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's settings: the CLI's shared options, the window's model panel and a project
+    file's "engine" settings all make one of these."""
+    model_path: str | None = None  # None: the default model
+    n_ctx: int = _CTX.n_ctx
+    n_batch: int = _CTX.n_batch
+    n_threads: int = _CTX.n_threads  # batch threads (llama.cpp's -tb); 0: all cores
+    n_threads_gen: int = _CTX.n_threads_gen  # generation threads (llama.cpp's -t); see ContextParams
+    type_k: str = _CTX.type_k
+    type_v: str = _CTX.type_v
+    n_seq_max: int = 64  # sequence 0 is the user's, the radix cache uses the rest
+    cache: CacheLimits = CacheLimits()
+    kv_debug_log: bool = True  # LLAMA_KV_CACHE_DEBUG=3: the cell map behind the KV view
+    n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp's -ngl); -1: all of them
+    # flash attention: "auto" measures which kernel is faster here (kernel_choice.py); the
+    # default can be set with KVPRIMER_FLASH_ATTN (as llama.cpp's tools take LLAMA_ARG_FLASH_ATTN)
+    flash_attn: str = field(default_factory=lambda: os.environ.get("KVPRIMER_FLASH_ATTN", "auto"))
+    remeasure_kernels: bool = False  # measure again even when a measurement is cached
+    n_ubatch: int = _CTX.n_ubatch  # micro-batch (llama.cpp's -ub); 0: the batch size
+
+    def context_params(self, n_seq_max: int, flash_attn: bool | None = None) -> ContextParams:
+        """These settings as a context's, for a context of ``n_seq_max`` sequences."""
+        return ContextParams(self.n_ctx, self.n_batch, self.n_threads, self.type_k, self.type_v,
+                             n_seq_max, self.n_threads_gen, flash_attn, self.n_ubatch)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    architecture: str
+    description: str
+    sha256: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_embd: int
+    n_ctx_train: int
+    n_vocab: int
+    n_params: int
+    file_bytes: int
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    type_k: str
+    type_v: str
+    kv_bytes_per_token: int
+    traits: ModelTraits  # what the architecture means for caching
+    gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
+    kernels: KernelChoice | None = None  # the attention kernel, and why
+    cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
+    n_ubatch: int = 0  # the micro-batch llama.cpp runs
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "traits": self.traits.as_dict(),
+                "kernels": self.kernels.as_dict() if self.kernels else None,
+                "cpu_kernels": self.cpu_kernels.as_dict() if self.cpu_kernels else None}
