@@ -63,3 +63,35 @@ def examples() -> Path:
     from app.resources_path import examples_dir
 
     return examples_dir()
+
+
+@pytest.fixture
+def make_window(qtbot, tiny_model, tmp_path):
+    """Real windows on the tiny model, sharing one settings file in tmp_path (a second window
+    sees the first's layout); every file they write is in tmp_path. At the end, the window's
+    Log must hold no internal error (its excepthook shows bugs there instead of failing)."""
+    from PySide6.QtCore import QSettings
+
+    from app.engine import EngineConfig
+    from app.ui.main_window import MainWindow
+    from tests.ui_actions import Answers
+
+    made = []
+
+    def make(n_batch=32, load=True, n_ctx=4096, **kw):
+        cfg = EngineConfig(model_path=str(tiny_model), n_ctx=n_ctx, n_batch=n_batch, n_threads=1)
+        opts = dict(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat),
+                    states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
+                    log_path=tmp_path / "kvprimer.log", ask=Answers(), open_example=False,
+                    offer_restore=False, load_model=load)
+        opts.update(kw)
+        w = MainWindow(cfg, **opts)
+        made.append(w)
+        qtbot.addWidget(w)
+        if load:
+            qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=20000)
+        return w
+    yield make
+    for w in made:
+        bugs = [m for m in w.errors.messages("error") if m.startswith("internal error")]
+        assert not bugs, bugs

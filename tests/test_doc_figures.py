@@ -328,3 +328,24 @@ def test_the_versions_the_readme_names_are_the_pinned_ones():
     pyside = re.search(r'"PySide6==([\d.]+)"', pyproject).group(1)
     assert f"llama-cpp-python=={llama}" in README and f"PySide6 is pinned to {pyside}" in README
     assert RES["machine"]["llama_cpp_python"] == llama
+
+
+# ---- the server run the README quotes ------------------------------------------------------
+
+def test_the_server_figures_are_the_stored_ones():
+    dep = json.loads((ROOT / "bench" / "server-deploy.json").read_text(encoding="utf-8"))
+    run = json.loads((ROOT / "bench" / "server-rag-rows.json").read_text(encoding="utf-8"))
+    txt = (ROOT / "bench" / "server-rag-rows.txt").read_text(encoding="utf-8")
+    s = run["summary"]
+    assert run["same_model"] is True and dep["restored_tokens"] == dep["prefix_tokens"]
+    assert_quoted(README,
+                  f"restored the {dep['prefix_tokens']:,}-token RAG prefix "
+                  f"({dep['state_bytes'] / 1e6:.1f} MB) in {dep['restore_ms']:.0f} ms",
+                  f"the checking request reused {dep['verify_cached']:,} tokens",
+                  f"missed the static prefix on {s['misses']} of {s['rows']} rows",
+                  f"first token in {ms(s['median_warm_ms'])} ms warm against "
+                  f"{ms(s['median_cold_ms'])} ms cold (median, {s['median_speedup']:.1f}×)",
+                  f"greedy tokens on {s['tokens_equal']} of {s['compared']} rows")
+    # the text file is the same run's words
+    assert f"{s['tokens_equal']} of {s['compared']} rows gave the local cold run's tokens" in txt
+    assert [r["row"] for r in run["rows"]] == list(range(2, 2 + s["rows"]))

@@ -205,7 +205,7 @@ def test_compose_error_exists_at_k0_is_bounded_and_shrinks_to_the_cold_run(engin
 def test_compose_is_refused_on_a_model_that_cannot_shift(engine, monkeypatch):
     traits = dataclasses.replace(engine.info.traits, can_shift=False)
     monkeypatch.setattr(engine, "info", dataclasses.replace(engine.info, traits=traits))
-    with pytest.raises(CacheError, match="cannot shift positions.*use --reuse prefix or chain"):
+    with pytest.raises(CacheError, match="cannot shift positions.*use the prefix or chain reuse mode"):
         run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse="compose")
     assert_tree_consistent(engine)
     assert run(engine, {"c1": A, "c2": B, "question": "why?"}, reuse="chain").verdict.exact

@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 
-from app.engine import EngineConfig
 from app.servers.llama_server_process import ServerProcess, find_binary, settings_for
-from app.ui.main_window import MainWindow
 
 try:
     find_binary()
@@ -22,17 +20,8 @@ ROWS = [{"passage": "Cats sleep a lot.", "q": "What do cats do?"},
 
 
 @pytest.fixture
-def window(qtbot, tiny_model, tmp_path):
-    cfg = EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32, n_threads=1)
-    w = MainWindow(cfg, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat),
-                   states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
-                   log_path=tmp_path / "log", ask=lambda kind, text: "discard",
-                   open_example=False, offer_restore=False, load_model=True)
-    qtbot.addWidget(w)
-    qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=20000)
-    yield w
-    bugs = [m for m in w.errors.messages("error") if m.startswith("internal error")]
-    assert not bugs, bugs
+def window(make_window):
+    return make_window(n_ctx=1024)
 
 
 def test_server_tab_checks_deploys_and_runs_rows(qtbot, window, tmp_path):

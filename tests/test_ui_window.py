@@ -14,54 +14,15 @@ from PySide6.QtWidgets import QPushButton
 
 from app.engine import EngineConfig, PrefixState, Template
 from app.ui.engine_worker import JobKind
-from app.ui.main_window import STATE_FILTERS, MainWindow
+from app.ui.main_window import STATE_FILTERS
 from tests.ui_actions import (BENCH, CANCEL, LOAD_STATE, PRIME, RUN_BOTH, RUN_WARM, SAVE_STATE,
-                              SWEEP, action, answer_file_dialogs, click, start, trigger)
+                              SWEEP, Answers, action, answer_file_dialogs, click, idle, start,
+                              trigger)
 
 PREFIX = "<|im_start|>system\nYou are a helpful assistant. " + "hello world of the answer. " * 20
 TPL = PREFIX + "<|im_end|>\n<|im_start|>user\n<question> about <topic><|im_end|>\n"
 SHORT_TPL = "You are a helpful assistant. hello world of the answer. <question> about <topic>"
 LONG_TPL = "hello world of the answer and the question. " * 80 + "<q>"
-
-
-class Answers:
-    """Stands in for the modal questions; records what was asked."""
-
-    def __init__(self, **answers):
-        self.answers = {"unsaved": "discard", "delete": "yes", "restore": "yes", **answers}
-        self.asked: list[str] = []
-
-    def __call__(self, kind, text):
-        self.asked.append(kind)
-        return self.answers[kind]
-
-
-@pytest.fixture
-def make_window(qtbot, tiny_model, tmp_path):
-    made = []
-
-    def make(n_batch=32, load=True, **kw):
-        cfg = EngineConfig(model_path=str(tiny_model), n_ctx=4096, n_batch=n_batch, n_threads=1)
-        opts = dict(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat),
-                    states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
-                    log_path=tmp_path / "kvprimer.log", ask=Answers(), open_example=False,
-                    offer_restore=False, load_model=load)
-        opts.update(kw)
-        w = MainWindow(cfg, **opts)
-        made.append(w)
-        qtbot.addWidget(w)
-        if load:
-            qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=10000)
-        return w
-    yield make
-    # the window's excepthook shows bugs in its Log instead of failing the test: look there
-    for w in made:
-        bugs = [m for m in w.errors.messages("error") if m.startswith("internal error")]
-        assert not bugs, bugs
-
-
-def idle(qtbot, w, timeout=20000):
-    qtbot.waitUntil(lambda: not w.worker.busy, timeout=timeout)
 
 
 def test_editing_the_template_updates_placeholders_and_prefix_count(qtbot, make_window, engine):

@@ -5,41 +5,16 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QFileDialog, QPushButton
 
 from app.engine import CacheLimits, EngineConfig
 from app.engine.files.project_file import ProjectFile
-from app.ui.main_window import MainWindow
-from tests.test_ui_window import SHORT_TPL, TPL, Answers, idle
+from tests.test_ui_window import SHORT_TPL, TPL
+from tests.ui_actions import idle
 
 MB = 1 << 20
-
-
-@pytest.fixture
-def make_window(qtbot, tiny_model, tmp_path):
-    """Windows sharing one settings file in tmp_path (a second one sees the first's layout)."""
-    made = []
-
-    def make(load=True, **kw):
-        cfg = EngineConfig(model_path=str(tiny_model), n_ctx=4096, n_batch=32, n_threads=1)
-        opts = dict(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat),
-                    states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
-                    log_path=tmp_path / "kvprimer.log", ask=Answers(), open_example=False,
-                    offer_restore=False, load_model=load)
-        opts.update(kw)
-        w = MainWindow(cfg, **opts)
-        made.append(w)
-        qtbot.addWidget(w)
-        if load:
-            qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=10000)
-        return w
-    yield make
-    for w in made:
-        bugs = [m for m in w.errors.messages("error") if m.startswith("internal error")]
-        assert not bugs, bugs
 
 
 def shown_active(qtbot, w):

@@ -102,3 +102,19 @@ def answer_file_dialogs(monkeypatch, *, save: tuple[str, str] | None = None,
     if open_path is not None:
         monkeypatch.setattr(QFileDialog, "getOpenFileName",
                             staticmethod(lambda *a, **k: (open_path, "")))
+
+
+class Answers:
+    """Stands in for the window's modal questions; records what was asked."""
+
+    def __init__(self, **answers):
+        self.answers = {"unsaved": "discard", "delete": "yes", "restore": "yes", **answers}
+        self.asked: list[str] = []
+
+    def __call__(self, kind, text):
+        self.asked.append(kind)
+        return self.answers[kind]
+
+
+def idle(qtbot, w, timeout=20000):
+    qtbot.waitUntil(lambda: not w.worker.busy, timeout=timeout)

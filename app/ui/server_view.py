@@ -31,7 +31,7 @@ COLUMNS = [("row", "row"), ("prompt_tokens", "prompt"), ("prefix_tokens", "prefi
 def servers():
     """The server clients, or one line saying how to install them (they are an extra)."""
     try:
-        import app.servers  # noqa: F401
+        import app.servers  # noqa: F401  (httpx, httpx-sse)
     except ImportError as e:
         raise KvPrimerError(f"the server targets need {e.name}: pip install 'kvprimer[server]'") from None
 
