@@ -298,14 +298,9 @@ def test_the_verdict_is_described_as_the_code_makes_it():
 def test_the_recurring_workload_is_described_as_the_file_is():
     rows = list(csv.DictReader(open(ROOT / "resources" / "examples" / "rag-recurring.csv",
                                     encoding="utf-8")))
-    seen_c1, seen_c12 = set(), set()
-    rep_c1 = rep_c12 = 0
-    for r in rows:
-        rep_c1 += r["c1"] in seen_c1
-        rep_c12 += (r["c1"], r["c2"]) in seen_c12
-        seen_c1.add(r["c1"])
-        seen_c12.add((r["c1"], r["c2"]))
-    from resources.examples.make_rag_recurring import POOL
+    from resources.examples.make_rag_recurring import POOL, repeats
+
+    rep_c1, rep_c12 = repeats(rows)
 
     for doc in (README, BENCHMARKS):
         assert_quoted(doc, f"{len(rows)} rows", f"{rep_c1} rows repeat an earlier row's",

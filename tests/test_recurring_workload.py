@@ -60,13 +60,7 @@ def test_popularity_is_skewed_and_values_recur(script, rows):
     counts = [uses[p] for p in pool]
     assert max(counts) == counts[0]  # rank 1 is the most drawn
     assert max(counts) >= 3 * statistics.median(counts)
-    earlier_c1, earlier_c1c2 = set(), set()
-    repeats_c1 = repeats_c1c2 = 0
-    for row in rows:
-        repeats_c1 += row["c1"] in earlier_c1
-        repeats_c1c2 += (row["c1"], row["c2"]) in earlier_c1c2
-        earlier_c1.add(row["c1"])
-        earlier_c1c2.add((row["c1"], row["c2"]))
+    repeats_c1, repeats_c1c2 = script.repeats(rows)
     assert repeats_c1 >= len(rows) // 2
     assert repeats_c1c2 >= len(rows) // 5
 

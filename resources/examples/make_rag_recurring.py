@@ -139,6 +139,19 @@ def make_rows(seed: int = SEED, count: int = ROW_COUNT) -> list[dict[str, str]]:
     return rows
 
 
+def repeats(rows: list[dict[str, str]]) -> tuple[int, int]:
+    """How many rows repeat an earlier row's <c1>, and how many its <c1> and <c2> together:
+    what a cache of earlier rows can reuse beyond the static prefix."""
+    seen_c1, seen_c12 = set(), set()
+    rep_c1 = rep_c12 = 0
+    for r in rows:
+        rep_c1 += r["c1"] in seen_c1
+        rep_c12 += (r["c1"], r["c2"]) in seen_c12
+        seen_c1.add(r["c1"])
+        seen_c12.add((r["c1"], r["c2"]))
+    return rep_c1, rep_c12
+
+
 def render_csv(rows: list[dict[str, str]]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=["c1", "c2", "c3", "question"], lineterminator="\r\n")
