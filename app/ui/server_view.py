@@ -70,6 +70,7 @@ class ServerView(QWidget):
         self.table.setHorizontalHeaderLabels([h for _, h in COLUMNS])
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.verticalHeader().setVisible(False)  # the row column says which row it is
         self.ttft_chart = TtftChart("Time to first token per row (ms): local cold, server cold, "
                                     "server warm")
         self.cached_chart = TtftChart("Tokens per row: static prefix and what the server reused")
