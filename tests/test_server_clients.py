@@ -162,3 +162,16 @@ def test_miss_reasons_name_where_and_why():
     assert "at token 45, inside the static prefix" in boundary
     evicted = miss_reason(0, 60, 1, prompt, prompt[:80], "")
     assert "80 matching tokens" in evicted and "restarted" in evicted
+
+
+def test_without_the_server_extra_the_message_says_how_to_install_it(monkeypatch):
+    import sys
+
+    from app.engine import KvPrimerError
+    from app.optional_extras import require_server_clients
+
+    for name in [m for m in sys.modules if m == "app.servers" or m.startswith("app.servers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "httpx", None)  # as if not installed
+    with pytest.raises(KvPrimerError, match=r"need httpx: pip install 'kvprimer\[server\]'"):
+        require_server_clients()

@@ -10,19 +10,14 @@ from pathlib import Path
 from dataclasses import asdict
 
 from ..engine import GenerationConfig, KvPrimerError
+from ..optional_extras import require_server_clients
 from .engine_options import open_engine, progress_printer, read_template, rows_of
 from .exit_codes import ExitCode
 from .output import emit, yes_no
 
 
-def _servers():
-    """The server package, or one line saying how to install its clients."""
-    try:
-        from .. import servers
-        from ..servers import deploy, llama_server_process, server_bench
-    except ImportError as e:  # httpx / httpx-sse missing
-        raise KvPrimerError(f"the server targets need {e.name}: pip install 'kvprimer[server]'") from None
-    return servers, deploy, llama_server_process, server_bench
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def server_target_options(p: argparse.ArgumentParser) -> None:
@@ -58,7 +53,9 @@ def deploy_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args) -> int:
-    _, _, proc_mod, _ = _servers()
+    require_server_clients()
+    from ..servers import llama_server_process as proc_mod
+
     if args.port < 0 or args.port > 65535:
         raise KvPrimerError(f"--port must be 0–65535, not {args.port}")
     extra = tuple(a for a in args.server_args if a != "--")
@@ -70,7 +67,10 @@ def cmd_serve(args) -> int:
     print(f"llama-server is ready at {server.url} (slot files in {Path(args.slot_dir).resolve()}); "
           "Ctrl+C stops it", flush=True)
     try:
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+        # SIGINT too: a shell starts background jobs with it ignored, and Python then
+        # installs no handler of its own
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
         server.proc.wait()
     except KeyboardInterrupt:
         pass
@@ -81,7 +81,10 @@ def cmd_serve(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    servers, deploy_mod, _, _ = _servers()
+    require_server_clients()
+    from .. import servers
+    from ..servers import deploy as deploy_mod
+
     tpl = read_template(args.template)
     with servers.LlamaServer(args.server) as server, open_engine(args) as eng:
         res = deploy_mod.deploy(eng, tpl, server, args.slot, args.slot_dir,
@@ -92,7 +95,10 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_bench_server(args) -> int:
-    servers, _, _, bench_mod = _servers()
+    require_server_clients()
+    from .. import servers
+    from ..servers import server_bench as bench_mod
+
     tpl = read_template(args.template)
     rows = rows_of(args, tpl)
     with servers.connect(args.server, args.api, args.flavor, api_key=args.api_key) as server, \

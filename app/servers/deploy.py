@@ -17,7 +17,6 @@ from pathlib import Path
 
 from app.engine.errors import KvPrimerError, StateFileError
 from app.engine.files.llama_state_file import SUFFIX, read_llama_state, save_llama_state
-from app.engine.llama.native import SEQ_STATE_VERSION
 from app.engine.files.prefix_state import PrefixState
 from app.engine.files.seq_payload import row_layout, stream_count, v_transposed
 from app.engine.task_state import TaskState
@@ -162,4 +161,4 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
 
 
 __all__ = ["DeployError", "DeployResult", "ServerLayout", "check_layout", "deploy",
-           "server_layout", "SEQ_STATE_VERSION"]
+           "server_layout"]

@@ -48,6 +48,53 @@ def client(base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S,
                         timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
 
 
+class ServerClient:
+    """What every server client shares: one connection pool to one URL, closed by ``with``,
+    a one-line error for a server that cannot be reached, and the facts server_bench asks of
+    any server (overridden where a server differs)."""
+
+    api = ""
+    flavor = "llama"
+    block_size = 1  # the granularity of a reported cached-token count
+
+    def __init__(self, url: str, timeout_s: float | None = None,
+                 transport: httpx.BaseTransport | None = None,
+                 headers: dict[str, str] | None = None):
+        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
+        self.http = client(url, transport=transport, headers=headers, **kw)
+        self.url = str(self.http.base_url).rstrip("/")
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
+        """A short GET whose failure to connect is one ServerError."""
+        try:
+            return self.http.get(path, timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise ServerError(f"cannot reach {self.url} ({_short(e)}); is the server "
+                              "running?") from None
+
+    def served_model(self) -> str:
+        """The model the server says it runs ('' when it does not say)."""
+        return ""
+
+    def missing_report_hint(self) -> str:
+        """What to do when the server does not report the tokens it reused."""
+        return "this server does not report reused prompt tokens"
+
+
+def token_ids(out: dict) -> list[int]:
+    """A /tokenize answer's ids (plain ids, or {id, piece} objects with ``with_pieces``)."""
+    return [int(t) if not isinstance(t, dict) else int(t["id"]) for t in out["tokens"]]
+
+
 def normalise_url(url: str) -> str:
     """'localhost:8080' → 'http://localhost:8080'; a bad URL is one clear error."""
     url = (url or "").strip()

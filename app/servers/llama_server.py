@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from .http_stream import (Completion, ServerError, client, error_text, request_json,
-                          stream_frames)
+from .http_stream import (Completion, ServerClient, ServerError, error_text, request_json,
+                          _short, stream_frames, token_ids)
 
 SLOT_ACTIONS = ("save", "restore", "erase")
 
@@ -24,12 +24,6 @@ class ServerProps:
     model_path: str
     build_info: str
 
-    @property
-    def build_number(self) -> int | None:
-        """llama.cpp's build number from 'b11312-0c1e570' (None when it has none)."""
-        head = self.build_info.split("-", 1)[0].lstrip("b")
-        return int(head) if head.isdigit() else None
-
 
 @dataclass(frozen=True)
 class SlotResult:
@@ -40,34 +34,15 @@ class SlotResult:
     ms: float
 
 
-class LlamaServer:
+class LlamaServer(ServerClient):
     """One llama-server at ``url``. Close it (or use ``with``) to free the connection pool."""
 
     api = "llama"
 
-    def __init__(self, url: str, timeout_s: float | None = None,
-                 transport: httpx.BaseTransport | None = None):
-        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
-        self.http = client(url, transport=transport, **kw)
-        self.url = str(self.http.base_url).rstrip("/")
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> "LlamaServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # -- state of the server
     def health(self) -> str:
         """'ok', or 'loading' while the model loads (llama-server answers 503 then)."""
-        try:
-            r = self.http.get("/health", timeout=10.0)
-        except httpx.HTTPError as e:
-            raise ServerError(f"cannot reach {self.url} ({str(e).splitlines()[0][:100] or type(e).__name__}); "
-                              "is the server running?") from None
+        r = self.get("/health")
         if r.status_code == 503:
             return "loading"
         if r.status_code >= 400:
@@ -99,11 +74,19 @@ class LlamaServer:
                            model_path=str(p.get("model_path") or ""),
                            build_info=str(p.get("build_info") or ""))
 
+    def served_model(self) -> str:
+        try:
+            return self.props().model_path
+        except ServerError:  # a server without /props: the model stays unknown
+            return ""
+
+    def missing_report_hint(self) -> str:
+        return "this llama-server reports no timings.cache_n; use the one `make server` builds"
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int] | None:
-        out = request_json(self.http, "POST", "/tokenize", "tokenizing on the server",
-                           json={"content": text, "add_special": add_special,
-                                 "parse_special": parse_special})
-        return [int(t) if not isinstance(t, dict) else int(t["id"]) for t in out["tokens"]]
+        return token_ids(request_json(self.http, "POST", "/tokenize", "tokenizing on the server",
+                                      json={"content": text, "add_special": add_special,
+                                            "parse_special": parse_special}))
 
     # -- slots
     def slot(self, slot: int, action: str, filename: str = "") -> SlotResult:
@@ -113,8 +96,7 @@ class LlamaServer:
         try:
             r = self.http.post(f"/slots/{slot}", params={"action": action}, json=body)
         except httpx.HTTPError as e:
-            raise ServerError(f"slot {slot} {action}: cannot reach {self.url} "
-                              f"({str(e).splitlines()[0][:100]})") from None
+            raise ServerError(f"slot {slot} {action}: cannot reach {self.url} ({_short(e)})") from None
         if r.status_code >= 400:
             raise ServerError(slot_error(slot, action, r))
         d = r.json()

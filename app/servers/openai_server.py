@@ -17,34 +17,23 @@ import time
 
 import httpx
 
-from .http_stream import Completion, ServerError, client, request_json, stream_frames
+from .http_stream import Completion, ServerClient, ServerError, request_json, stream_frames, token_ids
 
 FLAVORS = ("llama", "vllm", "sglang")
 _FLUSH_TRIES = 20
 
 
-class OpenAIServer:
+class OpenAIServer(ServerClient):
     api = "openai"
 
     def __init__(self, url: str, *, flavor: str = "auto", model: str = "", api_key: str = "",
                  timeout_s: float | None = None, transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
-        self.http = client(url, transport=transport, headers=headers, **kw)
-        self.url = str(self.http.base_url).rstrip("/")
+        super().__init__(url, timeout_s, transport, headers)
         if flavor not in ("auto", *FLAVORS):
             raise ServerError(f"unknown server kind '{flavor}'; use auto or one of {', '.join(FLAVORS)}")
         self.flavor = self._detect() if flavor == "auto" else flavor
         self.model = model or self._first_model()
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> "OpenAIServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     @property
     def block_size(self) -> int:
@@ -72,13 +61,12 @@ class OpenAIServer:
                               "OpenAI-compatible server?")
         return str(data[0].get("id", ""))
 
+    def served_model(self) -> str:
+        return self.model
+
     def health(self) -> str:
         for path in ("/health", "/v1/models"):
-            try:
-                r = self.http.get(path, timeout=10.0)
-            except httpx.HTTPError as e:
-                raise ServerError(f"cannot reach {self.url} ({str(e).splitlines()[0][:100] or type(e).__name__}); "
-                                  "is the server running?") from None
+            r = self.get(path)
             if r.status_code == 503:
                 return "loading"
             if r.status_code == 200:
@@ -93,8 +81,8 @@ class OpenAIServer:
             body = {"model": self.model, "prompt": text}
         else:
             return None
-        out = request_json(self.http, "POST", "/tokenize", "tokenizing on the server", json=body)
-        return [int(t) if not isinstance(t, dict) else int(t["id"]) for t in out["tokens"]]
+        return token_ids(request_json(self.http, "POST", "/tokenize", "tokenizing on the server",
+                                      json=body))
 
     def flush(self) -> None:
         """SGLang: empty the radix cache before a cold run."""
@@ -143,4 +131,5 @@ class OpenAIServer:
     def missing_report_hint(self) -> str:
         return {"vllm": "start vLLM with --enable-prompt-tokens-details",
                 "sglang": "start SGLang with --enable-cache-report",
-                "llama": "use llama-server b5000 or newer"}[self.flavor]
+                "llama": "this llama-server reports no cached_tokens; use the one `make server` "
+                         "builds"}[self.flavor]

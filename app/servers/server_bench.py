@@ -112,11 +112,10 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
     the static prefix and, when ``compare`` and the server runs its model, runs each row cold
     locally to compare outputs. ``deployed``: the prefix was restored into the slot before."""
     task = task or TaskState()
-    model_name = getattr(server, "model", "") or _props_model(server)
-    match = match_model(engine.info.path, engine.info.sha256, model_name)
+    match = match_model(engine.info.path, engine.info.sha256, server.served_model())
     as_ids = server.api == "llama" and match.same is True  # else the server tokenizes text
-    block = getattr(server, "block_size", 1)
-    hint = server.missing_report_hint() if hasattr(server, "missing_report_hint") else ""
+    block = server.block_size
+    hint = server.missing_report_hint()
     gen = GenerationConfig(max_tokens=max_tokens)
     out: list[ServerRow] = []
     # where reuse stops is measured in the server's own tokens: the ids we send, else its
@@ -125,6 +124,7 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
     prefix_text = template.prefix_prompt().text
     prefix_ids = (server_tokens(prefix_text) or engine.tokenize(template.prefix_prompt())
                   if prefix_text else [])
+    prefix = len(prefix_ids)
     before: list[int] | None = list(prefix_ids) if deployed else None
     task.report("server", 0, len(rows))
     for i, row in enumerate(rows):
@@ -133,7 +133,6 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
         local = engine.tokenize(filled)
         prompt = local if as_ids else filled.text
         tokens = (None if as_ids else server_tokens(filled.text)) or local
-        prefix = len(prefix_ids)
         warm = server.complete(prompt, max_tokens, cache_prompt=True, slot=slot)
         cold = server.complete(prompt, max_tokens, cache_prompt=False, slot=slot)
         r = ServerRow(row=row.number, prompt_tokens=len(tokens),
@@ -151,14 +150,19 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
         out.append(r)
         task.partial(r)
         task.report("server", i + 1, len(rows))
-    return ServerBench(server.url, server.api, getattr(server, "flavor", "llama"), match.how,
+    return ServerBench(server.url, server.api, server.flavor, match.how,
                        match.same, out)
+
+
+def _whole_chars(text: str) -> str:
+    """Text without a last, partial character (a server holds it back from its stream)."""
+    return text.rstrip("\ufffd")
 
 
 def _same_output(a: Completion, b: Completion) -> bool:
     if a.tokens and b.tokens:
         return a.tokens == b.tokens
-    return a.text.rstrip("\ufffd") == b.text.rstrip("\ufffd")
+    return _whole_chars(a.text) == _whole_chars(b.text)
 
 
 def output_note(r: ServerRow) -> str:
@@ -179,15 +183,8 @@ def _compare_local(engine, tokens, gen, max_tokens, warm: Completion, r: ServerR
     r.local_cold_ms = local.ttft_ms
     if warm.tokens:
         a, b = local.tokens, warm.tokens
-    else:  # the OpenAI API streams text only; a server holds back a last, partial character
-        a, b = [local.text.rstrip("\ufffd")], [warm.text.rstrip("\ufffd")]
+    else:  # the OpenAI API streams text only
+        a, b = [_whole_chars(local.text)], [_whole_chars(warm.text)]
     n = common_prefix(a, b)
     r.tokens_equal = n == len(a) == len(b)
     r.first_diff = None if r.tokens_equal else n
-
-
-def _props_model(server) -> str:
-    try:
-        return server.props().model_path
-    except Exception:  # noqa: BLE001 - a server without /props: the model stays unknown
-        return ""

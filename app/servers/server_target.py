@@ -41,7 +41,7 @@ def target_facts(url: str, api: str, engine=None) -> TargetFacts:
     with connect(url, api) as server:
         health = server.health()
         if health != "ok":
-            return TargetFacts(server.url, api, getattr(server, "flavor", "llama"), health, "",
+            return TargetFacts(server.url, api, server.flavor, health, "",
                                None, "the server is still loading its model")
         slots = n_ctx = None
         build = ""
@@ -55,7 +55,7 @@ def target_facts(url: str, api: str, engine=None) -> TargetFacts:
         else:
             m = match_model(engine.info.path, engine.info.sha256, model)
             same, note = m.same, m.how
-        return TargetFacts(server.url, api, getattr(server, "flavor", "llama"), health, model,
+        return TargetFacts(server.url, api, server.flavor, health, model,
                            same, note, slots, n_ctx, build)
 
 

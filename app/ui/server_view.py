@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from ..engine import KvPrimerError
+from ..optional_extras import require_server_clients
 from ..engine.session import Session
 from .charts import COLD, WARM, BarSeries, TtftChart
 from .engine_worker import EngineWorker, JobKind
@@ -26,14 +26,6 @@ COLUMNS = [("row", "row"), ("prompt_tokens", "prompt"), ("prefix_tokens", "prefi
            ("warm_ms", "server warm (ms)"), ("tokens_equal", "same tokens as local cold"),
            ("server_cold_equal", "server warm = its cold"), ("miss_reason", "miss"),
            ("output_note", "why the output differs")]
-
-
-def servers():
-    """The server clients, or one line saying how to install them (they are an extra)."""
-    try:
-        import app.servers  # noqa: F401  (httpx, httpx-sse)
-    except ImportError as e:
-        raise KvPrimerError(f"the server targets need {e.name}: pip install 'kvprimer[server]'") from None
 
 
 class ServerView(QWidget):
@@ -141,7 +133,7 @@ class ServerView(QWidget):
         self._remember()
 
         def job(engine, task):
-            servers()
+            require_server_clients()
             from ..servers.server_target import describe_target
             return describe_target(url, api, engine)
 
@@ -170,7 +162,7 @@ class ServerView(QWidget):
         self._remember()
 
         def job(engine, task):
-            servers()
+            require_server_clients()
             from ..servers import LlamaServer
             from ..servers.deploy import deploy
             with LlamaServer(url) as server:
@@ -193,7 +185,7 @@ class ServerView(QWidget):
         self._show()
 
         def job(engine, task):
-            servers()
+            require_server_clients()
             from ..servers import connect
             from ..servers.server_bench import bench_on_server
             with connect(url, api) as server:
