@@ -5,7 +5,9 @@
 - warm_memory: the app's warm run in prefix mode, the engine's own code
   (``warm_in_work_context``), after the work context held something else (as llama-cpp-python's
   cache paths run after an unrelated prompt): the static prefix is copied from the radix cache
-  into the work context, the suffix evaluated in one batch with the kernel the engine chose;
+  into the work context (from the state of the last copy, kept in RAM: one state_set, as
+  llama-cpp-python's RAM cache does), the suffix evaluated in one batch with the kernel the
+  engine chose;
 - warm_in_place: the same when the work context holds the previous row of the template (the
   usual case: rows of one template in a row): the prefix is kept, the old suffix trimmed;
 - warm_file / warm_state: the same after reading a .kvstate file (or from a given state) into an

@@ -31,7 +31,7 @@ def assert_tree_consistent(eng) -> None:
             assert n.seq not in seqs, f"nodes {seqs.get(n.seq)} and {n.id} share sequence {n.seq}"
             seqs[n.seq] = n.id
             assert eng.resident[n.seq] == n.tokens(), f"node {n.id} in sequence {n.seq}"
-            assert n.seq not in cache._free
+            assert n.seq not in cache.sequences.free
         if n.tier == "file":
             assert Path(n.file).exists()
             files.add(Path(n.file).name)
@@ -40,7 +40,7 @@ def assert_tree_consistent(eng) -> None:
     for s, toks in eng.resident.items():
         if toks and s != 0:
             assert s in seqs, f"sequence {s} holds {len(toks)} tokens but no node owns it"
-    assert not (set(cache._free) & {0, cache.scratch, cache.holding})
-    assert len(set(cache._free)) == len(cache._free)
+    assert not (set(cache.sequences.free) & {0, cache.scratch, cache.holding})
+    assert len(set(cache.sequences.free)) == len(cache.sequences.free)
     on_disk = {p.name for p in cache.folder.iterdir()} if cache.folder.exists() else set()
     assert on_disk == files, f"leaked files: {sorted(on_disk - files)}"

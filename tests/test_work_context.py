@@ -103,3 +103,65 @@ def test_clear_cache_drops_every_cached_prompt_and_the_work_context(engine128):
     # rebuilt from nothing: the static prefix evaluated again, the same answer bit for bit
     assert again.reused_tokens == again.prefix_tokens and again.verdict.exact
     assert again.warm.tokens == first.warm.tokens
+
+
+def _count_cell_states(e, monkeypatch) -> list:
+    calls = []
+    real = e.seqs.cells_of
+    monkeypatch.setattr(e.seqs, "cells_of", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+def test_a_second_copy_of_the_prefix_reuses_the_state_of_the_first(engine128, monkeypatch):
+    e = engine128
+    vals = [{"c1": A, "c2": B, "question": f"why {i}?"} for i in range(3)]
+    run_prompt(e, TPL, vals[0], reuse="prefix", gen=GEN)
+    calls = _count_cell_states(e, monkeypatch)
+    e.work.reset()
+    first = run_prompt(e, TPL, vals[1], reuse="prefix", gen=GEN)
+    assert first.copied_tokens == first.prefix_tokens and len(calls) == 1
+    ram = {t.name: t.used_bytes for t in e.cache.tiers()}["ram"]
+    assert ram >= first.prefix_tokens * e.info.kv_bytes_per_token  # the kept copy is counted
+    e.work.reset()
+    second = run_prompt(e, TPL, vals[2], reuse="prefix", gen=GEN)
+    assert second.copied_tokens == second.prefix_tokens and len(calls) == 1  # no new state taken
+    assert second.verdict.exact and first.verdict.exact, second.verdict.describe()
+    assert_tree_consistent(e)
+
+
+def test_the_kept_copy_goes_first_when_ram_is_short(tiny_model, monkeypatch):
+    from app.engine.cache.cache_tiers import CacheLimits
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=128, n_threads=1,
+                             cache=CacheLimits(ram_bytes=1024))) as e:
+        calls = _count_cell_states(e, monkeypatch)
+        run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="prefix", gen=GEN)
+        for question in ("how?", "who?"):
+            e.work.reset()
+            rep = run_prompt(e, TPL, {"c1": B, "c2": A, "question": question}, reuse="prefix",
+                             gen=GEN)
+            assert rep.copied_tokens == rep.prefix_tokens and rep.verdict.exact
+            assert {t.name: t.used_bytes for t in e.cache.tiers()}["ram"] <= 1024  # not kept
+        assert len(calls) == 2  # a state taken for each copy
+
+
+def test_a_node_computed_again_is_never_copied_from_its_old_state(engine128, monkeypatch):
+    e = engine128
+    run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="chain", gen=GEN)
+    e.work.reset()
+    run_prompt(e, TPL, {"c1": B, "c2": A, "question": "how?"}, reuse="prefix", gen=GEN)
+    prefix = next(n for n in e.cache.tree if n.label == "static prefix")
+    assert prefix.children  # it stays in the tree (as a branching point) when dropped
+    for _ in range(3):  # resident → RAM → file → dropped
+        e.cache.evict(prefix.id)
+    assert prefix.tier == "gone"
+    calls = _count_cell_states(e, monkeypatch)
+    e.work.reset()
+    again = run_prompt(e, TPL, {"c1": C, "c2": B, "question": "who?"}, reuse="prefix", gen=GEN)
+    # the prefix evaluated again in the work context (nothing copied), and cached again
+    assert again.copied_tokens == 0 and prefix.tier == "resident"
+    n = len(calls)
+    e.work.reset()
+    third = run_prompt(e, TPL, {"c1": C, "c2": A, "question": "when?"}, reuse="prefix", gen=GEN)
+    assert third.copied_tokens == third.prefix_tokens and len(calls) == n + 1  # a new state
+    assert third.verdict.exact, third.verdict.describe()
+    assert_tree_consistent(e)

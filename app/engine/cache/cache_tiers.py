@@ -1,4 +1,4 @@
-"""The radix cache's three tiers and how nodes move between them.
+"""Where each radix node's cells are, and how they move: the radix cache's three tiers.
 
 A node that holds cells is in one tier: resident (a sequence of the main context holding the
 node's tokens from position 0, its cells shared with the sequence it was forked from), ram (a
@@ -6,6 +6,15 @@ snapshot of the node's own cells, from ``ram_start`` to its end; the cells befor
 ancestor when it is promoted) or file (the same bytes in a file). Each tier has a byte cap; the
 least recently used unpinned node moves down (resident → RAM → file → dropped) when a cap or the
 context's cells run out, and a hit in a lower tier is promoted back to resident.
+
+Copies for the work context: a warm run copies a resident node's cells into the work context
+(work_context.py), which takes a state of them (about 30 ms for the default model's 1,761-token
+prefix here) and a state_set (about 9 ms). The state of the last copy of each node is kept, so
+the next run of the same template pays only the state_set. Copies count against the RAM cap and
+are the first thing it drops; a node's copy is forgotten when its cells are computed again.
+
+This class owns the nodes' placement fields (``seq``, ``ram``, ``file``, ``nbytes``) and the busy
+marks; the tree's shape is the tree's (radix_tree.py), the free sequences are CacheSequences'.
 """
 from __future__ import annotations
 
@@ -17,8 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cell_compaction import relayout
 from ..errors import CacheError
+from .cache_sequences import CacheSequences
+from .cell_compaction import relayout
 from .radix_tree import RadixNode, RadixTree
 
 APPROX_RESTORED = ("restored from a snapshot on a sliding-window model: approximate in general "
@@ -41,27 +51,24 @@ class TierUsage:
     nodes: int
 
 
-class CacheTiers:
-    """Sequences, caps and moves between tiers; RadixCache adds lookup and insertion."""
+@dataclass
+class _WorkCopy:
+    p0: int
+    p1: int
+    data: bytes
+    last_used: float
 
-    def __init__(self, engine, limits: CacheLimits):
+
+class CacheTiers:
+    def __init__(self, engine, tree: RadixTree, sequences: CacheSequences, limits: CacheLimits,
+                 windowed: bool):
         self.e = engine
-        self.tree = RadixTree()
+        self.tree = tree
+        self.sequences = sequences
         self.limits = limits
-        n = engine.config.n_seq_max
-        if n < 6:  # the user's, scratch, holding, a working sequence and two nodes
-            raise CacheError(f"the radix cache needs a context of at least 6 sequences, not {n}")
-        self.windowed = engine.n_swa > 0
-        # sequence 0 stays the user's (KV dock actions, `kvprimer kv`); the last is scratch.
-        # Evicted nodes' cells go to a holding sequence instead of being freed: llama.cpp fills
-        # freed cells first, which would put a later run's cells before its prefix's and change
-        # the order of its arithmetic (batch_plan.py); compaction frees them all at once, in
-        # order. Windowed models cannot be compacted (a restore misplaces window cells).
-        self.scratch = n - 1
-        self.holding = None if self.windowed else n - 2
-        self._free = list(range(n - (2 if self.windowed else 3), 0, -1))
-        self._out: set[int] = set()  # working sequences handed out and not given back yet
+        self.windowed = windowed
         self._busy: Counter[int] = Counter()  # node ids a running job relies on (nested uses count)
+        self._copies: dict[int, _WorkCopy] = {}  # node id → the state of its last work copy
         self._own_folder = limits.folder is None
         self.folder = Path(limits.folder or tempfile.mkdtemp(prefix="kvprimer-cache-"))
         try:
@@ -77,15 +84,20 @@ class CacheTiers:
 
     def tier_bytes(self, tier: str) -> int:
         if tier == "resident":  # shared cells move as ancestors come and go: count them now
-            return sum(self._resident_bytes(n) for n in self.tree if n.seq is not None)
-        return sum(n.nbytes for n in self.tree if n.tier == tier)
+            return sum(self.resident_bytes(n) for n in self.tree if n.seq is not None)
+        used = sum(n.nbytes for n in self.tree if n.tier == tier)
+        return used + (self.copy_bytes() if tier == "ram" else 0)
 
-    def tiers(self) -> list[TierUsage]:
+    def copy_bytes(self) -> int:
+        return sum(len(c.data) for c in self._copies.values())
+
+    def usage(self) -> list[TierUsage]:
         caps = {"resident": self.resident_cap, "ram": self.limits.ram_bytes,
                 "file": self.limits.file_bytes}
         return [TierUsage(t, self.tier_bytes(t), cap, sum(1 for n in self.tree if n.tier == t))
                 for t, cap in caps.items()]
 
+    # ---- the tree as the tiers see it
     @staticmethod
     def resident_ancestor(node: RadixNode) -> RadixNode | None:
         """The nearest ancestor with a sequence (whose cells ``node``'s sequence shares)."""
@@ -95,20 +107,21 @@ class CacheTiers:
         return a
 
     @staticmethod
-    def _holding_ancestor(node: RadixNode) -> RadixNode | None:
+    def holding_ancestor(node: RadixNode) -> RadixNode | None:
         """The nearest ancestor holding cells in some tier (None: the root)."""
         a = node.parent
         while a is not None and a.parent is not None and a.tier == "gone":
             a = a.parent
         return a if a is not None and a.parent is not None else None
 
-    def _resident_bytes(self, node: RadixNode) -> int:
+    def resident_bytes(self, node: RadixNode) -> int:
         """Bytes a resident node adds: its tokens past its nearest resident ancestor (whose
         cells it shares)."""
         a = self.resident_ancestor(node)
         return (node.depth - (a.depth if a else 0)) * self.e.info.kv_bytes_per_token
 
-    def _resident_below(self, node: RadixNode, usable=None) -> RadixNode | None:
+    @staticmethod
+    def resident_below(node: RadixNode, usable=None) -> RadixNode | None:
         """A resident node in ``node``'s subtree (itself included), if any."""
         stack = [node]
         while stack:
@@ -129,6 +142,20 @@ class CacheTiers:
             self._busy.subtract(ids)
             self._busy += Counter()  # drop the zero counts
 
+    # ---- giving nodes cells
+    def hold_resident(self, node: RadixNode, seq: int, approx: str) -> None:
+        """``node`` now lives in ``seq`` (cells just computed or forked for it)."""
+        self.forget_snapshot(node)
+        self.forget_copy(node)
+        node.seq = seq
+        node.approx = approx
+        node.nbytes = self.resident_bytes(node)
+
+    def hold_snapshot(self, node: RadixNode, data: bytes, start: int, approx: str) -> None:
+        """``node`` (holding nothing) gets a RAM snapshot of its cells from position ``start``."""
+        self.forget_copy(node)
+        node.ram, node.ram_start, node.nbytes, node.approx = data, start, len(data), approx
+
     def materialise(self, node: RadixNode) -> int:
         """The node's sequence, promoting it (and the ancestors it needs) from RAM or a file.
         The node stays resident until the caller's own ``busy`` ends (or the next eviction)."""
@@ -145,93 +172,74 @@ class CacheTiers:
                     raise CacheError("a cached prompt lost the prefix it was built on; run it again")
                 base_seq = self.materialise(base)
             self.ensure_free_cells(node.depth - node.ram_start)
-            seq = self._take_seq()
+            seq = self.take_seq()
             if base_seq is not None:
                 self.e.seqs.fork(base.seq, seq, upto=node.ram_start)
-            if not self.e.seqs.add_cells(data, seq, self.scratch, node.tokens()):
-                self.e.seqs.clear(seq)
-                self._free.append(seq)
+            if not self.e.seqs.add_cells(data, seq, self.sequences.scratch, node.tokens()):
+                self.sequences.put_back(seq)
                 raise CacheError("llama.cpp refused a cached snapshot; clear the cache")
-            self._drop_lower(node)
+            self.forget_snapshot(node)
             node.seq = seq
-            node.nbytes = self._resident_bytes(node)
+            node.nbytes = self.resident_bytes(node)
             node.last_used = time.monotonic()
             if self.windowed and not node.approx:
                 node.approx = APPROX_RESTORED
             self.enforce()
         return node.seq
 
+    def copy_of(self, node: RadixNode, p0: int, p1: int) -> bytes:
+        """A state of the cells at positions p0..p1-1 of ``node``'s tokens, for the work
+        context: the kept copy when the last one was of the same positions."""
+        c = self._copies.get(node.id)
+        if c is None or (c.p0, c.p1) != (p0, p1):
+            data = self.e.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
+            c = self._copies[node.id] = _WorkCopy(p0, p1, data, 0.0)
+        c.last_used = time.monotonic()
+        self.enforce()
+        return c.data
+
+    def forget_copy(self, node: RadixNode) -> None:
+        self._copies.pop(node.id, None)
+
     # ---- sequences and eviction
-    def take_work_seq(self) -> int:
-        seq = self._take_seq()
-        self._out.add(seq)
+    def take_seq(self) -> int:
+        while (seq := self.sequences.pop()) is None:
+            if not self._spill_one():
+                raise CacheError("every sequence of the context holds a pinned or busy prompt; "
+                                 "unpin some cached prompts or clear the cache")
         return seq
-
-    def give_back(self, seq: int) -> None:
-        """A working sequence is done: its own cells (the newest) are freed."""
-        self._out.discard(seq)
-        self.e.seqs.clear(seq)
-        self._free.append(seq)
-
-    def _release(self, seq: int) -> None:
-        """A node's sequence is no longer needed: its cells go to the holding sequence."""
-        if self.holding is not None:
-            self.e.ctx.seq_cp(seq, self.holding)
-        self.e.seqs.clear(seq)
-        self._free.append(seq)
-
-    def held_cells(self) -> int:
-        """Cells only the holding sequence keeps (freed by the next compaction)."""
-        if self.holding is None:
-            return 0
-        return self.e.seqs.used_cells() - self.e.seqs.used_cells(ignoring=self.holding)
 
     def compact(self) -> bool:
         """Free the held cells; the live ones are laid out again in tree order when no run is
         using a working sequence (otherwise the held cells are simply freed)."""
-        if not self.held_cells():
+        if not self.sequences.held_cells():
             return False
-        if self._out:
-            self.e.seqs.clear(self.holding)
+        if self.sequences.lent:
+            self.sequences.drop_held()
         else:
             relayout(self)
         return True
-
-    def _take_seq(self) -> int:
-        while not self._free:
-            if not self._spill_one():
-                raise CacheError("every sequence of the context holds a pinned or busy prompt; "
-                                 "unpin some cached prompts or clear the cache")
-        return self._free.pop()
-
-    def check_user_sequence(self, seq: int) -> None:
-        """Raise unless ``seq`` is the user's own (sequence 0): every other one is the cache's,
-        and changing it behind the cache's back would corrupt what later runs reuse."""
-        if seq == 0:
-            return
-        node = next((n for n in self.tree if n.seq == seq), None)
-        what = f"the radix cache's '{node.label}'" if node else "the radix cache"
-        raise CacheError(f"sequence {seq} belongs to {what}; fork it into sequence 0 and work "
-                         "on that")
 
     def lost_sequences(self, kept: int | None = None) -> None:
         """llama.cpp dropped every sequence but ``kept``: the nodes there lose their cells
         (their RAM and file snapshots stay usable while their base does)."""
         for n in self.tree:
             if n.seq is not None and n.seq != kept:
-                self._free.append(n.seq)
+                self.sequences.forget(n.seq)
                 n.seq = None
                 if n.tier == "gone":
                     n.nbytes = 0
+                    self.forget_copy(n)
         self._prune()
 
     def ensure_free_cells(self, n: int) -> None:
         """Evict (and compact) until ``n`` more cells fit in the context."""
-        if self.holding is not None and not self._out and self.e.ctx.mirror.has_holes():
+        seqs = self.sequences
+        if seqs.holding is not None and not seqs.lent and self.e.ctx.mirror.has_holes():
             relayout(self)  # cells freed in the middle (the user's sequence): put back in order
         room = self.e.ctx.n_ctx - n
         while self.e.seqs.used_cells() > room:
-            if self.e.seqs.used_cells(ignoring=self.holding) <= room:
+            if self.e.seqs.used_cells(ignoring=seqs.holding) <= room:
                 self.compact()
             elif not self._spill_one() and not self.compact():
                 raise CacheError(
@@ -242,15 +250,19 @@ class CacheTiers:
         while self.tier_bytes("resident") > self.resident_cap and self._spill_one():
             pass
         while self.tier_bytes("ram") > self.limits.ram_bytes:
+            if self._copies:  # copies are only a shortcut: they go first
+                oldest = min(self._copies, key=lambda k: self._copies[k].last_used)
+                del self._copies[oldest]
+                continue
             n = self._lru("ram")
             if n is None:
                 break
-            self._to_file(n)
+            self.to_file(n)
         while self.tier_bytes("file") > self.limits.file_bytes:
             n = self._lru("file")
             if n is None:
                 break
-            self._drop(n)
+            self.drop(n)
 
     def _lru(self, tier: str) -> RadixNode | None:
         cands = [n for n in self.tree if n.tier == tier and not n.pinned and n.id not in self._busy]
@@ -262,7 +274,7 @@ class CacheTiers:
 
     def _resident_below_children(self, node: RadixNode) -> RadixNode | None:
         for c in node.children.values():
-            r = self._resident_below(c)
+            r = self.resident_below(c)
             if r is not None:
                 return r
         return None
@@ -274,17 +286,18 @@ class CacheTiers:
         self.spill(n)
         return True
 
+    # ---- moves down
     def spill(self, node: RadixNode) -> None:
         """Resident → RAM: keep the node's own cells, free its sequence."""
-        anchor = self._holding_ancestor(node)
+        anchor = self.holding_ancestor(node)
         start = anchor.depth if anchor is not None else 0
-        data = self.e.seqs.cells_of(node.seq, start, node.depth, self.scratch)
-        self._release(node.seq)
+        data = self.e.seqs.cells_of(node.seq, start, node.depth, self.sequences.scratch)
+        self.sequences.release(node.seq)
         node.seq = None
         node.ram, node.ram_start, node.nbytes = data, start, len(data)
         self.enforce()
 
-    def _to_file(self, node: RadixNode) -> None:
+    def to_file(self, node: RadixNode) -> None:
         path = self.folder / f"node-{node.id}.kvcells"
         path.write_bytes(node.ram)
         node.file, node.ram = str(path), None
@@ -295,21 +308,33 @@ class CacheTiers:
         except OSError as e:
             raise CacheError(f"a cached prompt's file is gone ({e}); run it again") from None
 
-    def _drop_lower(self, node: RadixNode) -> None:
+    def forget_snapshot(self, node: RadixNode) -> None:
+        """Drop the node's RAM and file snapshots (it is resident, or gone)."""
         node.ram = None
         if node.file:
             Path(node.file).unlink(missing_ok=True)
             node.file = None
 
-    def _drop(self, node: RadixNode) -> None:
+    def drop(self, node: RadixNode) -> None:
         if node.seq is not None:
-            self._release(node.seq)
+            self.sequences.release(node.seq)
             node.seq = None
-        self._drop_lower(node)
+        self.forget_snapshot(node)
+        self.forget_copy(node)
         node.nbytes = 0
         if not node.children:
             self.tree.remove(node)
         self._prune()
+
+    def drop_all(self) -> None:
+        """Every node holds nothing, every sequence of the cache is free (the tree is kept)."""
+        for n in self.tree:
+            if n.seq is not None:
+                self.sequences.put_back(n.seq)
+            n.seq = None
+            self.forget_snapshot(n)
+        self._copies.clear()
+        self.sequences.drop_held()
 
     def _prune(self) -> None:
         """Drop snapshots whose base is gone, and branching points that lead nowhere."""
@@ -317,15 +342,16 @@ class CacheTiers:
             if n.parent is None:
                 continue  # removed with an ancestor in this same pass
             if n.tier in ("ram", "file") and not self._restorable(n):
-                self._drop_lower(n)
+                self.forget_snapshot(n)
                 n.nbytes = 0
             if n.tier == "gone" and not n.children and not n.pinned:
+                self.forget_copy(n)
                 self.tree.remove(n)
 
     def _base(self, node: RadixNode) -> RadixNode | None:
         """The ancestor a snapshot's cells go on top of: the nearest one holding cells, if it
         reaches the snapshot's first position."""
-        a = self._holding_ancestor(node)
+        a = self.holding_ancestor(node)
         return a if a is not None and a.depth >= node.ram_start else None
 
     def _restorable(self, node: RadixNode) -> bool:

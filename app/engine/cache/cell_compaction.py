@@ -3,7 +3,7 @@
 llama.cpp places new cells in the first free ones it finds. Freeing an evicted node's cells in
 the middle of the cache would let a later run's cells land before its prefix's, and the order
 of the cells a sequence attends to changes llama.cpp's arithmetic (batch_plan.py): the run
-would no longer be bit-identical to its cold run. So evicted cells are held (cache_tiers.py)
+would no longer be bit-identical to its cold run. So evicted cells are held (cache_sequences.py)
 and, when room is needed, every resident node's own cells are copied out, the cache is
 cleared, and the nodes are put back parents first: each node's cells land after its parent's,
 in position order, and the held cells are gone. The copies are bit for bit, so what the cells
@@ -14,15 +14,16 @@ from __future__ import annotations
 from ..errors import CacheError
 
 
-def relayout(cache) -> None:
-    e = cache.e
+def relayout(tiers) -> None:
+    """Lay every resident node's cells out again in tree order (``tiers``: CacheTiers)."""
+    e, scratch = tiers.e, tiers.sequences.scratch
     plan = []
-    for node in cache.tree:  # parents before children
+    for node in tiers.tree:  # parents before children
         if node.seq is None:
             continue
-        base = cache.resident_ancestor(node)
+        base = tiers.resident_ancestor(node)
         start = base.depth if base is not None else 0
-        plan.append((node, base, e.seqs.cells_of(node.seq, start, node.depth, cache.scratch)))
+        plan.append((node, base, e.seqs.cells_of(node.seq, start, node.depth, scratch)))
     user_tokens, user_moved = e.resident[0], e.resident.is_moved(0)
     user = e.ctx.state_get(0) if user_tokens or user_moved else b""
     e.ctx.clear()
@@ -30,10 +31,10 @@ def relayout(cache) -> None:
     for node, base, data in plan:
         if base is not None:
             e.seqs.fork(base.seq, node.seq)
-        if not e.seqs.add_cells(data, node.seq, cache.scratch, node.tokens()):
+        if not e.seqs.add_cells(data, node.seq, scratch, node.tokens()):
             e.ctx.clear()
             e.resident.clear_all()
-            cache.lost_sequences()  # every node now says it holds nothing, as it does
+            tiers.lost_sequences()  # every node now says it holds nothing, as it does
             raise CacheError("llama.cpp refused cells while compacting the cache; it was "
                              "cleared, and the next runs cache their prompts again")
     if user:

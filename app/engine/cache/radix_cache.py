@@ -20,8 +20,9 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from ..errors import CacheError
+from .cache_sequences import CacheSequences
+from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
 from .work_context import batch_end_at_or_before
 
@@ -60,11 +61,66 @@ class CacheHit:
         return [c for c in self.node.all_cuts() if c < self.reused] if self.node else []
 
 
-class RadixCache(CacheTiers):
+class RadixCache:
+    """Lookup, insertion and the user's actions over the tree; where cells are and how they
+    move is the tiers' (cache_tiers.py), which sequences are free the sequences' own."""
+
     def __init__(self, engine, limits: CacheLimits = CacheLimits()):
-        super().__init__(engine, limits)
+        self.e = engine
+        self.windowed = engine.n_swa > 0
+        self.tree = RadixTree()
+        self.sequences = CacheSequences(engine, self.windowed)
+        self.placement = CacheTiers(engine, self.tree, self.sequences, limits, self.windowed)
         self._generation = itertools.count(1)
         self._last_generation = 0
+
+    # ---- what jobs use while they run (the tiers' and sequences' own operations)
+    @property
+    def scratch(self) -> int:
+        return self.sequences.scratch
+
+    @property
+    def holding(self) -> int | None:
+        return self.sequences.holding
+
+    @property
+    def folder(self):
+        return self.placement.folder
+
+    def busy(self, *nodes: RadixNode | None):
+        return self.placement.busy(*nodes)
+
+    def materialise(self, node: RadixNode) -> int:
+        return self.placement.materialise(node)
+
+    def ensure_free_cells(self, n: int) -> None:
+        self.placement.ensure_free_cells(n)
+
+    def enforce(self) -> None:
+        self.placement.enforce()
+
+    def lost_sequences(self, kept: int | None = None) -> None:
+        self.placement.lost_sequences(kept)
+
+    def tiers(self) -> list[TierUsage]:
+        return self.placement.usage()
+
+    def take_work_seq(self) -> int:
+        return self.sequences.lend(self.placement.take_seq())
+
+    def give_back(self, seq: int) -> None:
+        """A working sequence is done: its own cells (the newest) are freed."""
+        self.sequences.put_back(seq)
+
+    def check_user_sequence(self, seq: int) -> None:
+        """Raise unless ``seq`` is the user's own (sequence 0): every other one is the cache's,
+        and changing it behind the cache's back would corrupt what later runs reuse."""
+        if seq == 0:
+            return
+        node = next((n for n in self.tree if n.seq == seq), None)
+        what = f"the radix cache's '{node.label}'" if node else "the radix cache"
+        raise CacheError(f"sequence {seq} belongs to {what}; fork it into sequence 0 and work "
+                         "on that")
 
     def nodes(self) -> list[CacheNodeInfo]:
         return [CacheNodeInfo(n.id, n.parent.id if n.parent and n.parent.parent else None,
@@ -99,7 +155,7 @@ class RadixCache(CacheTiers):
         best, reused = (node if node.parent is not None else None), node.depth
         # part of a resident node: fork it up to the match (exact unless window cells are lost)
         if m.matched > reused:
-            below = self._resident_below(m.child or m.node, usable)
+            below = self.placement.resident_below(m.child or m.node, usable)
             if below is not None and not (self.windowed and below.depth > m.matched):
                 best, reused = below, m.matched
         if best is None:
@@ -137,12 +193,9 @@ class RadixCache(CacheTiers):
             work.keep(0)
             return 0
         with self.busy(hit.node):
-            def fetch(p0: int, p1: int) -> bytes:
-                seq = self.materialise(hit.node)
-                return self.e.seqs.cells_of(seq, p0, p1, self.scratch)
-
             copied = work.bring(tokens, hit.reused,
-                                [c for c in hit.node.all_cuts() if c < hit.reused], fetch)
+                                [c for c in hit.node.all_cuts() if c < hit.reused],
+                                lambda p0, p1: self.placement.copy_of(hit.node, p0, p1))
             self.touch(hit.node)
         return copied
 
@@ -154,11 +207,9 @@ class RadixCache(CacheTiers):
         node = self._insert(tokens, label, template_sha256, work.cuts)
         with self.busy(node):
             if node.tier == "gone":
-                anchor = self._holding_ancestor(node)
+                anchor = self.placement.holding_ancestor(node)
                 start = anchor.depth if anchor is not None else 0
-                node.ram, node.ram_start = work.cells(start, node.depth), start
-                node.nbytes = len(node.ram)
-                node.approx = approx
+                self.placement.hold_snapshot(node, work.cells(start, node.depth), start, approx)
                 self.materialise(node)
             self.touch(node)
             self.enforce()
@@ -188,12 +239,9 @@ class RadixCache(CacheTiers):
         node = self._insert(list(self.e.resident[work][:upto]), label, template_sha256, starts)
         with self.busy(node):  # the caps hold after every addition; the new node stays
             if node.seq is None:
-                seq = self._take_seq()
+                seq = self.placement.take_seq()
                 self.e.seqs.fork(work, seq, upto=upto)
-                self._drop_lower(node)
-                node.seq = seq
-                node.approx = approx
-                node.nbytes = self._resident_bytes(node)
+                self.placement.hold_resident(node, seq, approx)
             self.touch(node)
             self.enforce()
         return node
@@ -223,14 +271,13 @@ class RadixCache(CacheTiers):
         if m.matched == state.n_tokens and m.child is None and m.node.seq is not None:
             self.touch(m.node)
             return m.node
-        seq = self._take_seq()
+        seq = self.placement.take_seq()
         try:
             self.e.restore(state, seq)
             return self.add(seq, label, self.state_cuts(state),
                             state.template_sha256, APPROX_RESTORED if self.windowed else "")
         finally:
-            self.e.seqs.clear(seq)
-            self._free.append(seq)
+            self.sequences.put_back(seq)
 
     # ---- user actions
     def find(self, node_id: int) -> RadixNode:
@@ -247,19 +294,13 @@ class RadixCache(CacheTiers):
         n = self.find(node_id)
         if n.pinned:
             raise CacheError("that prompt is pinned; unpin it first")
-        {"resident": self.spill, "ram": self._to_file, "file": self._drop,
-         "gone": self._drop}[n.tier](n)
+        p = self.placement
+        {"resident": p.spill, "ram": p.to_file, "file": p.drop, "gone": p.drop}[n.tier](n)
         self.enforce()
 
     def clear(self) -> None:
-        for n in list(self.tree):
-            if n.seq is not None:
-                self.give_back(n.seq)
-            n.seq = None
-            self._drop_lower(n)
-        if self.holding is not None:
-            self.e.seqs.clear(self.holding)
-        self.tree = RadixTree()
+        self.placement.drop_all()
+        self.tree.clear()
 
     def retain(self, keep: RadixNode) -> None:
         """Drop every node but ``keep`` (and the path to it), which stays resident."""
@@ -268,9 +309,9 @@ class RadixCache(CacheTiers):
         for n in sorted(self.tree, key=lambda n: -n.depth):
             if id(n) not in path and n.parent is not None:
                 n.pinned = False
-                self._drop(n)
-        self.compact()
+                self.placement.drop(n)
+        self.placement.compact()
 
     def close(self) -> None:
         self.clear()
-        self.close_folder()
+        self.placement.close_folder()

@@ -3,8 +3,8 @@
 Each node stands for the token sequence on the path from the root to it; an edge holds the
 tokens a node adds to its parent. Lookup walks the query once (O(len(query))), splitting no
 edge; insertion splits an edge where a new prompt leaves it. The tree knows nothing of where a
-node's KV cells live: the cache (radix_cache.py, cache_tiers.py) sets their ``seq``, ``ram``
-and ``file`` fields.
+node's KV cells live: the cache's tiers (cache_tiers.py) set their ``seq``, ``ram`` and ``file``
+fields.
 """
 from __future__ import annotations
 
@@ -97,6 +97,10 @@ class RadixTree:
             n = stack.pop()
             yield n
             stack.extend(list(n.children.values())[::-1])
+
+    def clear(self) -> None:
+        """Forget every node (the tree object stays: the cache's parts share it)."""
+        self.root = RadixNode(edge=(), depth=0, label="(root)")
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
