@@ -53,6 +53,23 @@ def test_wrong_magic_and_version(tmp_path):
         PrefixState.load(p)
 
 
+def test_a_version_1_file_with_its_sha256_still_loads_and_its_corruption_shows(tmp_path):
+    import hashlib
+    import struct
+    p = tmp_path / "a.kvstate"
+    s = make()
+    s.save(p)
+    raw = p.read_bytes()
+    assert struct.unpack_from("<I", raw, 8)[0] == 2
+    body = raw[56:]  # meta + tokens + data: what both versions check
+    old = raw[:8] + struct.pack("<I", 1) + raw[12:24] + hashlib.sha256(body).digest() + body
+    p.write_bytes(old)
+    assert PrefixState.load(p) == s
+    p.write_bytes(old[:-1] + bytes([old[-1] ^ 1]))
+    with pytest.raises(StateFileError, match="checksum"):
+        PrefixState.load(p)
+
+
 def test_missing_empty_and_folder(tmp_path):
     with pytest.raises(StateFileError, match="no state file"):
         PrefixState.load(tmp_path / "nope.kvstate")
