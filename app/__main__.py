@@ -31,8 +31,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def until_idle(worker) -> None:
-    """Wait until the worker has no job (the busy flag drops)."""
-    if not worker.busy:
+    """Wait until the worker has no job (the engine status's busy flag drops)."""
+    status = worker.engine_status
+    if not status.busy:
         return
     fut = asyncio.get_event_loop().create_future()
 
@@ -40,11 +41,11 @@ async def until_idle(worker) -> None:
         if not busy and not fut.done():
             fut.set_result(None)
 
-    worker.busy_changed.connect(on_busy)
+    status.events.busy.connect(on_busy)
     try:
         await fut
     finally:
-        worker.busy_changed.disconnect(on_busy)
+        status.events.busy.disconnect(on_busy)
 
 
 async def _job(window, job) -> None:
@@ -66,7 +67,7 @@ async def screenshot_scenario(window, out: Path) -> str:
     from app.resources_path import examples_dir
 
     await until_idle(window.worker)
-    if window.worker.info is None:
+    if window.engine_status.info is None:
         errs = window.errors.messages("error")
         raise KvPrimerError(errs[-1] if errs else "the model did not load")
     s = window.session

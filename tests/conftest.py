@@ -89,7 +89,8 @@ def make_window(qtbot, tiny_model, tmp_path):
         made.append(w)
         qtbot.addWidget(w)
         if load:
-            qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=20000)
+            qtbot.waitUntil(lambda: w.engine_status.info is not None and not w.engine_status.busy,
+                            timeout=20000)
         return w
     yield make
     for w in made:

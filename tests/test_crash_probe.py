@@ -202,7 +202,7 @@ def test_in_a_bundle_the_child_is_the_bundles_own_executable(monkeypatch):
 
 def test_info_and_the_model_panel_show_the_cpu_kernels(q4_model, cache_home, capsys, qtbot):
     from app.cli import main
-    from app.engine import Engine, EngineConfig
+    from app.engine import Engine, EngineConfig, EngineStatus
     from app.ui.model_panel import ModelPanel
 
     assert main(["info", "-m", str(q4_model), "-t", "1", "--json"]) == 0
@@ -215,9 +215,10 @@ def test_info_and_the_model_panel_show_the_cpu_kernels(q4_model, cache_home, cap
     with Engine(EngineConfig(model_path=str(q4_model), n_ctx=256, n_batch=16, n_threads=1)) as eng:
         from app.engine.session import Options, Session
 
-        panel = ModelPanel(Session(Options(engine=eng.config)))
+        status = EngineStatus()
+        panel = ModelPanel(Session(Options(engine=eng.config)), status)
         qtbot.addWidget(panel)
-        panel.show_info(eng.info)
+        status.info = eng.info
     shown = panel.fact_labels["cpu kernels"].text()
     assert shown.startswith(k["summary"]) and k["reason"] in shown and "Crash check: " in shown
 

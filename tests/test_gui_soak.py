@@ -37,7 +37,7 @@ from app.engine import REUSE_MODES, EngineConfig
 from app.resources_path import examples_dir
 from app.ui.engine_worker import JobKind
 from app.ui.main_window import MainWindow
-from tests.ui_actions import action as find_action
+from tests.ui_actions import action as find_action, status_signal
 
 # rag.tmpl's layout with a short system part: the tiny model's vocabulary spells most text a
 # byte per token, and rag.tmpl's handbook alone would not fit in its context
@@ -160,7 +160,7 @@ def window(qtbot, tiny_model, tmp_path, monkeypatch):
     qtbot.addWidget(w)
     w.show()
     qtbot.waitExposed(w)
-    with qtbot.waitSignal(w.worker.engine_changed, timeout=20000):
+    with qtbot.waitSignal(status_signal(w, "info"), timeout=20000):
         w.load_model(cfg)
     yield w
     # the window's excepthook shows bugs in its Log instead of failing the test: look there
@@ -174,7 +174,7 @@ def trigger(qtbot, w, action: str, answer: str = "", wait=None, check=None,
     FileDialog.answer = answer
     a = find_action(w, action)
     if not a.isEnabled():
-        idle(qtbot, w.worker.working_changed, timeout)
+        idle(qtbot, status_signal(w, "working"), timeout)
     assert a.isEnabled(), action
     if wait is None:
         a.trigger()
@@ -184,7 +184,7 @@ def trigger(qtbot, w, action: str, answer: str = "", wait=None, check=None,
 
 
 def idle(qtbot, signal, timeout: int = 20000) -> None:
-    """Wait for ``signal`` (the worker's busy_changed or working_changed) to say False."""
+    """Wait for ``signal`` (the engine status's busy or working, as a Qt signal) to say False."""
     with qtbot.waitSignal(signal, timeout=timeout, check_params_cb=lambda on: not on):
         pass
 
@@ -215,12 +215,12 @@ def test_window_survives_thousands_of_kv_refreshes_and_a_long_benchmark(qtbot, w
     assert w.editor.text() == RAG_TPL
     trigger(qtbot, w, "Import rows", str(ROWS))
     assert len(w.session.rows) == N_ROWS
-    trigger(qtbot, w, "Prime prefix", wait=w.worker.working_changed, check=lambda on: not on)
+    trigger(qtbot, w, "Prime prefix", wait=status_signal(w, "working"), check=lambda on: not on)
     assert w.session.state is not None
-    if w.worker.busy:  # the dock's view after the prime
-        idle(qtbot, w.worker.busy_changed)
+    if w.engine_status.busy:  # the dock's view after the prime
+        idle(qtbot, status_signal(w, "busy"))
     in_use = {0, *dock.nodes, *(u.seq for u in dock.view.sequences)}  # listed, not all 64
-    assert dock.seq_box.count() == len(in_use) < w.worker.info.n_seq_max
+    assert dock.seq_box.count() == len(in_use) < w.engine_status.info.n_seq_max
     assert dock.nodes and dock.view.used_cells == w.session.state.n_tokens
 
     def refresh_many(n: int) -> None:
@@ -232,8 +232,8 @@ def test_window_survives_thousands_of_kv_refreshes_and_a_long_benchmark(qtbot, w
             with qtbot.waitSignal(pulse.fired, timeout=20000):
                 for _ in range(goal[0] - drawn[0]):
                     dock.refresh()
-            if w.worker.busy:
-                idle(qtbot, w.worker.busy_changed)
+            if w.engine_status.busy:
+                idle(qtbot, status_signal(w, "busy"))
             cell = drawn[0] * 7 % dock.view.used_cells
             qtbot.mouseClick(dock.grid, Qt.LeftButton, pos=dock.grid.cell_rect_center(cell))
         goal[0] = -1
@@ -278,8 +278,8 @@ def test_window_survives_thousands_of_kv_refreshes_and_a_long_benchmark(qtbot, w
     assert {r.equivalence for r in rows if r.reuse != "compose"} == {"bit-identical"}
     assert w.bench.table.rowCount() == 3 * N_ROWS and w.bench.accuracy.rowCount() == 3
     assert drawn[0] > before  # the dock followed the benchmark
-    if w.worker.busy:
-        idle(qtbot, w.worker.busy_changed)
+    if w.engine_status.busy:
+        idle(qtbot, status_signal(w, "busy"))
 
     # ---- and more refreshes over the radix cache the benchmark left
     watch.rebase("after the benchmark")

@@ -17,10 +17,9 @@ def dock(qtbot, tiny_model, request):
     qtbot.addWidget(d)
     d.resize(520, 560)
     d.show()
-    with qtbot.waitSignal(w.engine_changed, timeout=10000):
-        w.load(EngineConfig(model_path=str(tiny_model), n_ctx=512, n_batch=32, n_threads=1,
-                            kv_debug_log=debug))
-    qtbot.waitUntil(lambda: d.view is not None, timeout=10000)
+    w.load(EngineConfig(model_path=str(tiny_model), n_ctx=512, n_batch=32, n_threads=1,
+                        kv_debug_log=debug))
+    qtbot.waitUntil(lambda: d.view is not None, timeout=10000)  # the load's revision brings it
     yield d
     w.shutdown()
 
@@ -112,7 +111,7 @@ def test_views_arrive_while_a_job_still_runs(qtbot, dock):
     dock.worker.submit(JobKind.PRIME, job)
     try:
         qtbot.waitUntil(lambda: (dock.view.used_cells or 0) >= 32, timeout=10000)
-        assert dock.worker.busy  # shown live, not after the job
+        assert dock.engine_status.busy  # shown live, not after the job
     finally:
         gate.set()
     qtbot.waitUntil(lambda: dock.view.used_cells == 42, timeout=10000)  # the refresh after it

@@ -12,10 +12,12 @@ TPL = Template.parse("hello world of the answer. " * 4 + "<q>")
 
 
 def load(qtbot, w, path, outcomes):
-    with qtbot.waitSignal(w.job_finished, timeout=10000) as sig:
-        w.load(EngineConfig(model_path=str(path), n_ctx=256, n_batch=32, n_threads=1),
-               on_error=outcomes.append)
-    return sig.args[0]
+    """Load and wait for the outcome. Waits poll the GUI side: pytest-qt's waitSignal on a
+    signal emitted from the worker thread can crash PySide6."""
+    job = w.load(EngineConfig(model_path=str(path), n_ctx=256, n_batch=32, n_threads=1),
+                 on_error=outcomes.append)
+    qtbot.waitUntil(lambda: not w.engine_status.loading, timeout=10000)
+    return job
 
 
 def test_native_and_python_failures_become_messages_and_log_lines(qtbot, tiny_model, tmp_path, caplog):
@@ -27,7 +29,7 @@ def test_native_and_python_failures_become_messages_and_log_lines(qtbot, tiny_mo
     try:
         job = load(qtbot, w, cut, outcomes)
         assert job.outcome == "error" and "truncated" in outcomes[0] and "\n" not in outcomes[0]
-        assert w.info is None
+        assert w.engine_status.info is None
 
         # llama.cpp refuses a model our checks let through; its own words reach the log
         odd = write_unknown_arch_model(tmp_path / "odd.gguf")
@@ -40,16 +42,16 @@ def test_native_and_python_failures_become_messages_and_log_lines(qtbot, tiny_mo
         # a bug in a job: a message for the user, the traceback in the log
         assert load(qtbot, w, tiny_model, outcomes).outcome == "done"
         caplog.clear()
-        with qtbot.waitSignal(w.job_finished, timeout=10000):
-            w.submit(JobKind.TASK, lambda e, t: {}["missing"], label="buggy", on_error=outcomes.append)
+        w.submit(JobKind.TASK, lambda e, t: {}["missing"], label="buggy", on_error=outcomes.append)
+        qtbot.waitUntil(lambda: len(outcomes) == 3, timeout=10000)
         assert outcomes[2].startswith("internal error in buggy: KeyError") and "\n" not in outcomes[2]
         assert any("Traceback" in r.getMessage() for r in caplog.records if r.name == "kvprimer.ui")
 
         # and the engine still works
         results = []
-        with qtbot.waitSignal(w.job_finished, timeout=10000):
-            w.submit(JobKind.PRIME, lambda e, t: e.prime(TPL, task=t).n_tokens, on_done=results.append)
-        assert results and results[0] > 10
+        w.submit(JobKind.PRIME, lambda e, t: e.prime(TPL, task=t).n_tokens, on_done=results.append)
+        qtbot.waitUntil(lambda: bool(results), timeout=10000)
+        assert results[0] > 10
     finally:
         w.shutdown()
 
@@ -75,11 +77,10 @@ def test_reload_and_shutdown_while_a_job_runs(qtbot, tiny_model, other_tiny_mode
         job = w.submit(JobKind.PRIME, prime_and_pause, on_cancelled=lambda j: outcomes.append("cancelled"))
         assert reached.wait(10), (job.error, job.cancelled)
         # loading another model cancels the prime; the old engine is closed on the worker thread
-        with qtbot.waitSignal(w.engine_changed, timeout=10000) as sig:
-            w.load(EngineConfig(model_path=str(other_tiny_model), n_ctx=256, n_batch=8, n_threads=1))
-            gate.set()
+        w.load(EngineConfig(model_path=str(other_tiny_model), n_ctx=256, n_batch=8, n_threads=1))
+        gate.set()
+        qtbot.waitUntil(lambda: w.engine_status.info.path == str(other_tiny_model), timeout=10000)
         assert job.cancelled and "cancelled" in outcomes
-        assert sig.args[0] is not None and sig.args[0].path == str(other_tiny_model)
         # closing the window mid-job: cancel, wait, free the context; nothing raises
         reached.clear()
         gate.clear()

@@ -40,14 +40,14 @@ def test_server_tab_checks_deploys_and_runs_rows(qtbot, window, tmp_path):
 
         # job_finished is emitted from the worker thread: wait on what the window shows instead
         qtbot.mouseClick(v.deploy_button, Qt.LeftButton)
-        qtbot.waitUntil(lambda: not w.worker.busy and v.status.text() != "checking…"
+        qtbot.waitUntil(lambda: not w.engine_status.busy and v.status.text() != "checking…"
                         and not v.status.text().startswith("ok"), timeout=60000)
         assert v.status.text().startswith("deployed"), v.status.text()
         assert list(Path(settings.slot_dir).glob("kvprimer-*.bin"))
 
         qtbot.mouseClick(v.bench_button, Qt.LeftButton)
         qtbot.waitUntil(lambda: v._bench_job is not None and v._bench_job.future.done()
-                        and not w.worker.busy, timeout=60000)
+                        and not w.engine_status.busy, timeout=60000)
         assert v._bench_job.outcome == "done", v._bench_job.error
         assert v.status.text().startswith("2 rows on"), v.status.text()
     assert v.table.rowCount() == 2

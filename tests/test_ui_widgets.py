@@ -242,19 +242,22 @@ def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
 
 
 def test_model_panel_edits_the_sessions_engine_settings(qtbot, engine):
+    from app.engine import EngineStatus
     from app.engine.session import Options, Session
     from app.ui.model_panel import ModelPanel
 
     s = Session(Options(engine=EngineConfig(model_path="/m.gguf", n_ctx=1024, n_threads=1,
                                             flash_attn="auto")))
-    p = ModelPanel(s)
+    status = EngineStatus()
+    p = ModelPanel(s, status)
     qtbot.addWidget(p)
     f = p.form
     # -ngl: unknown until a model's facts arrive (the build is asked on the worker thread);
     # then usable on a build with GPU offload, else disabled and saying why
     assert not f.ngl.isEnabled() and f.ngl.minimum() == -1
-    p.show_info(engine.info)
+    status.update(info=engine.info, config=engine.config)  # the panel observes the status
     assert f.ngl.isEnabled() == engine.info.gpu_offload
+    assert "other settings" in p.pending.text()  # the engine runs another file than /m.gguf
     if not f.ngl.isEnabled():
         assert "no GPU offload" in f.ngl.toolTip()
     got = []

@@ -17,7 +17,7 @@ from app.ui.engine_worker import JobKind
 from app.ui.main_window import STATE_FILTERS
 from tests.ui_actions import (BENCH, CANCEL, LOAD_STATE, PRIME, RUN_BOTH, RUN_WARM, SAVE_STATE,
                               SWEEP, Answers, action, answer_file_dialogs, click, idle, start,
-                              trigger)
+                              trigger, wait_for_job)
 
 PREFIX = "<|im_start|>system\nYou are a helpful assistant. " + "hello world of the answer. " * 20
 TPL = PREFIX + "<|im_end|>\n<|im_start|>user\n<question> about <topic><|im_end|>\n"
@@ -155,7 +155,7 @@ def test_close_during_a_job_cancels_it_cleanly(qtbot, make_window, tmp_path):
     job = started[0]
     w.close()
     assert job.future.done() and job.cancelled
-    assert w.worker._closed and w.worker.engine_for_tests() is None
+    assert w.engine_status.closed and w.worker.engine_for_tests() is None
     assert not (tmp_path / "autosave" / "autosave.kvproj").exists()
     assert not w.errors.messages("error")
 
@@ -214,7 +214,7 @@ def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_
     w.session.set_rows([{"a": "one"}, {"a": "two"}])
     w.session.mark_dirty()
     w.close()
-    assert answers.asked == ["unsaved"] and not w.closing and not w.worker._closed
+    assert answers.asked == ["unsaved"] and not w.closing and not w.engine_status.closed
     proj = tmp_path / "p.kvproj"
     assert w.project.save(proj) and not w.session.dirty
     w.editor.set_text("other <b>")
@@ -225,7 +225,7 @@ def test_project_save_open_and_unsaved_changes_on_close(qtbot, make_window, tmp_
     w.editor.set_text("changed <a>")
     answers.answers["unsaved"] = "discard"
     w.close()
-    assert w.closing and w.worker._closed and answers.asked == ["unsaved", "unsaved"]
+    assert w.closing and w.engine_status.closed and answers.asked == ["unsaved", "unsaved"]
 
 
 def test_autosave_is_offered_back_after_a_crash(qtbot, make_window, tmp_path):
@@ -244,9 +244,8 @@ def test_layout_and_recent_models_are_kept_in_settings(qtbot, make_window, tiny_
     from dataclasses import replace
 
     w = make_window()
-    with qtbot.waitSignal(w.worker.engine_changed, timeout=10000) as sig:
-        w.load_model(replace(w.config, n_ctx=2048))
-    assert sig.args[0].n_ctx == 2048 and w.model_panel.fact_labels["context"].text().startswith("2,048")
+    wait_for_job(qtbot, w, JobKind.LOAD_MODEL, lambda: w.load_model(replace(w.config, n_ctx=2048)))
+    assert w.engine_status.info.n_ctx == 2048 and w.model_panel.fact_labels["context"].text().startswith("2,048")
     assert w.recent_models() == [str(tiny_model)]
     w.library.hide()
     w.close()
@@ -334,7 +333,8 @@ def test_actions_follow_the_worker_state(qtbot, make_window):
     assert not any(action(w, a).isEnabled() for a in engine_actions)  # no model yet
     assert not w.run_panel.run_buttons[0].isEnabled() and not w.bench.run_button.isEnabled()
     w.load_model(w.config)
-    qtbot.waitUntil(lambda: w.worker.info is not None and not w.worker.busy, timeout=10000)
+    qtbot.waitUntil(lambda: w.engine_status.info is not None and not w.engine_status.busy,
+                    timeout=10000)
     assert all(action(w, a).isEnabled() for a in engine_actions)
     assert not action(w, SAVE_STATE).isEnabled()  # nothing primed
     assert not action(w, CANCEL).isEnabled()
@@ -501,6 +501,6 @@ def test_save_state_in_llamas_format_loads_back_with_its_warning(qtbot, make_win
 
 def test_model_panel_says_what_the_architecture_means_for_caching(qtbot, make_window):
     w = make_window()
-    notes = w.worker.info.traits.notes()
+    notes = w.engine_status.info.traits.notes()
     assert notes and all(n in w.model_panel.notes.text() for n in notes[:1])
     assert "warm runs: exact" in w.model_panel.notes.text()

@@ -12,7 +12,8 @@ from PySide6.QtWidgets import QFileDialog, QPushButton
 from app.engine import CacheLimits, EngineConfig
 from app.engine.files.project_file import ProjectFile
 from tests.test_ui_window import SHORT_TPL, TPL
-from tests.ui_actions import idle
+from app.ui.engine_worker import JobKind
+from tests.ui_actions import idle, wait_for_job
 
 MB = 1 << 20
 
@@ -157,12 +158,11 @@ def test_every_engine_setting_has_a_control_and_apply_loads_them(qtbot, make_win
     form.cache_ram.setValue(64)
     form.cache_file.setValue(128)
     assert "other settings" in w.model_panel.pending.text()
-    with qtbot.waitSignal(w.worker.engine_changed, timeout=20000):
-        button(w, "applyModel").click()
-    loaded = w.worker.loaded_config
+    wait_for_job(qtbot, w, JobKind.LOAD_MODEL, button(w, "applyModel").click, timeout=20000)
+    loaded = w.engine_status.config
     assert (loaded.n_threads_gen, loaded.n_threads, loaded.n_seq_max) == (2, 1, 8)
     assert loaded.cache == CacheLimits(1 * MB, 64 * MB, 128 * MB)
-    assert w.worker.info.n_seq_max == 8 and w.model_panel.pending.text() == ""
+    assert w.engine_status.info.n_seq_max == 8 and w.model_panel.pending.text() == ""
 
 
 def test_the_session_holds_the_one_engine_configuration(qtbot, make_window, tmp_path,
@@ -178,11 +178,10 @@ def test_the_session_holds_the_one_engine_configuration(qtbot, make_window, tmp_
                         staticmethod(lambda *a, **k: (str(path), "")))
     w.actions_by_text["Open project"].trigger()
     # the panel shows the session's settings; the loaded model stays until Apply
-    assert w.model_panel.form.n_ctx.value() == 2048 and w.worker.info.n_ctx == 4096
+    assert w.model_panel.form.n_ctx.value() == 2048 and w.engine_status.info.n_ctx == 4096
     assert "other settings" in w.model_panel.pending.text()
-    with qtbot.waitSignal(w.worker.engine_changed, timeout=20000) as sig:
-        button(w, "applyModel").click()
-    assert sig.args[0].n_ctx == 2048 and w.model_panel.pending.text() == ""
+    wait_for_job(qtbot, w, JobKind.LOAD_MODEL, button(w, "applyModel").click, timeout=20000)
+    assert w.engine_status.info.n_ctx == 2048 and w.model_panel.pending.text() == ""
 
 
 # ---- 5. a failed Apply keeps the working model -------------------------------------------------
@@ -203,7 +202,7 @@ def test_a_failed_apply_keeps_the_loaded_model_and_says_why_in_one_line(qtbot, m
     idle(qtbot, w)
     msg = w.errors.messages("error")[-1]
     assert "missing.gguf" in msg and "stays loaded" in msg and "\n" not in msg
-    assert w.worker.info.path == str(tiny_model) and w.session.state is state
+    assert w.engine_status.info.path == str(tiny_model) and w.session.state is state
     assert "other settings" in w.model_panel.pending.text()
 
     # a context that cannot be made: a quantized V cache without flash attention
@@ -216,7 +215,7 @@ def test_a_failed_apply_keeps_the_loaded_model_and_says_why_in_one_line(qtbot, m
     qtbot.waitUntil(lambda: len(w.errors.messages("error")) > errors, timeout=20000)
     idle(qtbot, w)
     assert "flash attention" in w.errors.messages("error")[-1]
-    assert w.worker.info.path == str(tiny_model)
+    assert w.engine_status.info.path == str(tiny_model)
 
     # still usable: a warm run from the state primed before
     w.session.set_rows([{"question": "what", "topic": "it"}])

@@ -7,10 +7,11 @@ renamed action is adapted here once.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtGui import QAction
 
 from app.ui.engine_worker import Job, JobKind
+from app.ui.model_events import follow
 
 PRIME = "Prime prefix"
 SAVE_STATE = "Save state"
@@ -117,4 +118,24 @@ class Answers:
 
 
 def idle(qtbot, w, timeout=20000):
-    qtbot.waitUntil(lambda: not w.worker.busy, timeout=timeout)
+    qtbot.waitUntil(lambda: not w.engine_status.busy, timeout=timeout)
+
+
+class StatusSignal(QObject):
+    """A Qt signal for one of the engine status's events, for waits that must not poll
+    (pytest-qt's waitSignal). The status is written on the GUI thread, so this is emitted there."""
+    fired = Signal(object)  # the field's new value
+
+    def __init__(self, w, name: str):
+        super().__init__(w)
+        follow(self, getattr(w.engine_status.events, name), self.fired.emit)
+
+
+def status_signal(w, name: str) -> Signal:
+    """The window's ``StatusSignal(w, name).fired``, made once per field."""
+    made = getattr(w, "_test_status_signals", None)
+    if made is None:
+        made = w._test_status_signals = {}
+    if name not in made:
+        made[name] = StatusSignal(w, name)
+    return made[name].fired

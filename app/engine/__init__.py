@@ -15,6 +15,7 @@ from .errors import (CacheError, Cancelled, ContextError, ContextOverflowError, 
                      MissingValuesError, ModelError, RowsError, StateFileError, StoreError,
                      TemplateError, TemplateSyntaxError)
 from .engine_config import EngineConfig, ModelInfo
+from .engine_status import EngineStatus
 from .kv_engine import Engine
 from .llama.model_files import default_model_path
 from .files.prefix_state import PrefixState
@@ -29,7 +30,8 @@ from .prompts.template import FilledPrompt, Template
 __all__ = [
     "BenchResult", "BenchRow", "bench_rows", "Cancelled", "ContextError", "ContextOverflowError",
     "CacheError", "CacheLimits", "KvPrimerError", "MissingValuesError", "ModelError", "RowsError", "StateFileError",
-    "StoreError", "TemplateError", "TemplateSyntaxError", "Engine", "EngineConfig", "ModelInfo",
+    "StoreError", "TemplateError", "TemplateSyntaxError", "Engine", "EngineConfig", "EngineStatus",
+    "ModelInfo",
     "default_model_path", "PrefixState", "EXACT_REUSE_MODES", "REUSE_MODES", "GenerationConfig",
     "PathResult", "RunReport", "TextDelta", "report_dict", "run_prompt", "Verdict", "Row", "read_rows", "Progress",
     "TaskState", "FilledPrompt", "Template",

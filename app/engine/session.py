@@ -13,10 +13,10 @@ placeholders are shown and saved.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Callable
 
 from .runs.bench_rows import BenchResult, bench_summary  # noqa: F401 (the window's import)
 from .errors import KvPrimerError, TemplateSyntaxError
+from .events import Event
 from .runs.generation import GenerationConfig
 from .engine_config import EngineConfig
 from .files.prefix_state import PrefixState
@@ -25,25 +25,6 @@ from .files.project_file import ProjectFile, bench_from_dict, report_from_dict
 from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes, report_dict
 from .prompts.rows import Row
 from .prompts.template import Template
-
-
-class Event:
-    """Callbacks for one kind of change, called in the order they were connected."""
-
-    def __init__(self) -> None:
-        self._callbacks: list[Callable] = []
-
-    def connect(self, callback: Callable) -> Callable:
-        self._callbacks.append(callback)
-        return callback
-
-    def disconnect(self, callback: Callable) -> None:
-        if callback in self._callbacks:
-            self._callbacks.remove(callback)
-
-    def emit(self, *args) -> None:
-        for cb in list(self._callbacks):
-            cb(*args)
 
 
 @dataclass

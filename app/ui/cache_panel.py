@@ -2,7 +2,8 @@
 and the Evict and Pin actions.
 
 What it shows comes from ``engine.cache.nodes()`` and ``engine.cache.tiers()``, read on the
-worker thread after every job that can change the cache (and after its own actions). Evict
+worker thread whenever the engine status's cache revision moves (after every job that can
+change the cache, its own actions included: they also bring their snapshot with them). Evict
 moves a node one tier down (resident → RAM → file → dropped); a pinned node is never evicted,
 by the user or by the caps.
 """
@@ -18,7 +19,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBo
 
 from ..engine.cache.radix_cache import CacheNodeInfo, TierUsage
 from .units import size_text
-from .engine_worker import EngineWorker, Job, JobKind
+from .engine_worker import EngineWorker, JobKind
+from .model_events import follow
 
 COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…"),
            ("text", "The node's own tokens as text"),
@@ -29,7 +31,6 @@ COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefi
            ("last use", "Time since a run last used it"),
            ("pinned", "A pinned node is never evicted")]
 TIERS = {"resident": "resident (KV cells)", "ram": "RAM snapshots", "file": "files"}
-# jobs that cannot change the cache: no refresh after them
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class CachePanel(QDockWidget):
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__("Radix cache", parent)
         self.setObjectName("cacheDock")
-        self.worker = worker
+        self.worker = worker  # to act: the panel's reads and operations are its jobs
+        self.engine_status = worker.engine_status  # to know: a model loaded, the cache revision
         self.snapshot: CacheSnapshot | None = None
         self.tree = QTreeWidget()
         self.tree.setObjectName("cacheTree")
@@ -120,14 +122,13 @@ class CachePanel(QDockWidget):
         lay.addLayout(buttons)
         self.setWidget(body)
         self._selection_changed()
-        worker.job_finished.connect(self._job_finished)
-        worker.engine_changed.connect(lambda _info: self.refresh())
+        follow(self, self.engine_status.events.cache_revision, self._cache_changed)
+        if self.engine_status.info is not None:
+            self.refresh()
 
     # ---- reading the cache
-    def _job_finished(self, job: Job) -> None:
-        # a cache operation brings its view with it
-        if (job.kind.changes_cache and job.kind is not JobKind.CACHE_OP
-                and self.worker.info is not None):
+    def _cache_changed(self, _revision: int) -> None:
+        if self.engine_status.info is not None:
             self.refresh()
 
     def refresh(self) -> None:
@@ -135,7 +136,7 @@ class CachePanel(QDockWidget):
 
     def _submit(self, kind: JobKind, fn, on_done, **kw) -> None:
         """Queue after what runs (never cancel the user's job); nothing once the worker is shut."""
-        if self.worker.closed:
+        if self.engine_status.closed:
             return
         try:
             self.worker.submit(kind, fn, cancel_running=False, on_done=on_done, **kw)

@@ -8,6 +8,11 @@ queued); ``_deliver`` is the one place outcomes are dispatched. Starting a job c
 running one unless asked not to; the new one starts when it has stopped, since the pool has one
 thread. Background kinds (token counts, the KV dock's and Cache panel's views) never make the worker "working",
 so the window's actions stay enabled while they run.
+
+What front ends show about the engine (the loaded model, what runs, the cache's revision) is
+the worker's ``engine_status`` (app/engine/engine_status.py): written here, on the GUI thread
+only (after each submit and in ``_deliver``), so its subscribers always run on the GUI thread.
+Panels observe it; they act through ``submit``.
 """
 from __future__ import annotations
 
@@ -15,13 +20,13 @@ import itertools
 import logging
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from ..engine import Cancelled, Engine, EngineConfig, KvPrimerError, TaskState
+from ..engine import Cancelled, Engine, EngineConfig, EngineStatus, KvPrimerError, TaskState
 from ..versions import version_text
 
 log = logging.getLogger("kvprimer.ui")
@@ -88,57 +93,33 @@ class EngineWorker(QObject):
     partial = Signal(object, object)  # Job, partial result (TextDelta, RunReport, BenchResult…)
     job_started = Signal(object)  # Job
     job_finished = Signal(object)  # Job: look at .outcome, .result, .error
-    busy_changed = Signal(bool)  # any job queued or running
-    working_changed = Signal(bool)  # a job that is not background work queued or running
-    engine_changed = Signal(object)  # ModelInfo, or None while no model is loaded
+    # ModelInfo after a load. Front ends observe engine_status.events.info; this stays for
+    # bench/gui_long_session.py, which waits for the load with it
+    engine_changed = Signal(object)
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvprimer-llama")
         self._engine: Engine | None = None
         self._jobs: list[Job] = []  # submitted and not finished, oldest first
+        self._load_configs: dict[int, EngineConfig] = {}  # a load job's id: what it opens
+        self.engine_status = EngineStatus()  # what front ends observe; written on this thread
         self.job_finished.connect(self._deliver)
-        self._closed = False
 
-    # ---- state seen from the GUI thread
-    @property
-    def info(self):
-        e = self._engine
-        return e.info if e else None
-
-    @property
-    def loaded_config(self) -> EngineConfig | None:
-        """The settings the loaded model runs with (None: no model)."""
-        e = self._engine
-        return e.config if e else None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._jobs)
-
-    @property
-    def working(self) -> bool:
-        """A job the user started (not background work) is queued or running."""
-        return any(not j.kind.background for j in self._jobs)
-
-    @property
-    def loading(self) -> bool:
-        return any(j.kind is JobKind.LOAD_MODEL for j in self._jobs)
-
-    @property
-    def ready(self) -> bool:
-        """A model is loaded and no job of the user's runs: engine actions may start."""
-        return self.info is not None and not self.working and not self._closed
+    def _publish(self, **changes) -> None:
+        """Put what the job list means into the status, with ``changes`` (one update, so a
+        subscriber reads the model loaded, the revision and the activity together)."""
+        user = [j for j in self._jobs if not j.kind.background]
+        self.engine_status.update(
+            **changes, busy=bool(self._jobs), working=bool(user),
+            loading=any(j.kind is JobKind.LOAD_MODEL for j in self._jobs),
+            job=user[0].label if user else "")
 
     # ---- jobs
     def submit(self, kind: JobKind, fn: JobFn, *, label: str = "", on_done=None, on_error=None,
                on_cancelled=None, cancel_running: bool = True) -> Job:
         """Run ``fn(engine, task)`` on the worker thread. Callbacks run on the GUI thread."""
-        if self._closed:
+        if self.engine_status.closed:
             raise RuntimeError("the worker is shut down")
         if cancel_running:  # the user's new job replaces their old one, not background work
             for j in self._jobs:
@@ -147,13 +128,9 @@ class EngineWorker(QObject):
         job = Job(kind, fn, label, on_done=on_done, on_error=on_error, on_cancelled=on_cancelled)
         job.task.on_progress = lambda p, j=job: self.progress.emit(j, p)
         job.task.on_partial = lambda r, j=job: self.partial.emit(j, r)
-        was_working = self.working
         self._jobs.append(job)
-        if len(self._jobs) == 1:
-            self.busy_changed.emit(True)
-        if not was_working and self.working:
-            self.working_changed.emit(True)
         job.future = self._pool.submit(self._call, job)
+        self._publish()  # after the pool has it: a subscriber may submit a job of its own
         return job
 
     def cancel(self) -> None:
@@ -177,13 +154,16 @@ class EngineWorker(QObject):
             task.report("load", 1, 1)
             return self._engine.info
 
-        return self.submit(JobKind.LOAD_MODEL, load_job, **kw)
+        job = self.submit(JobKind.LOAD_MODEL, load_job, **kw)
+        # what the status will say the model runs with; measuring again is a request, not a setting
+        self._load_configs[job.id] = replace(config, remeasure_kernels=False)
+        return job
 
     def shutdown(self, wait: bool = True) -> None:
         """Cancel what runs, wait for it, free the context on the worker thread."""
-        if self._closed:
+        if self.engine_status.closed:
             return
-        self._closed = True
+        self.engine_status.closed = True  # first: a subscriber's submit now raises
         self.cancel()
 
         def close():
@@ -213,23 +193,25 @@ class EngineWorker(QObject):
 
     # ---- GUI thread
     def _deliver(self, job: Job) -> None:
-        was_working = self.working
+        """The one place outcomes arrive: the status first (so callbacks read it as it now is),
+        then the job's own callback."""
         if job in self._jobs:
             self._jobs.remove(job)
-        if job.kind is JobKind.LOAD_MODEL and job.outcome == "done":
-            self.engine_changed.emit(job.result)  # a load that failed changed nothing
-        try:
-            if job.cancelled and job.on_cancelled:
-                job.on_cancelled(job)
-            elif job.error and job.on_error:
-                job.on_error(job.error)
-            elif not job.cancelled and not job.error and job.on_done:
-                job.on_done(job.result)
-        finally:
-            if was_working and not self.working:
-                self.working_changed.emit(False)
-            if not self._jobs:
-                self.busy_changed.emit(False)
+        config = self._load_configs.pop(job.id, None)
+        changes = {}
+        if job.kind is JobKind.LOAD_MODEL and job.outcome == "done":  # a failed one changed nothing
+            changes.update(info=job.result, config=config)
+        if job.kind.changes_cache:
+            changes["cache_revision"] = self.engine_status.cache_revision + 1
+        self._publish(**changes)
+        if "info" in changes:
+            self.engine_changed.emit(job.result)
+        if job.cancelled and job.on_cancelled:
+            job.on_cancelled(job)
+        elif job.error and job.on_error:
+            job.on_error(job.error)
+        elif not job.cancelled and not job.error and job.on_done:
+            job.on_done(job.result)
 
     def engine_for_tests(self) -> Engine | None:
         """The engine object, for assertions in tests only (never call it from the GUI thread)."""

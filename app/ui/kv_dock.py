@@ -6,12 +6,14 @@ radix nodes belong to the cache: the Cache panel evicts them, and this dock's op
 to change them (they can be forked into the user's sequence 0).
 
 The engine publishes a KvCacheView from its own thread while jobs run (Engine.add_kv_listener,
-throttled there) and the dock asks for a fresh one after each job; views reach this thread as a
-queued signal and are drawn at most ~20 times a second. When the engine has only
+throttled there) and the dock asks for a fresh one whenever the engine status's cache revision
+moves (after every job that can change cells, a model load included); views reach this thread
+as a queued signal and are drawn at most ~20 times a second. When the engine has only
 position ranges (source "ranges"), the dock says so and draws no cell map.
 """
 from __future__ import annotations
 
+import weakref
 from html import escape
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -22,12 +24,12 @@ from .units import size_text
 from ..engine.kv.kv_view import KvCacheView
 from .engine_worker import EngineWorker, JobKind
 from .kv_grid import EMPTY, KvGrid, SeqNode, seq_color, seq_nodes
+from .model_events import follow
 
 __all__ = ["EMPTY", "KvCacheDock", "seq_color"]
 
 REDRAW_MS = 50  # at most ~20 redraws a second
 LEGEND_LINES = 8
-# they return a view or get one, or (the Cache panel's reads) change no cell
 
 
 class KvCacheDock(QDockWidget):
@@ -36,7 +38,8 @@ class KvCacheDock(QDockWidget):
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__("KV Cache", parent)
         self.setObjectName("kvCacheDock")
-        self.worker = worker
+        self.worker = worker  # to act: reads and operations are its jobs
+        self.engine_status = worker.engine_status  # to know: a model loaded, the cache revision
         self.view: KvCacheView | None = None
         self.nodes: dict[int, SeqNode] = {}
         self._pending: tuple | None = None  # (KvCacheView, nodes) waiting to be drawn
@@ -44,12 +47,15 @@ class KvCacheDock(QDockWidget):
         self._timer.setSingleShot(True)
         self._timer.setInterval(REDRAW_MS)
         self._timer.timeout.connect(self._apply_pending)
+        self._watched = None  # weakref to the engine whose live views we get (worker thread only)
+        self._noted = False  # the status line shows a note on the selected sequence
         self._build()
         self.view_arrived.connect(self._queue_view)
-        worker.engine_changed.connect(self._engine_changed)
-        worker.job_finished.connect(self._job_finished)
-        if worker.info is not None:
-            self._engine_changed(worker.info)
+        follow(self, self.engine_status.events.info, self._model_changed)
+        follow(self, self.engine_status.events.cache_revision, self._cache_changed)
+        if self.engine_status.info is not None:
+            self._model_changed(self.engine_status.info)
+            self.refresh()
 
     # ---- widgets
     def _build(self) -> None:
@@ -184,40 +190,49 @@ class KvCacheDock(QDockWidget):
             b.setEnabled(not cached)
         self.keep_btn.setEnabled(seq == 0)
         self.fork_btn.setEnabled(seq != 0 and self.view.seq(seq) is not None)
-        self.status.setText(f"sequence {seq} holds the radix cache's "
-                            f"“{self.nodes[seq].label}”: fork it, or evict it in the Cache panel"
-                            if cached else "")
+        note = (f"sequence {seq} holds the radix cache's “{self.nodes[seq].label}”: fork it, "
+                "or evict it in the Cache panel" if cached else "")
+        # a note replaces a note; an operation's message stays through the refreshes after it
+        if note or self._noted:
+            self.status.setText(note)
+        self._noted = bool(note)
+
+    def _say(self, text: str) -> None:
+        """An operation's message, in the place of the selected sequence's note."""
+        self.status.setText(text)
+        self._noted = False
 
     # ---- views arriving
-    def _engine_changed(self, info) -> None:
+    def _model_changed(self, info) -> None:
+        # the load's revision bump brings the new engine's view
         if info is None:
             self.set_view(None)
-            return
-        self._list_sequences([0])
+        else:
+            self._list_sequences([0])
 
-        def watch(engine, task):
-            def emit(view):  # called on the worker thread; the signal delivers it queued
+    def _cache_changed(self, _revision: int) -> None:
+        if self.engine_status.info is not None:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Ask the worker for a fresh view (after the jobs already queued)."""
+        self._submit(JobKind.KV_VIEW, lambda e, t: self._read(e), on_done=self._show_now)
+
+    def _read(self, engine):
+        """The view and the cache's sequences (worker thread). First, once per engine (a load
+        makes a new one), ask it for the views it publishes while jobs run."""
+        if engine is None:
+            return None
+        if self._watched is None or self._watched() is not engine:
+            def emit(view, engine=engine):  # the engine's thread; the signal delivers it queued
                 try:
                     self.view_arrived.emit((view, seq_nodes(engine)))
                 except RuntimeError:  # the dock is gone; the engine outlives it briefly
                     pass
 
             engine.add_kv_listener(emit)
-            return engine.kv_view(), seq_nodes(engine)
-
-        self._submit(JobKind.KV_VIEW, watch, on_done=self._show_now)
-
-    def _job_finished(self, job) -> None:
-        # its own operations and a model load bring their view with them
-        if (not job.kind.changes_cache or job.kind in (JobKind.KV_OP, JobKind.LOAD_MODEL)
-                or self.worker.info is None):
-            return
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Ask the worker for a fresh view (after the jobs already queued)."""
-        self._submit(JobKind.KV_VIEW, lambda e, t: (e.kv_view(), seq_nodes(e)) if e else None,
-                     on_done=self._show_now)
+            self._watched = weakref.ref(engine)
+        return engine.kv_view(), seq_nodes(engine)
 
     def _submit(self, kind: JobKind, fn, **kw) -> None:
         """Queue after what runs (never cancel the user's job); nothing once the worker is shut."""
@@ -289,7 +304,7 @@ class KvCacheDock(QDockWidget):
 
     def fork_selected(self) -> None:
         if self.view and self.view.seq(0) is not None:
-            self.status.setText("Sequence 0 is in use: clear it first, then fork into it.")
+            self._say("Sequence 0 is in use: clear it first, then fork into it.")
             return
         self._op("fork to 0", lambda e, s: e.seqs.fork_into_user_sequence(s), seq=self.selected_seq,
                  own_only=False)
@@ -302,10 +317,10 @@ class KvCacheDock(QDockWidget):
             if own_only:
                 engine.cache.check_user_sequence(seq)
             fn(engine, seq)
-            return engine.kv_view(), seq_nodes(engine)
+            return self._read(engine)
 
-        self.status.setText(f"{name} sequence {seq}…")
+        self._say(f"{name} sequence {seq}…")
         self._submit(JobKind.KV_OP, job, label=f"KV {name}",
-                     on_done=lambda v: (self.status.setText(f"{name}: done"), self._show_now(v)),
-                     on_error=lambda msg: self.status.setText(msg))
+                     on_done=lambda v: (self._say(f"{name}: done"), self._show_now(v)),
+                     on_error=self._say)
 

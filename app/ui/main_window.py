@@ -3,9 +3,10 @@
 The session (app.engine.session) holds the project, the engine settings included; panels
 observe it and write the user's edits to it through ``SessionEdits`` (one undo stack for the
 window), never reading each other's widgets. Engine work goes through ``PromptJobs`` to the one
-worker thread; actions are enabled from the worker's state (a model loaded, no job of the
-user's running). Everything the window writes (settings, states, autosave, log) has an
-injectable location so tests run in temp folders.
+worker thread; actions are enabled from the engine status the worker keeps (a model loaded,
+no job of the user's running), which the window and its panels observe. Everything the window
+writes (settings, states, autosave, log) has an injectable location so tests run in temp
+folders.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget,
                                QVBoxLayout)
 
-from ..engine import EngineConfig, ModelInfo
+from ..engine import EngineConfig
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
 from ..engine.files.prefix_state import SUFFIX as STATE_SUFFIX
 from ..engine.files.project_file import Autosaver, autosave_path
@@ -30,6 +31,7 @@ from .error_panel import ErrorPanel
 from .fillings_panel import FillingsPanel
 from .help_dialogs import ask_dialog, show_about, show_shortcuts
 from .kv_dock import KvCacheDock
+from .model_events import follow
 from .model_panel import ModelPanel
 from .project_actions import ProjectActions
 from .prompt_jobs import PromptJobs
@@ -75,6 +77,7 @@ class MainWindow(QMainWindow):
         # the File menu's projects, templates and examples, drops and autosave
         self.project = ProjectActions(self, Autosaver(autosave_path(autosave_dir)))
         self.worker = EngineWorker(self)
+        self.engine_status = self.worker.engine_status  # what the window shows of the engine
 
         self.editor = TemplateEditor(self.worker, self.session)
         self.fillings = FillingsPanel(self.session, self.edits)
@@ -83,7 +86,7 @@ class MainWindow(QMainWindow):
         self.server_view = ServerView(self.worker, self.session, self.settings)
         self.errors = ErrorPanel(self, log_path)
         self.errors.install_excepthook()
-        self.model_panel = ModelPanel(self.session, self.edits, self)
+        self.model_panel = ModelPanel(self.session, self.engine_status, self.edits, self)
         self.library = StatesLibrary(states_dir or default_states_dir(), self,
                                      confirm=lambda text: self.ask("delete", text) == "yes")
         self.kv_dock = KvCacheDock(self.worker, self)
@@ -109,7 +112,8 @@ class MainWindow(QMainWindow):
 
     @property
     def config(self) -> EngineConfig:
-        """The engine settings: the session's (Apply loads them; the worker knows the loaded)."""
+        """The engine settings: the session's (Apply loads them; engine_status.config holds the
+        loaded model's)."""
         return self.session.options.engine
 
     # ---- layout
@@ -214,8 +218,9 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         w, s, jobs = self.worker, self.session, self.jobs
-        w.engine_changed.connect(self._model_changed)
-        w.working_changed.connect(lambda _on: self._update_actions())
+        events = self.engine_status.events
+        for event in (events.info, events.working, events.closed):  # what ready depends on
+            follow(self, event, lambda _value: self._update_actions())
         w.job_started.connect(self._job_started)
         s.events.state.connect(lambda _ref: self._update_actions())
         s.events.file.connect(self.project.update_title)
@@ -240,13 +245,13 @@ class MainWindow(QMainWindow):
         self.library.save_requested.connect(self.save_state_dialog)
 
     def _update_actions(self) -> None:
-        ready = self.worker.ready
+        ready = self.engine_status.ready
         for name in ENGINE_ACTIONS:
             self.actions_by_text[name].setEnabled(ready)
         can_save = ready and self.session.state is not None
         for name in ("Save state", "Save state for llama.cpp"):
             self.actions_by_text[name].setEnabled(can_save)
-        self.actions_by_text["Cancel job"].setEnabled(self.worker.working)
+        self.actions_by_text["Cancel job"].setEnabled(self.engine_status.working)
         self.run_panel.set_can_run(ready)
         self.bench.set_can_run(ready)
         self.library.set_can(load=ready, save=can_save)
@@ -265,7 +270,7 @@ class MainWindow(QMainWindow):
         self.status.showMessage(msg, 15000)
 
     def _context_used(self, used: int) -> None:
-        info = self.worker.info
+        info = self.engine_status.info
         if info:
             self.status.show_context(used, info.n_ctx, info.kv_bytes_per_token)
 
@@ -287,7 +292,7 @@ class MainWindow(QMainWindow):
                 self._add_recent(config.model_path)
 
         def failed(msg):
-            old = self.worker.info
+            old = self.engine_status.info
             kept = f"; {Path(old.path).name} stays loaded" if old else ""
             self.show_error(f"cannot load {name}: {' '.join(msg.split())}{kept}")
 
@@ -295,14 +300,6 @@ class MainWindow(QMainWindow):
         # measuring the kernels again is asked for once, never kept in the settings
         return self.worker.load(replace(config, remeasure_kernels=remeasure), on_done=done,
                                 on_error=failed)
-
-    def _model_changed(self, info: ModelInfo | None) -> None:
-        self.model_panel.show_info(info)
-        self.model_panel.set_loaded(self.worker.loaded_config)
-        self.status.show_model(info)
-        if info:
-            self.status.show_context(0, info.n_ctx, info.kv_bytes_per_token)
-        self._update_actions()
 
     def _add_recent(self, path: str) -> None:
         recent = [p for p in self.recent_models() if p != path]

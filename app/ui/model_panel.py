@@ -1,12 +1,13 @@
 """The Model dock: the engine's settings (engine_settings.py), Apply, and the loaded model's
 facts, with what its architecture means for caching.
 
-The settings are the session's; Apply asks the window to load what the session holds. A note
-under Apply says when the loaded model runs with other settings than those shown.
+The settings are the session's; Apply asks the window to load what the session holds. The
+loaded model's facts and settings come from the engine status (app/engine/engine_status.py),
+which the panel observes. A note under Apply says when the loaded model runs with other
+settings than those shown.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from html import escape
 from pathlib import Path
 
@@ -15,21 +16,22 @@ from PySide6.QtWidgets import (QDockWidget, QFormLayout, QGroupBox, QHBoxLayout,
                                QPushButton, QScrollArea, QVBoxLayout, QWidget)
 
 from .engine_settings import EngineSettingsForm
+from .model_events import follow
 from .session_edits import SessionEdits
 from .units import size_text
-from ..engine import EngineConfig, ModelInfo
+from ..engine import EngineStatus, ModelInfo
 from ..engine.session import Session
 
 
 class ModelPanel(QDockWidget):
     apply_requested = Signal(bool)  # load the session's settings; True: time the kernels again
 
-    def __init__(self, session: Session, edits: SessionEdits | None = None,
-                 parent: QWidget | None = None):
+    def __init__(self, session: Session, engine_status: EngineStatus,
+                 edits: SessionEdits | None = None, parent: QWidget | None = None):
         super().__init__("Model", parent)
         self.setObjectName("modelDock")
         self.session = session
-        self.loaded: EngineConfig | None = None  # the settings the loaded model runs with
+        self.engine_status = engine_status
         self.form = EngineSettingsForm(session, edits or SessionEdits(session, self))
         self.form.open_requested.connect(lambda: self.apply_requested.emit(False))
         self.remeasure = QPushButton("Measure again")
@@ -84,6 +86,10 @@ class ModelPanel(QDockWidget):
         scroll.setWidget(body)
         self.setWidget(scroll)
         session.events.options.connect(lambda _o: self._show_pending())
+        follow(self, engine_status.events.info, self.show_info)
+        follow(self, engine_status.events.config, lambda _config: self._show_pending())
+        self.show_info(engine_status.info)
+        self._show_pending()
 
     def _apply(self, remeasure: bool) -> None:
         self.form.commit_text()
@@ -91,13 +97,9 @@ class ModelPanel(QDockWidget):
             self.form.edits.set_engine("flash_attn", "auto")
         self.apply_requested.emit(remeasure)
 
-    def set_loaded(self, config: EngineConfig | None) -> None:
-        self.loaded = replace(config, remeasure_kernels=False) if config else None
-        self._show_pending()
-
     def _show_pending(self) -> None:
-        wanted = self.session.options.engine
-        self.pending.setText("" if self.loaded is None or self.loaded == wanted else
+        loaded = self.engine_status.config  # the settings the loaded model runs with
+        self.pending.setText("" if loaded is None or loaded == self.session.options.engine else
                              "The loaded model runs with other settings: Apply to reload.")
 
     def set_recent(self, paths: list[str]) -> None:

@@ -8,7 +8,6 @@ panel's widgets: it asks the window only for its dialogs, messages and the panel
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
@@ -52,8 +51,8 @@ class ProjectActions:
         self.w.edits.forget()  # the rows and settings the commands changed are gone
         for problem in self.session.apply_project(project, path):
             self.w.show_error(problem)
-        loaded = self.w.worker.loaded_config
-        if loaded is not None and replace(loaded, remeasure_kernels=False) != self.w.config:
+        loaded = self.w.engine_status.config
+        if loaded is not None and loaded != self.w.config:
             # reloading a model is slow and may not be wanted: offer it in the Model panel
             self.w.show_status("the project's model settings are in the Model panel; press "
                              "Apply (reload) to use them")

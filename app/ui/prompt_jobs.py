@@ -44,17 +44,18 @@ class PromptJobs(QObject):
     def __init__(self, worker: EngineWorker, session: Session, parent: QObject | None = None):
         super().__init__(parent)
         self.worker = worker
+        self.engine_status = worker.engine_status
         self.session = session
         worker.partial.connect(self._on_partial)
 
     # ---- helpers
     def _fail(self, msg: str) -> None:
-        if not self.worker.closed:
+        if not self.engine_status.closed:
             self.error.emit(msg)
 
     def _submit(self, kind: JobKind, fn, on_done, *, label: str = "", on_error=None, **kw) -> Job | None:
-        if self.worker.info is None:
-            loading = self.worker.loading
+        if self.engine_status.info is None:
+            loading = self.engine_status.loading
             self._fail("the model is still loading; try again when the progress bar is gone"
                        if loading else "no model is loaded; open a GGUF model (Ctrl+M)")
             return None
@@ -64,13 +65,13 @@ class PromptJobs(QObject):
             return Finished(value, engine.seqs.used_cells())
 
         def done(finished: Finished):
-            if self.worker.closed:
+            if self.engine_status.closed:
                 return
             self.context_used.emit(finished.context_used)
             on_done(finished.value)
 
         def cancelled(job: Job):
-            if not self.worker.closed:
+            if not self.engine_status.closed:
                 self.status.emit(f"{job.label} cancelled")
 
         return self.worker.submit(kind, body, label=label, on_done=done,
@@ -85,7 +86,7 @@ class PromptJobs(QObject):
             return None
 
     def _on_partial(self, job: Job, item) -> None:
-        if self.worker.closed:
+        if self.engine_status.closed:
             return
         if job.kind is JobKind.RUN:
             if isinstance(item, TextDelta):

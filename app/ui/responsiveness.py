@@ -17,7 +17,8 @@ from pathlib import Path
 def _wait_idle(window, timeout_s: float) -> None:
     from PySide6.QtCore import QEventLoop, QTimer
 
-    if not window.worker.busy:
+    status = window.engine_status
+    if not status.busy:
         return
     loop = QEventLoop()
 
@@ -25,10 +26,10 @@ def _wait_idle(window, timeout_s: float) -> None:
         if not busy:
             loop.quit()
 
-    window.worker.busy_changed.connect(on_busy)
+    status.events.busy.connect(on_busy)
     QTimer.singleShot(int(timeout_s * 1000), loop.quit)
     loop.exec()
-    window.worker.busy_changed.disconnect(on_busy)
+    status.events.busy.disconnect(on_busy)
 
 
 def measure_prime_stalls(model_path: str | None = None, *, n_threads: int = 0,
@@ -55,7 +56,7 @@ def measure_prime_stalls(model_path: str | None = None, *, n_threads: int = 0,
         try:
             w.show()
             _wait_idle(w, timeout_s)
-            if w.worker.info is None:
+            if w.engine_status.info is None:
                 errs = w.errors.messages("error")
                 raise RuntimeError(errs[-1] if errs else "the model did not load")
             ticks: list[float] = []

@@ -18,6 +18,7 @@ from ..optional_extras import require_server_clients
 from ..engine.session import Session
 from .charts import COLD, WARM, BarSeries, TtftChart
 from .engine_worker import EngineWorker, JobKind
+from .model_events import follow
 
 LOCAL = QColor("#7a7a7a")
 COLUMNS = [("row", "row"), ("prompt_tokens", "prompt"), ("prefix_tokens", "prefix"),
@@ -103,8 +104,9 @@ class ServerView(QWidget):
         for w in (self.url, self.slot_dir):
             w.editingFinished.connect(self._remember)
         self.api.currentTextChanged.connect(self._remember)
-        self.worker.working_changed.connect(self.update_actions)
-        self.worker.engine_changed.connect(self.update_actions)
+        events = worker.engine_status.events
+        for event in (events.info, events.working, events.closed):  # what ready depends on
+            follow(self, event, self.update_actions)
         self.worker.partial.connect(self._on_partial)
         self._bench_job = None
         self.update_actions()
@@ -122,7 +124,7 @@ class ServerView(QWidget):
             self._remember()
 
     def update_actions(self, *_) -> None:
-        ready = self.worker.ready
+        ready = self.worker.engine_status.ready
         self.bench_button.setEnabled(ready)
         self.deploy_button.setEnabled(ready and self.api.currentText() == "llama")
 

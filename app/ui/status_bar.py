@@ -1,4 +1,7 @@
-"""The status bar: the loaded model, context use, memory, and the running job's progress + Cancel."""
+"""The status bar: the loaded model, context use, memory, and the running job's progress + Cancel.
+
+The model and the job shown come from the engine status (app/engine/engine_status.py), which
+the bar observes; the progress of that job from the worker's progress signal."""
 from __future__ import annotations
 
 import os
@@ -9,6 +12,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWi
 
 from ..engine import ModelInfo, Progress
 from .engine_worker import EngineWorker, Job
+from .model_events import follow
 
 QUIET_STAGES = {"generate"}  # one token at a time: too fast and too small to be worth a bar
 
@@ -41,7 +45,7 @@ def progress_text(label: str, p: Progress) -> str:
 class StatusBar(QStatusBar):
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__(parent)
-        self.worker = worker
+        self.engine_status = worker.engine_status
         self.model = QLabel("no model")
         self.model.setObjectName("statusModel")
         self.context = QLabel("")
@@ -60,19 +64,22 @@ class StatusBar(QStatusBar):
         for w in (self.context, self.memory, self.model):
             self.addPermanentWidget(w)
         worker.progress.connect(self.on_progress)
-        worker.job_started.connect(self.on_started)
-        worker.busy_changed.connect(self.on_busy)
+        follow(self, self.engine_status.events.info, self.show_model)
+        follow(self, self.engine_status.events.job, self.show_job)
         self.last_text = ""
         self._mem = QTimer(self, interval=2000)
         self._mem.timeout.connect(self.update_memory)
         self._mem.start()
         self.update_memory()
 
-    def on_started(self, job: Job) -> None:
-        if job.kind.background:
+    def show_job(self, label: str) -> None:
+        """The user's job that runs now ("" when none): a busy bar until its first progress."""
+        if not label:
+            self.bar.hide()
+            self.cancel.hide()
             return
-        self.bar.setRange(0, 0)  # busy until the first progress report
-        self.bar.setFormat(job.label + "…")
+        self.bar.setRange(0, 0)
+        self.bar.setFormat(label + "…")
         self.bar.show()
         self.cancel.show()
 
@@ -89,17 +96,14 @@ class StatusBar(QStatusBar):
         self.last_text = progress_text(job.label, p)
         self.bar.setFormat(self.last_text)
 
-    def on_busy(self, busy: bool) -> None:
-        if not busy:
-            self.bar.hide()
-            self.cancel.hide()
-
     def show_model(self, info: ModelInfo | None) -> None:
         if info is None:
             self.model.setText("no model")
+            self.context.setText("")
             return
         self.model.setText(f"{info.name or Path(info.path).name} · {info.architecture} · "
                            f"KV {info.type_k}/{info.type_v}")
+        self.show_context(0, info.n_ctx, info.kv_bytes_per_token)  # a new context is empty
 
     def show_context(self, used: int, n_ctx: int, kv_bytes_per_token: int) -> None:
         self.context.setText(f"context {used:,}/{n_ctx:,} tokens · KV {used * kv_bytes_per_token / 1e6:,.1f} MB")

@@ -17,6 +17,7 @@ from ..engine import Template, TemplateSyntaxError
 from ..engine.session import Session
 from ..engine.prompts.template import PLACEHOLDER_RE, Placeholder
 from .engine_worker import EngineWorker, JobKind
+from .model_events import follow
 
 PREFIX_SHADE = QColor("#e8f1fb")
 
@@ -82,7 +83,8 @@ class TemplateEditor(QWidget):
     def __init__(self, worker: EngineWorker, session: Session, parent: QWidget | None = None,
                  debounce_ms: int = 250):
         super().__init__(parent)
-        self.worker = worker
+        self.worker = worker  # to count tokens
+        self.engine_status = worker.engine_status  # to know whether a model can count them
         self.session = session
         self.edit = QPlainTextEdit()
         self.edit.setObjectName("templateText")
@@ -107,7 +109,7 @@ class TemplateEditor(QWidget):
         self._timer = QTimer(self, singleShot=True, interval=debounce_ms)
         self._timer.timeout.connect(self.flush)
         self.edit.textChanged.connect(self._timer.start)
-        worker.engine_changed.connect(lambda _info: self.request_counts())
+        follow(self, self.engine_status.events.info, lambda _info: self.request_counts())
         session.events.template.connect(self._template_changed)
         self._template_changed()
 
@@ -184,11 +186,12 @@ class TemplateEditor(QWidget):
         if tpl is None:
             return
         self.status.setStyleSheet("")
-        self.status.setText(prefix_label(tpl, self.counts, self.worker.info is not None))
+        self.status.setText(prefix_label(tpl, self.counts, self.engine_status.info is not None))
 
     # ---- token counts (a background worker job)
     def request_counts(self) -> None:
-        if self.template is None or self.worker.info is None or self.worker.closed:
+        status = self.engine_status
+        if self.template is None or status.info is None or status.closed:
             self._show_status()
             return
         if self._counting:
@@ -216,5 +219,5 @@ class TemplateEditor(QWidget):
 
     def _finish_count(self, again: bool) -> None:
         self._counting = False
-        if again and not self.worker.closed:
+        if again and not self.engine_status.closed:
             QTimer.singleShot(0, self.request_counts)
