@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         result["code"] = 0 if ok else 1
         QTimer.singleShot(500, app.quit)
 
-    w.worker.engine_changed.connect(model_loaded)
+    w.engine_status.events.info.connect(model_loaded)
     w.worker.progress.connect(progress)
     w.worker.job_finished.connect(finished)
     QTimer.singleShot(int(args.timeout_min * 60_000), app.quit)

@@ -93,9 +93,6 @@ class EngineWorker(QObject):
     partial = Signal(object, object)  # Job, partial result (TextDelta, RunReport, BenchResult…)
     job_started = Signal(object)  # Job
     job_finished = Signal(object)  # Job: look at .outcome, .result, .error
-    # ModelInfo after a load. Front ends observe engine_status.events.info; this stays for
-    # bench/gui_long_session.py, which waits for the load with it
-    engine_changed = Signal(object)
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -204,8 +201,6 @@ class EngineWorker(QObject):
         if job.kind.changes_cache:
             changes["cache_revision"] = self.engine_status.cache_revision + 1
         self._publish(**changes)
-        if "info" in changes:
-            self.engine_changed.emit(job.result)
         if job.cancelled and job.on_cancelled:
             job.on_cancelled(job)
         elif job.error and job.on_error:
