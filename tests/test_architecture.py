@@ -147,3 +147,15 @@ def test_bench_loads_the_window_code_only_for_its_gui_measure():
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for n in names:
                 assert not n.startswith("app.ui") and n.split(".")[0] not in QT, f"{src.name} imports {n}"
+
+
+def test_the_cache_never_calls_the_engine_back():
+    """The engine calls the cache; the cache gets the parts it uses once (cache_parts.py) and
+    holds no engine to call back into."""
+    for src in (ENGINE / "cache").glob("*.py"):
+        for node in ast.walk(ast.parse(src.read_text(), filename=str(src))):
+            if isinstance(node, ast.arg):
+                assert node.arg not in ("engine", "eng"), f"{src.name} takes the engine"
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in ("e", "_e", "engine", "_engine"), \
+                    f"{src.name}:{node.lineno} holds the engine (.{node.attr})"

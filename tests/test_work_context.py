@@ -3,6 +3,8 @@ bit-identical on either attention kernel and at every batch size, and the cache'
 copied only when the work context does not already hold them."""
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from app.engine import Engine, EngineConfig, GenerationConfig, Template, run_prompt
@@ -105,6 +107,14 @@ def test_clear_cache_drops_every_cached_prompt_and_the_work_context(engine128):
     assert again.warm.tokens == first.warm.tokens
 
 
+def _cells_and_rows(state: bytes) -> tuple[list[int], bytes]:
+    """A sequence state's cell positions and K/V rows, without the sequence ids (which say
+    only which sequence the state was taken through; seq_payload.py has the layout)."""
+    n_cells = struct.unpack_from("<I", state, 12)[0]
+    cells = [struct.unpack_from("<i", state, 16 + 12 * i)[0] for i in range(n_cells)]
+    return cells, state[16 + 12 * n_cells:]
+
+
 def _count_cell_states(e, monkeypatch) -> list:
     calls = []
     real = e.seqs.cells_of
@@ -112,20 +122,25 @@ def _count_cell_states(e, monkeypatch) -> list:
     return calls
 
 
-def test_a_second_copy_of_the_prefix_reuses_the_state_of_the_first(engine128, monkeypatch):
+def test_copying_the_prefix_again_takes_no_new_state_of_its_cells(engine128, monkeypatch):
     e = engine128
-    vals = [{"c1": A, "c2": B, "question": f"why {i}?"} for i in range(3)]
+    vals = [{"c1": A, "c2": B, "question": f"why {i}?"} for i in range(4)]
+    state = e.prime(TPL)
     run_prompt(e, TPL, vals[0], reuse="prefix", gen=GEN)
     calls = _count_cell_states(e, monkeypatch)
-    e.work.reset()
-    first = run_prompt(e, TPL, vals[1], reuse="prefix", gen=GEN)
-    assert first.copied_tokens == first.prefix_tokens and len(calls) == 1
+    for v in vals[1:3]:  # the state the prefix was stored from is its copy
+        e.work.reset()
+        rep = run_prompt(e, TPL, v, reuse="prefix", gen=GEN)
+        assert rep.copied_tokens == rep.prefix_tokens and rep.verdict.exact, rep.verdict.describe()
+    assert calls == []
     ram = {t.name: t.used_bytes for t in e.cache.tiers()}["ram"]
-    assert ram >= first.prefix_tokens * e.info.kv_bytes_per_token  # the kept copy is counted
+    assert ram >= rep.prefix_tokens * e.info.kv_bytes_per_token  # the kept copy is counted
+    # a saved state adopted into an empty cache: its own bytes are the copy
+    e.clear_cache()
+    run_prompt(e, TPL, vals[3], reuse="prefix", gen=GEN, state=state)
     e.work.reset()
-    second = run_prompt(e, TPL, vals[2], reuse="prefix", gen=GEN)
-    assert second.copied_tokens == second.prefix_tokens and len(calls) == 1  # no new state taken
-    assert second.verdict.exact and first.verdict.exact, second.verdict.describe()
+    rep = run_prompt(e, TPL, vals[0], reuse="prefix", gen=GEN)
+    assert rep.copied_tokens == state.n_tokens and rep.verdict.exact and calls == []
     assert_tree_consistent(e)
 
 
@@ -141,7 +156,7 @@ def test_the_kept_copy_goes_first_when_ram_is_short(tiny_model, monkeypatch):
                              gen=GEN)
             assert rep.copied_tokens == rep.prefix_tokens and rep.verdict.exact
             assert {t.name: t.used_bytes for t in e.cache.tiers()}["ram"] <= 1024  # not kept
-        assert len(calls) == 2  # a state taken for each copy
+        assert len(calls) == 2  # a state of the cells taken for each copy
 
 
 def test_a_node_computed_again_is_never_copied_from_its_old_state(engine128, monkeypatch):
@@ -154,14 +169,17 @@ def test_a_node_computed_again_is_never_copied_from_its_old_state(engine128, mon
     for _ in range(3):  # resident → RAM → file → dropped
         e.cache.evict(prefix.id)
     assert prefix.tier == "gone"
-    calls = _count_cell_states(e, monkeypatch)
     e.work.reset()
     again = run_prompt(e, TPL, {"c1": C, "c2": B, "question": "who?"}, reuse="prefix", gen=GEN)
     # the prefix evaluated again in the work context (nothing copied), and cached again
     assert again.copied_tokens == 0 and prefix.tier == "resident"
-    n = len(calls)
+    # the copy the cache keeps is a state of the cells the node holds now
+    n = prefix.depth
+    kept = e.cache.placement.copy_of(prefix, 0, n)
+    fresh = e.seqs.cells_of(e.cache.materialise(prefix), 0, n, e.cache.scratch)
+    assert _cells_and_rows(kept) == _cells_and_rows(fresh)
     e.work.reset()
     third = run_prompt(e, TPL, {"c1": C, "c2": A, "question": "when?"}, reuse="prefix", gen=GEN)
-    assert third.copied_tokens == third.prefix_tokens and len(calls) == n + 1  # a new state
+    assert third.copied_tokens == third.prefix_tokens
     assert third.verdict.exact, third.verdict.describe()
     assert_tree_consistent(e)

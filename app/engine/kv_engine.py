@@ -26,6 +26,7 @@ from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
 from .files.prefix_state import PrefixState
+from .cache.cache_parts import CacheParts
 from .cache.radix_cache import RadixCache
 from .cache.radix_tree import RadixNode
 from .prompts.prompt_tokens import PromptTokenizer
@@ -79,8 +80,11 @@ class Engine:
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
         self.cold = ColdReference(self)
-        self.work = WorkContext(self)
-        self.cache = RadixCache(self, config.cache)
+        self.work = WorkContext(self.model, self.context_params(2))  # the run's sequence, staging
+        self.cache = RadixCache(CacheParts(
+            self.ctx, self.seqs, self.resident, self.work, self.model,
+            self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0),
+            config.cache)
 
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""
@@ -287,6 +291,12 @@ class Engine:
                                  "prime the prefix again with this model")
         self.resident.set(seq, state.tokens)
         return time.perf_counter() - t0
+
+    def adopt(self, state: PrefixState, label: str = "saved state") -> RadixNode:
+        """Check a saved state against this model, then cache it as a resident node (restored
+        once; later runs fork or copy it)."""
+        self.check_state(state)
+        return self.cache.adopt(state, label)
 
     def load_state(self, path: str | Path) -> PrefixState:
         """Read and validate a .kvstate file against this model and context (does not restore)."""

@@ -143,7 +143,7 @@ class PromptJobs(QObject):
 
         def job(engine, task):
             state = load_any_state(engine, path, tpl)
-            engine.cache.adopt(state, "saved state")
+            engine.adopt(state)
             return state
 
         def done(state):

@@ -14,17 +14,19 @@ This class owns the free list and the lent set; nodes' ``seq`` fields are the ti
 from __future__ import annotations
 
 from ..errors import CacheError
+from .cache_parts import CacheParts
 
 MIN_SEQUENCES = 6  # the user's, scratch, holding, a working sequence and two nodes
 
 
 class CacheSequences:
-    def __init__(self, engine, windowed: bool):
-        n = engine.config.n_seq_max
+    def __init__(self, parts: CacheParts):
+        n = parts.n_seq_max
         if n < MIN_SEQUENCES:
             raise CacheError(f"the radix cache needs a context of at least {MIN_SEQUENCES} "
                              f"sequences, not {n}")
-        self.e = engine
+        self.parts = parts
+        windowed = parts.windowed
         self.scratch = n - 1
         self.holding: int | None = None if windowed else n - 2
         self.free = list(range(n - (2 if windowed else 3), 0, -1))
@@ -38,7 +40,7 @@ class CacheSequences:
         """A sequence whose cells are the newest (a job's, or a failed promotion's) is free
         again: its cells are freed."""
         self.lent.discard(seq)
-        self.e.seqs.clear(seq)
+        self.parts.seqs.clear(seq)
         self.free.append(seq)
 
     def lend(self, seq: int) -> int:
@@ -48,8 +50,8 @@ class CacheSequences:
     def release(self, seq: int) -> None:
         """A node's sequence is no longer needed: its cells go to the holding sequence."""
         if self.holding is not None:
-            self.e.ctx.seq_cp(seq, self.holding)
-        self.e.seqs.clear(seq)
+            self.parts.ctx.seq_cp(seq, self.holding)
+        self.parts.seqs.clear(seq)
         self.free.append(seq)
 
     def forget(self, seq: int) -> None:
@@ -60,9 +62,9 @@ class CacheSequences:
         """Cells only the holding sequence keeps (freed by the next compaction)."""
         if self.holding is None:
             return 0
-        return self.e.seqs.used_cells() - self.e.seqs.used_cells(ignoring=self.holding)
+        return self.parts.seqs.used_cells() - self.parts.seqs.used_cells(ignoring=self.holding)
 
     def drop_held(self) -> None:
         """Free the held cells where they lie (when a relayout cannot run)."""
         if self.holding is not None:
-            self.e.seqs.clear(self.holding)
+            self.parts.seqs.clear(self.holding)

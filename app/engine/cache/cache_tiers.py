@@ -12,6 +12,8 @@ Copies for the work context: a warm run copies a resident node's cells into the 
 prefix here) and a state_set (about 9 ms). The state of the last copy of each node is kept, so
 the next run of the same template pays only the state_set. Copies count against the RAM cap and
 are the first thing it drops; a node's copy is forgotten when its cells are computed again.
+Where the state is at hand anyway (a node stored from the work context, a saved state adopted),
+it becomes the node's copy at once.
 
 This class owns the nodes' placement fields (``seq``, ``ram``, ``file``, ``nbytes``) and the busy
 marks; the tree's shape is the tree's (radix_tree.py), the free sequences are CacheSequences'.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CacheError
+from .cache_parts import CacheParts
 from .cache_sequences import CacheSequences
 from .cell_compaction import relayout
 from .radix_tree import RadixNode, RadixTree
@@ -60,13 +63,13 @@ class _WorkCopy:
 
 
 class CacheTiers:
-    def __init__(self, engine, tree: RadixTree, sequences: CacheSequences, limits: CacheLimits,
-                 windowed: bool):
-        self.e = engine
+    def __init__(self, parts: CacheParts, tree: RadixTree, sequences: CacheSequences,
+                 limits: CacheLimits):
+        self.parts = parts
         self.tree = tree
         self.sequences = sequences
         self.limits = limits
-        self.windowed = windowed
+        self.windowed = parts.windowed
         self._busy: Counter[int] = Counter()  # node ids a running job relies on (nested uses count)
         self._copies: dict[int, _WorkCopy] = {}  # node id → the state of its last work copy
         self._own_folder = limits.folder is None
@@ -80,7 +83,7 @@ class CacheTiers:
     # ---- caps
     @property
     def resident_cap(self) -> int:
-        return self.limits.resident_bytes or self.e.info.kv_bytes_per_token * self.e.ctx.n_ctx * 3 // 4
+        return self.limits.resident_bytes or self.parts.kv_bytes_per_token * self.parts.ctx.n_ctx * 3 // 4
 
     def tier_bytes(self, tier: str) -> int:
         if tier == "resident":  # shared cells move as ancestors come and go: count them now
@@ -118,7 +121,7 @@ class CacheTiers:
         """Bytes a resident node adds: its tokens past its nearest resident ancestor (whose
         cells it shares)."""
         a = self.resident_ancestor(node)
-        return (node.depth - (a.depth if a else 0)) * self.e.info.kv_bytes_per_token
+        return (node.depth - (a.depth if a else 0)) * self.parts.kv_bytes_per_token
 
     @staticmethod
     def resident_below(node: RadixNode, usable=None) -> RadixNode | None:
@@ -174,8 +177,8 @@ class CacheTiers:
             self.ensure_free_cells(node.depth - node.ram_start)
             seq = self.take_seq()
             if base_seq is not None:
-                self.e.seqs.fork(base.seq, seq, upto=node.ram_start)
-            if not self.e.seqs.add_cells(data, seq, self.sequences.scratch, node.tokens()):
+                self.parts.seqs.fork(base.seq, seq, upto=node.ram_start)
+            if not self.parts.seqs.add_cells(data, seq, self.sequences.scratch, node.tokens()):
                 self.sequences.put_back(seq)
                 raise CacheError("llama.cpp refused a cached snapshot; clear the cache")
             self.forget_snapshot(node)
@@ -192,11 +195,17 @@ class CacheTiers:
         context: the kept copy when the last one was of the same positions."""
         c = self._copies.get(node.id)
         if c is None or (c.p0, c.p1) != (p0, p1):
-            data = self.e.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
+            data = self.parts.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
             c = self._copies[node.id] = _WorkCopy(p0, p1, data, 0.0)
         c.last_used = time.monotonic()
         self.enforce()
         return c.data
+
+    def keep_copy(self, node: RadixNode, p0: int, p1: int, data: bytes) -> None:
+        """``data`` (a state of the node's cells at p0..p1-1, in position order) is at hand
+        already (the cells were just stored or adopted from it): keep it as the node's copy."""
+        self._copies[node.id] = _WorkCopy(p0, p1, data, time.monotonic())
+        self.enforce()
 
     def forget_copy(self, node: RadixNode) -> None:
         self._copies.pop(node.id, None)
@@ -235,11 +244,11 @@ class CacheTiers:
     def ensure_free_cells(self, n: int) -> None:
         """Evict (and compact) until ``n`` more cells fit in the context."""
         seqs = self.sequences
-        if seqs.holding is not None and not seqs.lent and self.e.ctx.mirror.has_holes():
+        if seqs.holding is not None and not seqs.lent and self.parts.ctx.mirror.has_holes():
             relayout(self)  # cells freed in the middle (the user's sequence): put back in order
-        room = self.e.ctx.n_ctx - n
-        while self.e.seqs.used_cells() > room:
-            if self.e.seqs.used_cells(ignoring=seqs.holding) <= room:
+        room = self.parts.ctx.n_ctx - n
+        while self.parts.seqs.used_cells() > room:
+            if self.parts.seqs.used_cells(ignoring=seqs.holding) <= room:
                 self.compact()
             elif not self._spill_one() and not self.compact():
                 raise CacheError(
@@ -291,7 +300,7 @@ class CacheTiers:
         """Resident → RAM: keep the node's own cells, free its sequence."""
         anchor = self.holding_ancestor(node)
         start = anchor.depth if anchor is not None else 0
-        data = self.e.seqs.cells_of(node.seq, start, node.depth, self.sequences.scratch)
+        data = self.parts.seqs.cells_of(node.seq, start, node.depth, self.sequences.scratch)
         self.sequences.release(node.seq)
         node.seq = None
         node.ram, node.ram_start, node.nbytes = data, start, len(data)

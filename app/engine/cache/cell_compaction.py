@@ -16,7 +16,7 @@ from ..errors import CacheError
 
 def relayout(tiers) -> None:
     """Lay every resident node's cells out again in tree order (``tiers``: CacheTiers)."""
-    e, scratch = tiers.e, tiers.sequences.scratch
+    e, scratch = tiers.parts, tiers.sequences.scratch
     plan = []
     for node in tiers.tree:  # parents before children
         if node.seq is None:

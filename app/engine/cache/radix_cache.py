@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 
 from ..errors import CacheError
+from ..files.seq_payload import in_position_order
+from .cache_parts import CacheParts
 from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
@@ -65,12 +67,12 @@ class RadixCache:
     """Lookup, insertion and the user's actions over the tree; where cells are and how they
     move is the tiers' (cache_tiers.py), which sequences are free the sequences' own."""
 
-    def __init__(self, engine, limits: CacheLimits = CacheLimits()):
-        self.e = engine
-        self.windowed = engine.n_swa > 0
+    def __init__(self, parts: CacheParts, limits: CacheLimits = CacheLimits()):
+        self.parts = parts
+        self.windowed = parts.windowed
         self.tree = RadixTree()
-        self.sequences = CacheSequences(engine, self.windowed)
-        self.placement = CacheTiers(engine, self.tree, self.sequences, limits, self.windowed)
+        self.sequences = CacheSequences(parts)
+        self.placement = CacheTiers(parts, self.tree, self.sequences, limits)
         self._generation = itertools.count(1)
         self._last_generation = 0
 
@@ -129,7 +131,7 @@ class RadixCache:
                 for n in self.tree]
 
     def _preview(self, n: RadixNode, limit: int = 60) -> str:
-        raw = b"".join(self.e.model.piece(t, special=True) for t in n.edge[:limit])
+        raw = b"".join(self.parts.model.piece(t, special=True) for t in n.edge[:limit])
         text = raw.decode("utf-8", "replace").replace("\n", "⏎")
         return text if n.own_tokens <= limit else text + "…"
 
@@ -188,7 +190,7 @@ class RadixCache:
     def bring_to_work(self, hit: CacheHit, tokens: list[int]) -> int:
         """Make the work context hold the hit's tokens (whole batches, see whole_batches);
         returns how many tokens were copied from the cache."""
-        work = self.e.work
+        work = self.parts.work
         if hit.node is None:
             work.keep(0)
             return 0
@@ -203,26 +205,28 @@ class RadixCache:
               approx: str = "") -> RadixNode:
         """Cache ``tokens`` (a prefix of what the work context holds, ending at a batch end)
         as a resident node: its own cells are copied from the work context."""
-        work = self.e.work
+        work = self.parts.work
         node = self._insert(tokens, label, template_sha256, work.cuts)
         with self.busy(node):
             if node.tier == "gone":
                 anchor = self.placement.holding_ancestor(node)
                 start = anchor.depth if anchor is not None else 0
-                self.placement.hold_snapshot(node, work.cells(start, node.depth), start, approx)
+                data = work.cells(start, node.depth)
+                self.placement.hold_snapshot(node, data, start, approx)
                 self.materialise(node)
+                self.placement.keep_copy(node, start, node.depth, data)
             self.touch(node)
             self.enforce()
         return node
 
     def fork_into(self, hit: CacheHit, work: int) -> None:
         """Make ``work`` hold the hit's first ``reused`` tokens (promoting the node if needed)."""
-        self.e.seqs.clear(work)
+        self.parts.seqs.clear(work)
         if hit.node is None:
             return
         with self.busy(hit.node):
             seq = self.materialise(hit.node)
-            self.e.seqs.fork(seq, work, upto=hit.reused)
+            self.parts.seqs.fork(seq, work, upto=hit.reused)
             self.touch(hit.node)
 
     def touch(self, node: RadixNode) -> None:
@@ -236,11 +240,11 @@ class RadixCache:
 
         A node must be pristine: on a sliding-window model fork at ``upto`` = None while the
         sequence ends there (a later fork up to a position loses the window cells past it)."""
-        node = self._insert(list(self.e.resident[work][:upto]), label, template_sha256, starts)
+        node = self._insert(list(self.parts.resident[work][:upto]), label, template_sha256, starts)
         with self.busy(node):  # the caps hold after every addition; the new node stays
             if node.seq is None:
                 seq = self.placement.take_seq()
-                self.e.seqs.fork(work, seq, upto=upto)
+                self.parts.seqs.fork(work, seq, upto=upto)
                 self.placement.hold_resident(node, seq, approx)
             self.touch(node)
             self.enforce()
@@ -263,19 +267,25 @@ class RadixCache:
     def state_cuts(self, state) -> list[int]:
         """The batch starts a saved state's cells were computed with: a prefix is primed in
         plain n_batch batches from position 0."""
-        return list(range(0, state.n_tokens, self.e.config.n_batch))
+        return list(range(0, state.n_tokens, self.parts.n_batch))
 
     def adopt(self, state, label: str) -> RadixNode:
-        """A saved state as a resident node (restored once; later runs fork it)."""
+        """A saved state as a resident node (restored once; later runs fork it). The state was
+        checked against this model (``Engine.adopt`` checks it, then calls this)."""
         m = self.tree.match(list(state.tokens))
         if m.matched == state.n_tokens and m.child is None and m.node.seq is not None:
             self.touch(m.node)
             return m.node
         seq = self.placement.take_seq()
         try:
-            self.e.restore(state, seq)
-            return self.add(seq, label, self.state_cuts(state),
+            if not self.parts.seqs.add_cells(state.data, seq, self.scratch, list(state.tokens)):
+                raise CacheError("llama.cpp refused the saved state's cells; prime the prefix "
+                                 "again")
+            node = self.add(seq, label, self.state_cuts(state),
                             state.template_sha256, APPROX_RESTORED if self.windowed else "")
+            if node.depth == state.n_tokens and not self.windowed:
+                self.placement.keep_copy(node, 0, node.depth, in_position_order(state.data))
+            return node
         finally:
             self.sequences.put_back(seq)
 

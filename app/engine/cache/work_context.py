@@ -22,8 +22,8 @@ Sliding-window models do not use it: their window cells do not survive a trim or
 from __future__ import annotations
 
 from ..runs.batch_plan import batches
-from ..errors import ContextError, KvPrimerError
-from ..llama.native import NativeContext
+from ..errors import ContextError, ContextOverflowError, KvPrimerError
+from ..llama.native import ContextParams, NativeContext, NativeModel
 from ..files.seq_payload import in_position_order
 from ..task_state import TaskState
 
@@ -31,8 +31,8 @@ SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they j
 
 
 class WorkContext:
-    def __init__(self, engine):
-        self._e = engine
+    def __init__(self, model: NativeModel, params: ContextParams):
+        self._model, self._params = model, params  # the engine's model and context settings
         self._ctx: NativeContext | None = None
         self.tokens: list[int] = []  # position i holds tokens[i], in cell i
         self.cuts: list[int] = []  # batch starts of the history that computed those cells
@@ -40,7 +40,7 @@ class WorkContext:
     @property
     def ctx(self) -> NativeContext:
         if self._ctx is None:  # the run's sequence and the staging one
-            self._ctx = NativeContext(self._e.model, self._e.context_params(2))
+            self._ctx = NativeContext(self._model, self._params)
         return self._ctx
 
     def close(self) -> None:
@@ -128,7 +128,8 @@ class WorkContext:
         start, end = len(self.tokens), len(self.tokens) + len(tokens)
         if not starts or starts[0] != start:
             raise ValueError("the batch plan must start where the sequence ends")
-        self._e.check_fits(end)
+        if end >= self.ctx.n_ctx:
+            raise ContextOverflowError(end, self.ctx.n_ctx)
         task.report(stage, 0, len(tokens))
         for a, b in batches(starts, end):
             task.check(kept_tokens=len(self.tokens))

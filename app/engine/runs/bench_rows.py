@@ -150,7 +150,7 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
     modes = check_reuse_modes(modes)
     result = BenchResult(model=engine.info.as_dict(), repeat=repeat, modes=modes,
                          recompute=recompute)
-    prefix = engine.cache.adopt(state, "saved state") if state else engine.prime_node(template, task)
+    prefix = engine.adopt(state) if state else engine.prime_node(template, task)
     colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by the modes
     total = len(rows) * repeat * len(modes)
     task.report("bench", 0, total)

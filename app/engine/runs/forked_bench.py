@@ -72,7 +72,7 @@ def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
     task = task or TaskState()
     if k < 1:
         raise KvPrimerError("forked batches need at least 1 row each")
-    node = engine.prime_node(template, task) if state is None else engine.cache.adopt(state, "saved state")
+    node = engine.prime_node(template, task) if state is None else engine.adopt(state)
     result = ForkedBenchResult(k=k, prefix_tokens=node.depth)
     for start in range(0, len(rows), k):
         chunk = rows[start:start + k]

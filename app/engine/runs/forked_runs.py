@@ -103,7 +103,7 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
             raise KvPrimerError(f"row {i + 1}: the filled prompt is empty; nothing to evaluate")
         engine.check_fits(len(toks))
     node = (engine.prime_node(template, task) if state is None
-            else engine.cache.adopt(state, "saved state"))
+            else engine.adopt(state))
     prefix = node.tokens()
     rows = []
     for i, toks in enumerate(prompts):

@@ -187,8 +187,7 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
                                                             task, state=state)
         return _reported(report, result, hit.sources, hit.tier)
     if state is not None:
-        engine.check_state(state)
-        node = cache.adopt(state, "saved state")
+        node = engine.adopt(state)
         hit = cache.lookup(tokens, limit=min(node.depth, len(tokens) - 1))
     elif reuse == "chain":
         engine.prime_node(template, task)
@@ -337,7 +336,7 @@ def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, 
     result = _evaluate_and_generate(engine, tokens, hit.reused, marks, gen, max_new, task, t0, t1,
                                     keep_logits)
     if state is not None:
-        cache.adopt(state, "saved state")
+        engine.adopt(state)
     for pos, label in nodes:  # after the first token: the bookkeeping stays out of its time
         cache.store(tokens[:pos], label, template_sha256, hit.approx)
     cache.enforce()  # what this run promoted stayed while it was busy

@@ -1,0 +1,28 @@
+"""What the radix cache uses of the engine, handed to it once: the engine calls the cache, the
+cache never calls the engine back.
+
+The cache's context is the engine's main context; its sequences' tokens are ``resident``'s
+(changed only through ``seqs``, which keeps the two in step); the work context is where runs
+evaluate and where the cache copies cells to and from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..kv.sequence_ops import SequenceOps
+from ..kv.sequence_tokens import SequenceTokens
+from ..llama.native import NativeContext, NativeModel
+from .work_context import WorkContext
+
+
+@dataclass(frozen=True)
+class CacheParts:
+    ctx: NativeContext  # the main context, whose sequences hold the resident nodes
+    seqs: SequenceOps  # fork, clear, copy cells in and out of its sequences
+    resident: SequenceTokens  # the tokens each of its sequences holds
+    work: WorkContext
+    model: NativeModel  # token pieces, for the nodes' previews
+    kv_bytes_per_token: int
+    n_batch: int  # a prefix is primed in plain n_batch batches from position 0
+    n_seq_max: int
+    windowed: bool  # a sliding-window model: nothing restored is exact, nothing compacted
