@@ -194,12 +194,12 @@ class CacheTiers:
         """A state of the cells at positions p0..p1-1 of ``node``'s tokens, for the work
         context: the kept copy when the last one was of the same positions."""
         c = self._copies.get(node.id)
-        if c is None or (c.p0, c.p1) != (p0, p1):
-            data = self.parts.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
-            c = self._copies[node.id] = _WorkCopy(p0, p1, data, 0.0)
-        c.last_used = time.monotonic()
-        self.enforce()
-        return c.data
+        if c is not None and (c.p0, c.p1) == (p0, p1):
+            c.last_used = time.monotonic()  # a hit changes no tier's size: nothing to enforce
+            return c.data
+        data = self.parts.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
+        self.keep_copy(node, p0, p1, data)
+        return data
 
     def keep_copy(self, node: RadixNode, p0: int, p1: int, data: bytes) -> None:
         """``data`` (a state of the node's cells at p0..p1-1, in position order) is at hand
