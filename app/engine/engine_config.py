@@ -68,6 +68,7 @@ class ModelInfo:
     kernels: KernelChoice | None = None  # the attention kernel, and why
     cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
     n_ubatch: int = 0  # the micro-batch llama.cpp runs
+    cpu_backend: str = ""  # the CPU instruction-set level llama.cpp loaded (app/cpu_backends.py)
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "traits": self.traits.as_dict(),

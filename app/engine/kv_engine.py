@@ -24,6 +24,7 @@ from .kv.kv_debug_log import TrackedContext
 from .kv.kv_view import KvCacheView, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.ggml_types import kv_bytes_per_token
+from .llama.llama_backend import cpu_backend
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
 from .files.prefix_state import PrefixState
 from .cache.cache_parts import CacheParts
@@ -67,6 +68,7 @@ class Engine:
             n_batch=config.n_batch, n_ubatch=self.ctx.n_ubatch, n_seq_max=config.n_seq_max, type_k=config.type_k,
             type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
             traits=with_context(early, self.ctx), gpu_offload=gpu_offload_supported(),
+            cpu_backend=cpu_backend().describe(),
             **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
                                      "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                      "file_bytes")})
