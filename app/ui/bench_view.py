@@ -15,15 +15,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QCheckBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
 from ..engine import REUSE_MODES, BenchResult, BenchRow
 from ..engine.session import Session, bench_summary
 from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart
+from .file_folders import FileFolders
 from .run_panel import MODE_TIPS, VERDICT_COLORS, recompute_box
 from .session_edits import SessionEdits
 
@@ -106,10 +107,11 @@ class BenchView(QWidget):
     error = Signal(str)
 
     def __init__(self, session: Session, edits: SessionEdits | None = None,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, folders: FileFolders | None = None):
         super().__init__(parent)
         self.session = session
         self.edits = edits or SessionEdits(session, self)
+        self.folders = folders or FileFolders(QSettings("kvprimer", "KV Primer"))
         self.repeat = QSpinBox()
         self.repeat.setRange(1, 50)
         self.repeat.setValue(session.options.repeat)
@@ -300,8 +302,8 @@ class BenchView(QWidget):
         return out
 
     def export_dialog_data(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export results", "bench.csv",
-                                              "CSV (*.csv);;JSON (*.json)")
+        path, _ = self.folders.save_file(self, "export", "Export results", "bench.csv",
+                                         "CSV (*.csv);;JSON (*.json)")
         if path:
             try:
                 self.export_data(path)
@@ -309,8 +311,8 @@ class BenchView(QWidget):
                 self.error.emit(f"cannot export results: {e}")
 
     def export_dialog_charts(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export charts", "bench.png",
-                                              "PNG image (*.png);;SVG drawing (*.svg)")
+        path, _ = self.folders.save_file(self, "export", "Export charts", "bench.png",
+                                         "PNG image (*.png);;SVG drawing (*.svg)")
         if path:
             try:
                 self.export_charts(path)
