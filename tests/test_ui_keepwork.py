@@ -13,7 +13,9 @@ from PySide6.QtWidgets import QFileDialog
 from app.engine.runs.server_results import DeployResult, ServerBench, ServerRow
 from app.ui.engine_worker import JobKind
 from app.ui.file_folders import documents_dir
-from tests.ui_actions import BENCH, Answers, action, answer_file_dialogs, start, trigger
+from app.ui.main_window import STATE_FILTERS
+from tests.ui_actions import (BENCH, LOAD_STATE, PRIME, SAVE_STATE, Answers, action,
+                              answer_file_dialogs, start, trigger)
 
 SHORT_TPL = "You are a helpful assistant. hello world of the answer. <question> about <topic>"
 
@@ -190,3 +192,22 @@ def test_the_status_bar_names_row_k_of_n_and_cancel_keeps_the_finished_rows(qtbo
     assert all(r.error is None for r in bench.rows) and w.bench.table.rowCount() == 2
     assert "cancelled before every row ran" in w.bench.summary.text()
     assert "the 2 finished rows are kept" in w.status.currentMessage()
+
+
+def test_a_loaded_state_can_be_undone_back_to_the_primed_one(qtbot, make_window, tmp_path,
+                                                            monkeypatch):
+    w = make_window()
+    w.editor.set_text(SHORT_TPL)
+    path = tmp_path / "states" / "first.kvstate"
+    answer_file_dialogs(monkeypatch, save=(str(path), STATE_FILTERS[0]), open_path=str(path))
+    assert trigger(qtbot, w, PRIME).outcome == "done"
+    assert trigger(qtbot, w, SAVE_STATE).outcome == "done"
+    assert trigger(qtbot, w, PRIME).outcome == "done"
+    primed = w.session.state
+    assert w.session.state_ref.path == ""
+    assert trigger(qtbot, w, LOAD_STATE).outcome == "done"
+    assert w.session.state is not primed and w.session.state_ref.path == str(path)
+    undo = action(w, "Undo")
+    assert menu_text(undo) == "Undo load state first.kvstate"
+    undo.trigger()
+    assert w.session.state is primed and w.session.state_ref.path == ""
