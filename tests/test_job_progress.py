@@ -145,3 +145,35 @@ def test_the_cli_progress_line_names_row_k_of_n(engine, tiny_model, tmp_path, mo
     for k, number in ((1, 2), (2, 3), (3, 4)):
         assert f"bench: row {number} ({k} of 3) · prefix · warm" in line, line
     assert "left" in line
+
+
+def test_ctrl_c_stops_a_cli_benchmark_with_the_rows_it_finished(tiny_model, tmp_path,
+                                                                monkeypatch, capsys):
+    import json
+    import signal
+
+    from app.cli import run_commands
+
+    def interrupted_after_one_row(stream=None):
+        sent = []
+
+        def on_progress(p: Progress) -> None:
+            if p.whole and p.job.done == 1 and not sent:
+                sent.append(p)
+                signal.raise_signal(signal.SIGINT)  # as the terminal sends it, once
+
+        return TaskState(on_progress=on_progress)
+
+    monkeypatch.setattr(run_commands, "progress_printer", interrupted_after_one_row)
+    (tmp_path / "t.tmpl").write_text(TPL.source, encoding="utf-8")
+    (tmp_path / "rows.csv").write_text("c,q\nthe world,why?\nhello,how?\nanswer,what?\n",
+                                       encoding="utf-8")
+    before = signal.getsignal(signal.SIGINT)
+    rc = main(["bench", str(tmp_path / "t.tmpl"), "-m", str(tiny_model), "-t", "1", "-c", "1024",
+               "-b", "32", "--rows", str(tmp_path / "rows.csv"), "--max-tokens", "2",
+               "--reuse", "prefix", "--repeat", "1", "--json"])
+    out = capsys.readouterr()
+    assert rc == 130 and "stopping after the current batch" in out.err
+    res = json.loads(out.out)
+    assert [r["row"] for r in res["rows"]] == [2] and res["summary"]["cancelled"] is True
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back

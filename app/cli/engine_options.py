@@ -5,7 +5,9 @@ CacheLimits' and Options' own, shown in the help."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -179,3 +181,24 @@ def progress_printer(stream=None) -> TaskState:
         width[0] = 0 if ended else max(width[0], len(line))
 
     return TaskState(on_progress=show)
+
+
+@contextmanager
+def cancel_on_interrupt(task: TaskState):
+    """The first Ctrl+C cancels ``task`` between batches, so a benchmark stops with the rows it
+    finished (printed and saved as usual); a second one interrupts at once."""
+    def first(_sig, _frame):
+        print("\nkvprimer: stopping after the current batch; Ctrl+C again stops at once",
+              file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        task.cancel()
+
+    try:
+        old = signal.signal(signal.SIGINT, first)
+    except ValueError:  # not the main thread: no handler of ours
+        yield task
+        return
+    try:
+        yield task
+    finally:
+        signal.signal(signal.SIGINT, old)
