@@ -159,13 +159,14 @@ class StatusTexts(QObject):
 
     def __init__(self, w):
         super().__init__(w)
-        self.w, self.texts = w, []
+        self.w, self.texts, self.in_view = w, [], []
         w.worker.progress.connect(self._seen)
 
     @Slot(object, object)
     def _seen(self, job, _p) -> None:
         if job.kind is JobKind.BENCH:
             self.texts.append(self.w.status.last_text)
+            self.in_view.append(self.w.bench.progress.text())  # the Benchmark tab's line
 
 
 def test_the_status_bar_names_row_k_of_n_and_cancel_keeps_the_finished_rows(qtbot, make_window):
@@ -180,6 +181,7 @@ def test_the_status_bar_names_row_k_of_n_and_cancel_keeps_the_finished_rows(qtbo
         assert any(t.startswith(f"benchmark: row {k} of 3 · prefix · warm") for t in seen.texts), \
             seen.texts
     assert any(t.endswith(" left") for t in seen.texts if "row 3 of 3" in t), seen.texts
+    assert seen.in_view == seen.texts and w.bench.progress.isHidden()  # shown while it ran
 
     def cancel_after_two(job, p):  # on the worker thread: the cancel lands before row 3 starts
         if job.kind is JobKind.BENCH and p.whole and p.job.done == 2:
@@ -211,3 +213,14 @@ def test_a_loaded_state_can_be_undone_back_to_the_primed_one(qtbot, make_window,
     assert menu_text(undo) == "Undo load state first.kvstate"
     undo.trigger()
     assert w.session.state is primed and w.session.state_ref.path == ""
+
+
+def test_the_server_tab_refuses_a_blank_row_as_a_benchmark_does(qtbot, make_window):
+    w = make_window()
+    w.editor.set_text(SHORT_TPL)
+    w.session.set_rows([{"question": "what", "topic": "it"}, {"question": " ", "topic": "x"}])
+    v = w.server_view
+    assert v.max_tokens.value() == w.session.options.max_tokens  # the CLI's default too
+    qtbot.mouseClick(v.bench_button, Qt.LeftButton)
+    assert "row 2" in v.status.text() and "<question>" in v.status.text(), v.status.text()
+    assert w.session.server is None and not w.engine_status.working  # nothing was sent

@@ -18,6 +18,9 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from ..optional_extras import require_server_clients
+from ..engine import KvPrimerError
+from ..engine import session_flows as flows
+from ..engine.errors import RowsError
 from ..engine.runs.server_results import ServerBench
 from ..engine.session import Session
 from .charts import COLD, WARM, BarSeries, TtftChart
@@ -184,10 +187,14 @@ class ServerView(QWidget):
                                   on_error=self._failed)
 
     def bench(self):
-        tpl = self.session.template
-        rows = [r for r in self.session.all_rows() if tpl is not None and not tpl.blank(r.values)]
-        if tpl is None or not rows:
-            self._failed("no filled rows to run; fill at least one row")
+        try:  # the rows a local benchmark would run, refused as it refuses them (a blank row)
+            tpl = flows.session_template(self.session)
+            rows = self.session.all_rows()
+            if not rows:
+                raise RowsError("there are no rows to run on the server; import or add rows first")
+            flows.check_filled(tpl, rows)
+        except KvPrimerError as e:
+            self._failed(str(e))
             return None
         url, api, n = self.url.text(), self.api.currentText(), self.max_tokens.value()
         slot = self.slot.value() if api == "llama" else None
