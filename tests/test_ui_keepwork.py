@@ -224,3 +224,17 @@ def test_the_server_tab_refuses_a_blank_row_as_a_benchmark_does(qtbot, make_wind
     qtbot.mouseClick(v.bench_button, Qt.LeftButton)
     assert "row 2" in v.status.text() and "<question>" in v.status.text(), v.status.text()
     assert w.session.server is None and not w.engine_status.working  # nothing was sent
+
+
+def test_a_dropped_project_asks_about_unsaved_work_first(qtbot, make_window, tmp_path):
+    answers = Answers(unsaved="cancel")
+    w = make_window(load=False, ask=answers)
+    proj = tmp_path / "p.kvproj"
+    w.editor.set_text("saved <a>")
+    assert w.project.save(proj)
+    w.editor.set_text("unsaved <b>")
+    w.project.open_path(str(proj))  # what a drop on the window does
+    assert answers.asked == ["unsaved"] and w.editor.text() == "unsaved <b>"
+    answers.answers["unsaved"] = "discard"
+    w.project.open_path(str(proj))
+    assert w.editor.text() == "saved <a>"

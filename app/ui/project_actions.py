@@ -260,7 +260,8 @@ class ProjectActions:
         elif suffix in (STATE_SUFFIX, LLAMA_STATE_SUFFIX):
             self.w.jobs.load_state(path)
         elif suffix == PROJECT_SUFFIX:
-            self.open(path)
+            if self.settle_unsaved():  # a drop replaces unsaved work no more than Open does
+                self.open(path)
         elif suffix in ROWS_SUFFIXES:
             self.w.fillings.import_file(path)
         else:
