@@ -1,7 +1,8 @@
 """The status bar: the loaded model, context use, memory, and the running job's progress + Cancel.
 
 The model and the job shown come from the engine status (app/engine/engine_status.py), which
-the bar observes; the progress of that job from the worker's progress signal."""
+the bar observes; the progress of that job from the worker's progress signal, in the words of
+the engine's ``progress_line`` (the CLI's too): the whole job, the current pass, the time left."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWidget
 
 from ..engine import ModelInfo, Progress
+from ..engine.task_state import progress_line
 from .engine_worker import EngineWorker, Job
 from .model_events import follow
 
@@ -31,17 +33,6 @@ def rss_bytes() -> int | None:
             return None
 
 
-def progress_text(label: str, p: Progress) -> str:
-    if p.stage == "load":
-        return f"{label}…"
-    text = f"{label}: {p.stage} {p.done:,}/{p.total:,}"
-    if p.rate > 0 and p.stage not in ("bench", "sweep"):
-        text += f" · {p.rate:,.0f} tok/s"
-    if p.eta_s is not None and p.done < p.total:
-        text += f" · {p.eta_s:,.0f} s left" if p.eta_s >= 1 else " · <1 s left"
-    return text
-
-
 class StatusBar(QStatusBar):
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__(parent)
@@ -52,7 +43,7 @@ class StatusBar(QStatusBar):
         self.memory = QLabel("")
         self.bar = QProgressBar()
         self.bar.setObjectName("jobProgress")
-        self.bar.setFixedWidth(360)
+        self.bar.setFixedWidth(520)  # "row 7 of 10 · chain · warm 1,280/1,836 · 3 min 10 s left"
         self.bar.setTextVisible(True)
         self.bar.setFormat("")
         self.cancel = QPushButton("Cancel (Esc)")
@@ -90,10 +81,14 @@ class StatusBar(QStatusBar):
         self.cancel.show()
         if p.stage == "load":
             self.bar.setRange(0, 0)
+        elif p.job is not None:  # the bar fills with the whole job, the text names the pass
+            self.bar.setRange(0, max(p.job.total, 1))
+            self.bar.setValue(p.job.done)
         else:
             self.bar.setRange(0, max(p.total, 1))
             self.bar.setValue(p.done)
-        self.last_text = progress_text(job.label, p)
+        self.last_text = progress_line(job.label, p)
+        self.bar.setToolTip(self.last_text)
         self.bar.setFormat(self.last_text)
 
     def show_model(self, info: ModelInfo | None) -> None:
