@@ -53,7 +53,7 @@ def load_cpu_backend(lib_dir: Path) -> CpuBackend:
     if not built:
         _loaded = CpuBackend("", ())
         return _loaded
-    ggml = ctypes.CDLL(str(lib_dir / f"libggml{_SUFFIX}"))  # already mapped by llama_cpp: the same handle
+    ggml = ctypes.CDLL(str(_ggml_in_use(lib_dir)))
     ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
     ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
@@ -67,14 +67,29 @@ def load_cpu_backend(lib_dir: Path) -> CpuBackend:
     return _loaded
 
 
-def _mapped_variant(lib_dir: Path) -> str:
-    """Which level the process mapped, read from the loader's own record (Linux)."""
+def _ggml_in_use(lib_dir: Path) -> Path:
+    """The libggml file libllama loaded. A wheel stores libggml.so, .so.0 and .so.0.x as three
+    copies, not links, and each copy opened is a library of its own with its own registry of
+    backends: a level registered in another copy is one llama.cpp never sees."""
+    mapped = _mapped(lib_dir, lambda name: name.split(_SUFFIX)[0] == "libggml")
+    return mapped or lib_dir / f"libggml{_SUFFIX}.0"
+
+
+def _mapped(lib_dir: Path, wanted) -> Path | None:
+    """A library of ``lib_dir`` this process has mapped whose file name ``wanted`` accepts,
+    read from the loader's own record (Linux; None elsewhere)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return ""
+        return None
     for line in maps.splitlines():
         path = Path(line.split()[-1]) if "/" in line else None
-        if path and path.parent == lib_dir and path.name.startswith(_PREFIX):
-            return path.name[len(_PREFIX):].split(_SUFFIX)[0]
-    return ""
+        if path and path.parent == lib_dir and wanted(path.name):
+            return path
+    return None
+
+
+def _mapped_variant(lib_dir: Path) -> str:
+    """Which level the process mapped."""
+    path = _mapped(lib_dir, lambda name: name.startswith(_PREFIX))
+    return path.name[len(_PREFIX):].split(_SUFFIX)[0] if path else ""
