@@ -75,6 +75,12 @@ class ModelTraits:
         return self.n_swa if self.sliding else None
 
     @property
+    def family(self) -> str:
+        """What a sequence's state holds: "attention" (cells per token), "hybrid" (cells and a
+        recurrent state) or "recurrent" (a recurrent state only)."""
+        return "recurrent" if self.recurrent else "hybrid" if self.hybrid else "attention"
+
+    @property
     def can_trim(self) -> bool:
         """A sequence can be cut back to a shorter prefix (recurrent states cannot)."""
         return not (self.recurrent or self.hybrid)

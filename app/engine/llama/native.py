@@ -338,15 +338,18 @@ class NativeContext:
         return (L.llama_memory_seq_pos_min(self.mem, seq), L.llama_memory_seq_pos_max(self.mem, seq))
 
     # -- per-sequence state
-    def state_get(self, seq: int) -> bytes:
-        size = L.llama_state_seq_get_size(self.ptr, seq)
+    def state_get(self, seq: int, partial: bool = False) -> bytes:
+        """One sequence's state; ``partial``: only its recurrent part (the state of a hybrid or
+        recurrent model's recurrent layers at the sequence's end, no attention cells)."""
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+        size = L.llama_state_seq_get_size_ext(self.ptr, seq, flags)
         if size == 0:
             return b""
         # llama.cpp writes straight into a new, not yet shared bytes object, with the GIL
         # released: zero-filling a ctypes array and copying it to bytes held the GIL for
         # ~100 ms per 40 MB under load, freezing the window at the end of every prime.
         data = _new_bytes(None, size)
-        n = L.llama_state_seq_get_data(self.ptr, _bytes_ptr(data), size, seq)
+        n = L.llama_state_seq_get_data_ext(self.ptr, _bytes_ptr(data), size, seq, flags)
         if n != size:
             raise ContextError(f"llama.cpp copied {n} of {size} state bytes")
         return data
@@ -363,10 +366,13 @@ class NativeContext:
         finally:
             self.seq_rm(scratch)
 
-    def state_set(self, data: bytes, seq: int) -> bool:
+    def state_set(self, data: bytes, seq: int, partial: bool = False) -> bool:
+        """Put a state into ``seq``; ``partial``: a recurrent part only (``state_get(partial=
+        True)``), which replaces the sequence's recurrent state and leaves its cells alone."""
         # Point llama.cpp at the bytes object's own buffer (it only reads it): copying a
         # 40 MB state into a ctypes array first would cost as much as the restore itself.
-        n = L.llama_state_seq_set_data(self.ptr, _bytes_ptr(data), len(data), seq)
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+        n = L.llama_state_seq_set_data_ext(self.ptr, _bytes_ptr(data), len(data), seq, flags)
         return n == len(data) and n > 0
 
 

@@ -47,7 +47,7 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     task = task or TaskState()
     if not engine.runs_in_work_context:
         raise KvPrimerError(f"{engine.info.name or 'this model'} runs in the cache's shared "
-                            "context (sliding-window or recurrent layers), not in a work "
+                            "context (sliding-window layers), not in a work "
                             "context: the prefix-length sweep times the work context only")
     tokens = engine.tokenize(template.fill(values))
     prefix = engine.tokenize(template.prefix_prompt())
@@ -63,8 +63,10 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     # one evaluation of the prefix (untimed), its batches ending at every length
     work.reset()
     plan = batch_starts(0, p, n_batch, lengths)
-    work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False)
-    states = {n: work.cells(0, n) for n in lengths}
+    work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False, snap_at=lengths)
+    # a hybrid's cells, then its recurrent state at n; a recurrent model's state is that alone
+    snaps = dict(work.snapshots)
+    states = {n: snaps[n] if engine.family == "recurrent" else work.cells(0, n) for n in lengths}
     points = []
     for k, n in enumerate(lengths):
         task.report("sweep", k, len(lengths))
@@ -73,6 +75,8 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
         work.reset()  # as a run from a saved state finds it: nothing to keep
         t0 = time.perf_counter()
         work.restore(states.pop(n), run[:n], cuts, n)
+        if engine.family == "hybrid":
+            work.set_recurrent(snaps[n], n)
         warm = _evaluate_and_generate(engine, run, n, (), _FIRST_TOKEN, 1, task, t0,
                                       time.perf_counter(), 1)
         cold = engine.cold.run(run, warm.starts, _FIRST_TOKEN, 1, task, "cold", 1)
