@@ -7,6 +7,7 @@ and mamba (recurrent). What these tests pin down is what ModelTraits.notes() tel
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -223,9 +224,10 @@ def test_restored_state_trimmed_to_a_shorter_prefix(arch_models, arch_name, pref
             assert d == 0.0
 
 
-def test_recurrent_state_is_restored_exactly_by_llama_cpp_but_refused_by_our_checks(arch_models):
+def test_recurrent_state_is_checked_as_such_and_restored_exactly(arch_models):
     """A recurrent sequence's state is one fixed-size record, not cells per token: our state
-    checks refuse it, while llama.cpp's own set_data restores it bit for bit."""
+    checks read it as a recurrent model's (issue 23), and the restore is bit for bit; a state
+    of another length is refused before it reaches llama.cpp."""
     with _engine(arch_models["mamba"]) as eng:
         toks = eng.model.tokenize(TEXT)[:48]
         cold = _cold(eng, toks, 40)
@@ -236,8 +238,7 @@ def test_recurrent_state_is_restored_exactly_by_llama_cpp_but_refused_by_our_che
         eng.evaluate(toks[40:44], 0, want_logits=False)
         assert len(eng.ctx.state_get(0)) == len(raw)  # the same size whatever the length
         eng.clear_all()
-        with pytest.raises(KvPrimerError):
-            eng.restore(state, 0)
-        assert eng.ctx.state_set(raw, 0)
-        eng.resident.set(0, toks[:40])  # what the raw state_set put back
+        with pytest.raises(KvPrimerError):  # its record stands at position 39, not 40
+            eng.restore(dataclasses.replace(state, tokens=tuple(toks[:41])), 0)
+        eng.restore(state, 0)
         assert _diff(eng.evaluate(toks[40:], 0), cold) == 0.0

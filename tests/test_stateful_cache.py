@@ -34,7 +34,7 @@ def stateful_model(request, tmp_path_factory):
 
 
 def _engine(path, **kw) -> Engine:
-    kw.setdefault("flash_attn", False)  # -fa auto on these models is another helper's
+    kw.setdefault("flash_attn", "off")  # -fa auto on these models is the kernels helper's
     return Engine(EngineConfig(model_path=str(path), n_ctx=1024, n_batch=32, n_threads=1, **kw))
 
 

@@ -78,14 +78,19 @@ class WorkContext:
         keep = shared_history(self.tokens, self.cuts, tokens, cuts, reuse)
         if self.stateful and keep == len(self.tokens) == reuse:
             return 0  # its recurrent state stands at reuse already
-        self.keep(keep)
-        if keep < reuse and self.family == "recurrent":  # no cells: only the bookkeeping
-            self.tokens.extend(tokens[keep:reuse])
-            self.cuts.extend(c for c in cuts if keep <= c < reuse)
-        elif keep < reuse:
-            self.append_cells(fetch(keep, reuse), tokens[keep:reuse], cuts)
-        if self.stateful and reuse:
-            self.set_recurrent(snapshot(), reuse)
+        try:
+            self.keep(keep)
+            if keep < reuse and self.family == "recurrent":  # no cells: only the bookkeeping
+                self.tokens.extend(tokens[keep:reuse])
+                self.cuts.extend(c for c in cuts if keep <= c < reuse)
+            elif keep < reuse:
+                self.append_cells(fetch(keep, reuse), tokens[keep:reuse], cuts)
+            if self.stateful and reuse:
+                self.set_recurrent(snapshot(), reuse)
+        except Exception:
+            if self.stateful:  # a stale recurrent state must not pass for the kept prefix's
+                self.reset()
+            raise
         return reuse - keep
 
     def restore(self, data: bytes, tokens: list[int], cuts: list[int], reuse: int) -> int:
