@@ -95,13 +95,13 @@ def test_traits_say_what_constrains_caching(arch_models, arch):
         elif not stateful:
             assert notes[0] == "warm runs: exact (cells copied or kept where a cold run puts them)"
         if stateful:
-            assert notes[0].startswith("caching prefixes: unavailable (")
+            assert notes[0].startswith("warm runs: exact in prefix and chain modes (")
         if arch == "gemma3":
             assert any("approximate once the prefix is longer than the 8-token window" in n
                        for n in notes)
             assert t.restore_exact_tokens == WINDOW
         elif stateful:
-            assert any(n.startswith("state files: refused (") for n in notes) and not t.can_trim
+            assert any(n.startswith("compose mode: refused (") for n in notes) and not t.can_trim
         else:
             assert "restore from a file or RAM snapshot: exact" in notes
         # the info JSON nests the traits, notes included

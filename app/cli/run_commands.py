@@ -93,6 +93,10 @@ def cmd_info(args) -> int:
             if isinstance(v, bool):  # before int: a bool is an int to Python
                 v = yes_no(v)
             print(f"{k:<{width}}  {v:,}" if isinstance(v, int) else f"{k:<{width}}  {v}")
+        # the layers and state sizes of a hybrid or recurrent model are in its notes
+        for k in ("layers", "attention_layers", "recurrent_layers", "attention_bytes_per_token",
+                  "recurrent_state_bytes"):
+            traits.pop(k, None)
         print("architecture traits: " + ", ".join(
             f"{k} {yes_no(v) if isinstance(v, bool) else v}" for k, v in traits.items()))
         print("for caching:")

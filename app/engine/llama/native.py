@@ -22,6 +22,7 @@ import llama_cpp as L
 
 from ..errors import ContextError, ModelError
 from .ggml_types import KV_TYPES
+from .layer_kinds import read_layer_kinds
 from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
 
 __all__ = ["ContextParams", "NativeContext", "NativeModel", "NativeSampler", "SEQ_STATE_VERSION",
@@ -70,6 +71,7 @@ class NativeModel:
         repacked weights): cpu_kernels.py says when, crash_probe.py checks it."""
         check_gpu_layers(n_gpu_layers)
         ensure_backend()
+        self.path = Path(path)
         params = L.llama_model_default_params()
         # -1 is "all layers" (llama-cpp-python's convention); llama.cpp caps a count at the layers
         params.n_gpu_layers = 1 << 30 if n_gpu_layers == -1 else n_gpu_layers
@@ -116,13 +118,17 @@ class NativeModel:
         n_embd = L.llama_model_n_embd(self.ptr)
         head_k = _int(self.meta(f"{arch}.attention.key_length")) or (n_embd // max(n_head, 1))
         head_v = _int(self.meta(f"{arch}.attention.value_length")) or head_k
+        # llama.cpp gives layer 0's KV heads: on a hybrid that may be a recurrent layer (0)
+        kinds = read_layer_kinds(self.path)
+        kv_heads = list(kinds.kv_heads) if kinds is not None else None
         return {
             "name": self.meta("general.name") or "",
             "architecture": arch,
             "description": desc.value.decode("utf-8", "replace"),
             "n_layer": L.llama_model_n_layer(self.ptr),
             "n_head": n_head,
-            "n_head_kv": L.llama_model_n_head_kv(self.ptr),
+            "n_head_kv": max(kv_heads or [L.llama_model_n_head_kv(self.ptr)]),
+            "kv_heads": kv_heads,  # of each attention layer; None: not known
             "n_embd": n_embd,
             "head_dim_k": head_k,
             "head_dim_v": head_v,
