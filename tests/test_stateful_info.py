@@ -11,9 +11,13 @@ import pytest
 
 from app.cli import main
 from app.engine import Engine, EngineConfig
+from app.engine.errors import ContextError
+from app.engine.llama import crash_probe
+from app.engine.llama.crash_probe import checked_cpu_kernels
 from app.engine.llama.layer_kinds import architecture_is_stateful, read_layer_kinds
 from app.engine.llama.recurrent_state import measure_state_sizes
-from tests.tiny_model import ARCHITECTURES, HYBRID_ARCHITECTURES, STATEFUL_ARCHITECTURES
+from tests.tiny_model import (ARCHITECTURES, HYBRID_ARCHITECTURES, STATEFUL_ARCHITECTURES,
+                              write_arch_model)
 
 LEGENDS = {"mamba": "no attention, 2 Mamba layers", "mamba2": "no attention, 2 Mamba 2 layers",
            "lfm2": "1 attention layer, 3 convolution layers",
@@ -107,3 +111,41 @@ def test_info_on_attention_models_is_as_before(arch_models, capsys, arch):
     code, out, _ = _cli(capsys, "info", "-m", str(arch_models[arch]), "-c", "512")
     assert code == 0 and "exact in prefix and chain modes" not in out and "layers:" not in out
     assert "restore from a file or RAM snapshot:" in out
+
+
+# ---- no llama.cpp return code as a message
+
+
+@pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
+def test_a_decode_behind_a_recurrent_state_says_why_not_a_code(arch_models, arch):
+    """A recurrent state cannot be cut back: evaluating again from an earlier position is
+    refused by llama.cpp (an invalid batch); the message says which sequence and why."""
+    with _engine(arch_models[arch]) as eng:
+        toks = eng.model.tokenize("the question is hello world")
+        eng.evaluate(toks[:6], 0, want_logits=False)
+        assert not eng.ctx.seq_rm(0, 3, -1)  # llama.cpp keeps the state as it was
+        with pytest.raises(ContextError) as err:
+            eng.ctx.decode([(toks[3], 3, (0,), True)])
+        msg = str(err.value)
+        assert msg == ("sequence 0 ends at position 5, so llama.cpp cannot evaluate tokens from "
+                       "position 3 in it (this model's recurrent state cannot be cut back)")
+
+
+def test_a_decode_behind_an_attention_sequence_says_to_trim_it(arch_models):
+    with _engine(arch_models["llama"]) as eng:
+        toks = eng.model.tokenize("the question is hello world")
+        eng.evaluate(toks[:6], 0, want_logits=False)
+        with pytest.raises(ContextError, match=r"ends at position 5, .* from position 2 in it; "
+                                               r"clear or trim the sequence first$"):
+            eng.ctx.decode([(toks[2], 2, (0,), True)])
+
+
+@pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
+def test_the_crash_check_passes_on_stateful_models(tmp_path, monkeypatch, arch):
+    """Quantized weights take the check in a child process: its test decode runs on hybrid and
+    recurrent models too (a failed one would show in `info` as 'no crash check')."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(crash_probe.CRASH_TEST_ENV, raising=False)
+    path = write_arch_model(tmp_path / f"{arch}-q8.gguf", arch, weight_type="q8_0")
+    k = checked_cpu_kernels(path)
+    assert "passed" in k.probe and not re.search(r"code -?\d|returned|failed", k.probe + k.reason)

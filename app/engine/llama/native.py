@@ -309,10 +309,35 @@ class NativeContext:
         b.n_tokens = n
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
-            if rc == 1:
-                raise ContextError("the KV cache is full: no free cells for this batch; raise "
-                                   "the context size or clear other sequences")
-            raise ContextError(f"llama_decode failed (code {rc})")
+            raise ContextError(self._decode_problem(rc, entries))
+
+    def _decode_problem(self, rc: int, entries) -> str:
+        """What a failed llama_decode means for the user, in one line (never its code)."""
+        if rc == 1:
+            return ("the KV cache is full: no free cells for this batch; raise the context size "
+                    "or clear other sequences")
+        if rc == 2:
+            return "the evaluation was stopped before the batch was done"
+        if rc == -1:  # an invalid batch; llama.cpp left the memory as it was, so ask it why
+            first: dict[int, int] = {}
+            for _tok, pos, seqs, _logits in entries:
+                for s in seqs:
+                    first.setdefault(s, pos)
+            for s, pos in first.items():
+                if not 0 <= s < self.params.n_seq_max:
+                    return (f"sequence {s} does not exist in this context (it has "
+                            f"{self.params.n_seq_max}); this is a bug in KV Primer")
+                last = L.llama_memory_seq_pos_max(self.mem, s)
+                if last >= 0 and pos != last + 1:
+                    stateful = L.llama_model_is_recurrent(self.model.ptr) or \
+                        L.llama_model_is_hybrid(self.model.ptr)
+                    return (f"sequence {s} ends at position {last}, so llama.cpp cannot evaluate "
+                            f"tokens from position {pos} in it" + (
+                                " (this model's recurrent state cannot be cut back)" if stateful
+                                else "; clear or trim the sequence first"))
+            return "llama.cpp refused the batch: a token, position or sequence in it is invalid"
+        return ("llama.cpp failed to evaluate the batch (out of memory or a compute error); try a "
+                "smaller batch or context size")
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits of batch entry i (-1 for the last one that asked for them)."""
