@@ -149,3 +149,41 @@ def test_the_crash_check_passes_on_stateful_models(tmp_path, monkeypatch, arch):
     path = write_arch_model(tmp_path / f"{arch}-q8.gguf", arch, weight_type="q8_0")
     k = checked_cpu_kernels(path)
     assert "passed" in k.probe and not re.search(r"code -?\d|returned|failed", k.probe + k.reason)
+
+
+# ---- compose refused before the model loads
+
+
+def _truncated_copy(src, dst):
+    """The header whole, the tensors cut: llama.cpp (and our own checks) would refuse to load it."""
+    data = src.read_bytes()
+    dst.write_bytes(data[:len(data) // 2])
+    return dst
+
+
+@pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_compose_is_refused_before_a_stateful_model_loads(arch_models, tmp_path, capsys, arch,
+                                                          command):
+    tpl = tmp_path / "t.tmpl"
+    tpl.write_text("you are a helpful assistant; answer the question\n<q>\n")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("q\nhello world\n")
+    model = _truncated_copy(arch_models[arch], tmp_path / f"{arch}-cut.gguf")
+    args = (["run", str(tpl), "--set", "q=hello", "--reuse", "compose"] if command == "run" else
+            ["bench", str(tpl), "--rows", str(rows), "--reuse", "prefix,compose"])
+    code, out, err = _cli(capsys, *args, "-m", str(model), "-fa", "on")
+    assert code != 0 and "truncated" not in err  # the file was never opened as a model
+    assert err.strip().splitlines() == [
+        f"kvprimer: error: compose mode cannot run on {model.name}: its recurrent layers "
+        f"({LEGENDS[arch]}) keep one state per sequence, which cannot be shifted into place "
+        "or composed from modules; use prefix or chain"]
+
+
+def test_compose_on_an_attention_model_is_not_refused_by_the_header(arch_models, tmp_path, capsys):
+    tpl = tmp_path / "t.tmpl"
+    tpl.write_text("you are a helpful assistant; answer the question\n<q>\n")
+    model = _truncated_copy(arch_models["llama"], tmp_path / "llama-cut.gguf")
+    code, _out, err = _cli(capsys, "run", str(tpl), "--set", "q=hello", "--reuse", "compose",
+                           "-m", str(model), "-fa", "on")
+    assert code != 0 and "truncated" in err and "compose" not in err
