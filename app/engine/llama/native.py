@@ -22,6 +22,7 @@ import llama_cpp as L
 
 from ..errors import ContextError, ModelError
 from .ggml_types import KV_TYPES
+from .layer_kinds import read_layer_kinds
 from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
 
 __all__ = ["ContextParams", "NativeContext", "NativeModel", "NativeSampler", "SEQ_STATE_VERSION",
@@ -70,6 +71,7 @@ class NativeModel:
         repacked weights): cpu_kernels.py says when, crash_probe.py checks it."""
         check_gpu_layers(n_gpu_layers)
         ensure_backend()
+        self.path = Path(path)
         params = L.llama_model_default_params()
         # -1 is "all layers" (llama-cpp-python's convention); llama.cpp caps a count at the layers
         params.n_gpu_layers = 1 << 30 if n_gpu_layers == -1 else n_gpu_layers
@@ -116,13 +118,17 @@ class NativeModel:
         n_embd = L.llama_model_n_embd(self.ptr)
         head_k = _int(self.meta(f"{arch}.attention.key_length")) or (n_embd // max(n_head, 1))
         head_v = _int(self.meta(f"{arch}.attention.value_length")) or head_k
+        # llama.cpp gives layer 0's KV heads: on a hybrid that may be a recurrent layer (0)
+        kinds = read_layer_kinds(self.path)
+        kv_heads = list(kinds.kv_heads) if kinds is not None else None
         return {
             "name": self.meta("general.name") or "",
             "architecture": arch,
             "description": desc.value.decode("utf-8", "replace"),
             "n_layer": L.llama_model_n_layer(self.ptr),
             "n_head": n_head,
-            "n_head_kv": L.llama_model_n_head_kv(self.ptr),
+            "n_head_kv": max(kv_heads or [L.llama_model_n_head_kv(self.ptr)]),
+            "kv_heads": kv_heads,  # of each attention layer; None: not known
             "n_embd": n_embd,
             "head_dim_k": head_k,
             "head_dim_v": head_v,
@@ -303,10 +309,35 @@ class NativeContext:
         b.n_tokens = n
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
-            if rc == 1:
-                raise ContextError("the KV cache is full: no free cells for this batch; raise "
-                                   "the context size or clear other sequences")
-            raise ContextError(f"llama_decode failed (code {rc})")
+            raise ContextError(self._decode_problem(rc, entries))
+
+    def _decode_problem(self, rc: int, entries) -> str:
+        """What a failed llama_decode means for the user, in one line (never its code)."""
+        if rc == 1:
+            return ("the KV cache is full: no free cells for this batch; raise the context size "
+                    "or clear other sequences")
+        if rc == 2:
+            return "the evaluation was stopped before the batch was done"
+        if rc == -1:  # an invalid batch; llama.cpp left the memory as it was, so ask it why
+            first: dict[int, int] = {}
+            for _tok, pos, seqs, _logits in entries:
+                for s in seqs:
+                    first.setdefault(s, pos)
+            for s, pos in first.items():
+                if not 0 <= s < self.params.n_seq_max:
+                    return (f"sequence {s} does not exist in this context (it has "
+                            f"{self.params.n_seq_max}); this is a bug in KV Primer")
+                last = L.llama_memory_seq_pos_max(self.mem, s)
+                if last >= 0 and pos != last + 1:
+                    stateful = L.llama_model_is_recurrent(self.model.ptr) or \
+                        L.llama_model_is_hybrid(self.model.ptr)
+                    return (f"sequence {s} ends at position {last}, so llama.cpp cannot evaluate "
+                            f"tokens from position {pos} in it" + (
+                                " (this model's recurrent state cannot be cut back)" if stateful
+                                else "; clear or trim the sequence first"))
+            return "llama.cpp refused the batch: a token, position or sequence in it is invalid"
+        return ("llama.cpp failed to evaluate the batch (out of memory or a compute error); try a "
+                "smaller batch or context size")
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits of batch entry i (-1 for the last one that asked for them)."""
