@@ -149,8 +149,10 @@ def test_caps_evict_and_promote_snapshots(stateful_model):
         assert all(n.rs is None and n.rs_file for n in nodes if n.has_rs)
         file_tier = next(t for t in eng.cache.tiers() if t.name == "file")
         assert file_tier.used_bytes >= sum(n.rs_bytes for n in nodes)
+        eng.work.reset()  # nothing to keep: cells and recurrent state come back from files
         again = run(eng, {"c1": A, "c2": B, "question": "how?"})
         assert again.reused_tokens > first.prefix_tokens and again.hit_tier == "file"
+        assert again.copied_tokens == again.reused_tokens
         assert again.verdict.equivalence == "bit-identical"
         assert_tree_consistent(eng)
         infos = eng.cache.nodes()
