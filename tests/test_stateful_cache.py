@@ -5,6 +5,7 @@ line. Every stateful tiny architecture in tests/tiny_model.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +148,10 @@ def test_caps_evict_and_promote_snapshots(stateful_model):
         nodes = list(eng.cache.tree)
         assert nodes and all(n.tier == "file" for n in nodes if n.has_rs)
         assert all(n.rs is None and n.rs_file for n in nodes if n.has_rs)
+        for n in nodes:  # a node's cells come without a recurrent record: it is kept apart
+            if n.tier == "file":
+                cells = Path(n.file).stat().st_size
+                assert cells <= (n.depth - n.ram_start) * (eng.info.kv_bytes_per_token + 12) + 1024
         file_tier = next(t for t in eng.cache.tiers() if t.name == "file")
         assert file_tier.used_bytes >= sum(n.rs_bytes for n in nodes)
         eng.work.reset()  # nothing to keep: cells and recurrent state come back from files

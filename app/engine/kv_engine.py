@@ -370,6 +370,6 @@ class Engine:
         """Prime the template's static prefix into the radix cache and return its state (to
         save to a file)."""
         node = self.prime_node(template, task)
-        # (a stateful model's node sequence holds its recurrent state too: cache_tiers.py)
+        # a stateful model's node sequence holds its recurrent state too (cache_tiers.py)
         return self.snapshot(node.seq, template, template.static_prefix)
 

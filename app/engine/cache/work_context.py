@@ -93,10 +93,12 @@ class WorkContext:
             raise
         return reuse - keep
 
-    def restore(self, data: bytes, tokens: list[int], cuts: list[int], reuse: int) -> int:
+    def restore(self, data: bytes, tokens: list[int], cuts: list[int], reuse: int,
+                recurrent: bytes | None = None) -> int:
         """Hold ``tokens[:reuse]`` from a saved state (cells of positions 0..n-1), unless this
         context already shares that much of its history; returns the tokens restored. (A
-        stateful model's state stands at its end: ``reuse`` must be all of it.)"""
+        stateful model's state stands at its end: ``reuse`` must be all of it; ``recurrent``:
+        its recurrent part, when ``data`` holds the cells only.)"""
         if self.stateful and reuse != len(tokens):
             if reuse:
                 raise ValueError("a recurrent state is reused whole or not at all")
@@ -110,6 +112,8 @@ class WorkContext:
         ctx = self.ctx
         # a hybrid's range starts at its recurrent record: only the end is the same
         ok = ctx.state_set(in_position_order(data), SEQ)
+        if ok and recurrent is not None:
+            ok = ctx.state_set(recurrent, SEQ, partial=True)
         lo, hi = ctx.pos_range(SEQ)
         if not ok or hi != len(tokens) - 1 or (lo != 0 and not self.stateful):
             self.reset()

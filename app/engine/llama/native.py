@@ -98,6 +98,9 @@ class NativeModel:
         self.ptr = ptr
         self.vocab = L.llama_model_get_vocab(ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        # what a sequence's state holds: cells per token, and/or one recurrent state
+        self.family = ("recurrent" if L.llama_model_is_recurrent(ptr) else
+                       "hybrid" if L.llama_model_is_hybrid(ptr) else "attention")
         self._special: list[tuple[str, int]] | None = None
 
     def close(self) -> None:
@@ -285,6 +288,7 @@ class NativeContext:
                                "(an embedding or encoder-only model?); load a text generation model")
         self.batch = L.llama_batch_init(n_batch, 0, params.n_seq_max)
         self._batch_cap = n_batch
+        self._empty_recurrent: bytes | None = None  # see cells_state
 
     def close(self) -> None:
         if self.ptr:
@@ -329,8 +333,7 @@ class NativeContext:
                             f"{self.params.n_seq_max}); this is a bug in KV Primer")
                 last = L.llama_memory_seq_pos_max(self.mem, s)
                 if last >= 0 and pos != last + 1:
-                    stateful = L.llama_model_is_recurrent(self.model.ptr) or \
-                        L.llama_model_is_hybrid(self.model.ptr)
+                    stateful = self.model.family != "attention"
                     return (f"sequence {s} ends at position {last}, so llama.cpp cannot evaluate "
                             f"tokens from position {pos} in it" + (
                                 " (this model's recurrent state cannot be cut back)" if stateful
@@ -387,15 +390,23 @@ class NativeContext:
 
     def cells_state(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
         """A state of only the cells of ``seq`` at positions p0..p1-1, in position order
-        (copied through sequence ``scratch``, which is left empty)."""
-        from ..files.seq_payload import in_position_order
+        (copied through sequence ``scratch``, which is left empty). On a hybrid or recurrent
+        model it carries an empty recurrent record: the sequence's own stands at its end,
+        not at p1, and would only take room (the cache keeps the one at p1 apart)."""
+        from ..files.seq_payload import in_position_order, without_recurrent
 
         self.seq_rm(scratch)
+        if self.model.family != "attention" and self._empty_recurrent is None:
+            # what llama.cpp writes for a sequence without a recurrent state: its layout
+            self._empty_recurrent = self.state_get(scratch, partial=True)
         self.seq_cp(seq, scratch, p0, p1)
         try:
-            return in_position_order(self.state_get(scratch))
+            data = in_position_order(self.state_get(scratch))
         finally:
             self.seq_rm(scratch)
+        if self.model.family == "attention":
+            return data
+        return without_recurrent(data, self._empty_recurrent, self.model.family)
 
     def state_set(self, data: bytes, seq: int, partial: bool = False) -> bool:
         """Put a state into ``seq``; ``partial``: a recurrent part only (``state_get(partial=

@@ -64,9 +64,8 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     work.reset()
     plan = batch_starts(0, p, n_batch, lengths)
     work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False, snap_at=lengths)
-    # a hybrid's cells, then its recurrent state at n; a recurrent model's state is that alone
-    snaps = dict(work.snapshots)
-    states = {n: snaps[n] if engine.family == "recurrent" else work.cells(0, n) for n in lengths}
+    # the cells, and on a hybrid or recurrent model the recurrent state at n (kept apart)
+    states = {n: (work.cells(0, n), work.snapshots.get(n)) for n in lengths}
     points = []
     for k, n in enumerate(lengths):
         task.report("sweep", k, len(lengths))
@@ -74,9 +73,8 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
         cuts = [c for c in plan if c < n]
         work.reset()  # as a run from a saved state finds it: nothing to keep
         t0 = time.perf_counter()
-        work.restore(states.pop(n), run[:n], cuts, n)
-        if engine.family == "hybrid":
-            work.set_recurrent(snaps[n], n)
+        cells, recurrent = states.pop(n)
+        work.restore(cells, run[:n], cuts, n, recurrent)
         warm = _evaluate_and_generate(engine, run, n, (), _FIRST_TOKEN, 1, task, t0,
                                       time.perf_counter(), 1)
         cold = engine.cold.run(run, warm.starts, _FIRST_TOKEN, 1, task, "cold", 1)
