@@ -12,6 +12,7 @@ import pytest
 from app.cli import main
 from app.engine import (CacheLimits, Engine, EngineConfig, GenerationConfig, KvPrimerError,
                         StateFileError, Template, run_prompt)
+from app.engine.cache.cell_compaction import relayout
 from app.engine.cache.work_context import SEQ
 from app.engine.files.prefix_state import PrefixState
 from tests.cache_checks import assert_tree_consistent
@@ -162,6 +163,24 @@ def test_caps_evict_and_promote_snapshots(stateful_model):
         assert_tree_consistent(eng)
         infos = eng.cache.nodes()
         assert any(i.recurrent_bytes > 0 for i in infos)
+
+
+def test_compaction_puts_each_nodes_recurrent_state_back(stateful_model, tmp_path):
+    """Compaction lays resident nodes out again from their cells, which come without a
+    recurrent state: a state saved from a node afterwards still carries its own."""
+    with _engine(stateful_model) as eng:
+        run(eng, {"c1": A, "c2": B, "question": "why?"})
+        run(eng, {"c1": A, "c2": C, "question": "how?"})
+        c1 = next(n for n in eng.cache.nodes() if n.label.startswith("<c1>"))
+        eng.cache.evict(c1.id)  # its cells go to the holding sequence
+        relayout(eng.cache.placement)  # (a recurrent model holds no cells: compact() skips it)
+        state = eng.prime(TPL)  # the static prefix's sequence, as laid out again
+        cold = run(eng, {"c1": C, "c2": A, "question": "who?"})
+        eng.clear_cache()
+        rep = run(eng, {"c1": C, "c2": A, "question": "who?"}, state=state, reuse="prefix")
+        assert rep.reused_tokens == state.n_tokens
+        assert rep.verdict.equivalence == "bit-identical" and rep.warm.tokens == cold.warm.tokens
+        assert_tree_consistent(eng)
 
 
 def test_compose_and_forked_runs_are_refused_in_one_line(stateful_model):

@@ -79,7 +79,6 @@ class Engine:
         self._kv_listeners: list = []
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
-        self.ctx.family = self.family
         self.cold = ColdReference(self)
         # the run's sequence, staging
         self.work = WorkContext(self.model, self.context_params(2), self.family)

@@ -159,7 +159,6 @@ class TrackedContext(NativeContext):
         self.mirror = CellMirror(_cache_size(self))
         self.log = KvDebugLog()
         self._unchecked = None
-        self.family = "attention"  # or "hybrid", "recurrent": the engine says so
         self.on_change = None  # called after every operation (the engine publishes views)
         if not debug_log:
             self.mirror.distrust("the KV debug log is off")
@@ -237,9 +236,9 @@ class TrackedContext(NativeContext):
             rec = self._take_record()
             # a hybrid's range is its recurrent record's too: read the cells' own positions
             span = None
-            if self.family == "recurrent":
+            if self.model.family == "recurrent":
                 span = (-1, -1)
-            elif self.family == "hybrid":
+            elif self.model.family == "hybrid":
                 span = attention_span(data)
             lo, hi = span if span is not None else self.pos_range(seq)
             # our states hold positions lo..hi, one cell each, placed contiguously
