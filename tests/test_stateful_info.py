@@ -187,3 +187,18 @@ def test_compose_on_an_attention_model_is_not_refused_by_the_header(arch_models,
     code, _out, err = _cli(capsys, "run", str(tpl), "--set", "q=hello", "--reuse", "compose",
                            "-m", str(model), "-fa", "on")
     assert code != 0 and "truncated" in err and "compose" not in err
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "mamba2"])
+def test_the_sweep_on_a_stateful_model_runs_or_says_why_in_words(arch_models, arch):
+    from app.engine import Template
+    from app.engine.errors import KvPrimerError
+    from app.engine.runs.prefix_sweep import prefix_sweep
+
+    tpl = Template.parse("you are a helpful assistant of the world and the answer is hello " * 4
+                         + "<q>")
+    with _engine(arch_models[arch]) as eng:
+        try:
+            assert prefix_sweep(eng, tpl, {"q": "hello world"})
+        except KvPrimerError as e:  # one line in words, never llama.cpp's return code
+            assert "\n" not in str(e) and not re.search(r"code -?\d", str(e))
