@@ -4,6 +4,7 @@ which layers are which. Engine, `kvprimer kv --json` and the KV Cache dock."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from PySide6.QtGui import QColor
@@ -57,6 +58,21 @@ def test_attention_models_have_no_recurrent_slots(arch_models):
         view = eng.kv_view()
         assert view.recurrent == () and not view.stateful
         assert set(view.as_dict()) == {"n_cells", "used_cells", "source", "sequences"}
+
+
+@pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
+@pytest.mark.parametrize("fa", ["on", "off"])
+def test_kv_on_a_stateful_model_never_answers_with_a_code(arch_models, tmp_path, capsys, arch, fa):
+    tpl = tmp_path / "t.tmpl"
+    tpl.write_text("you are a helpful assistant; answer the question\n<q>\n")
+    code = main(["kv", str(tpl), "-m", str(arch_models[arch]), "-fa", fa, "-c", "512",
+                 "--fork", "1"])
+    out, err = capsys.readouterr()
+    assert not re.search(r"code -?\d", out + err)
+    if code == 0:  # (priming them needs the radix cache's recurrent snapshots)
+        assert f"layers: {LEGENDS[arch]}" in out and "seq 0: recurrent state at position" in out
+    else:
+        assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.skipif(not hasattr(Engine, "refuse_stateful"),
