@@ -15,7 +15,7 @@ from app.engine.errors import ContextError
 from app.engine.llama import crash_probe
 from app.engine.llama.crash_probe import checked_cpu_kernels
 from app.engine.llama.layer_kinds import architecture_is_stateful, read_layer_kinds
-from app.engine.llama.recurrent_state import measure_state_sizes
+from app.engine.llama.recurrent_state import measure_recurrent_bytes
 from tests.tiny_model import (ARCHITECTURES, HYBRID_ARCHITECTURES, STATEFUL_ARCHITECTURES,
                               write_arch_model)
 
@@ -53,18 +53,22 @@ def test_kv_bytes_per_token_count_attention_layers_only(arch_models, arch, fa, t
     with Engine(EngineConfig(model_path=str(arch_models[arch]), n_ctx=512, n_batch=32,
                              n_threads=1, flash_attn=fa, type_k=type_kv, type_v=type_kv,
                              kv_debug_log=False)) as eng:
-        sizes = measure_state_sizes(eng.model, eng.ctx.params)
+        toks = eng.model.tokenize("hello world")
+        eng.evaluate(toks[:1], 0, want_logits=False)
+        one = L.llama_state_seq_get_size(eng.ctx.ptr, 0)
+        eng.evaluate(toks[1:2], 0, want_logits=False)
+        grown = L.llama_state_seq_get_size(eng.ctx.ptr, 0) - one
         per_token = eng.info.kv_bytes_per_token
         if arch in ("mamba", "mamba2"):
-            assert per_token == sizes.attention_bytes_per_token == 0
+            assert per_token == grown == 0
         else:
             caches = 2 if arch == "gemma3" else 1  # its sliding-window layers have their own
-            assert per_token > 0
-            assert sizes.attention_bytes_per_token == per_token + caches * CELL_RECORD
+            assert per_token > 0 and grown == per_token + caches * CELL_RECORD
         t = eng.info.traits
         if arch in STATEFUL_ARCHITECTURES:
             assert t.attention_bytes_per_token == per_token
-            assert t.recurrent_state_bytes == sizes.recurrent_bytes > 1000
+            assert t.recurrent_state_bytes == measure_recurrent_bytes(eng.model, eng.ctx.params) \
+                == L.llama_state_seq_get_size_ext(eng.ctx.ptr, 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) > 1000
 
 
 def test_recurrent_state_is_the_same_size_at_any_length(arch_models):
@@ -187,3 +191,18 @@ def test_compose_on_an_attention_model_is_not_refused_by_the_header(arch_models,
     code, _out, err = _cli(capsys, "run", str(tpl), "--set", "q=hello", "--reuse", "compose",
                            "-m", str(model), "-fa", "on")
     assert code != 0 and "truncated" in err and "compose" not in err
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "mamba2"])
+def test_the_sweep_on_a_stateful_model_runs_or_says_why_in_words(arch_models, arch):
+    from app.engine import Template
+    from app.engine.errors import KvPrimerError
+    from app.engine.runs.prefix_sweep import prefix_sweep
+
+    tpl = Template.parse("you are a helpful assistant of the world and the answer is hello " * 4
+                         + "<q>")
+    with _engine(arch_models[arch]) as eng:
+        try:
+            assert prefix_sweep(eng, tpl, {"q": "hello world"})
+        except KvPrimerError as e:  # one line in words, never llama.cpp's return code
+            assert "\n" not in str(e) and not re.search(r"code -?\d", str(e))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
@@ -21,10 +22,11 @@ from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFile
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
-from .kv.kv_view import KvCacheView, build_view
+from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
+from .llama.recurrent_state import recurrent_bytes
 from .files.prefix_state import PrefixState
 from .cache.cache_parts import CacheParts
 from .cache.radix_cache import RadixCache
@@ -236,9 +238,13 @@ class Engine:
     def kv_view(self) -> KvCacheView:
         """Every cell's position and owners, and a summary per sequence (see kv_view.py)."""
         self.ctx.verify()
+        t = self.info.traits
+        recurrent = RecurrentLayers(t.layers or "recurrent layers", not t.recurrent,
+                                    partial(recurrent_bytes, self.ctx)) \
+            if t.recurrent or t.hybrid else None
         return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
                           self.info.kv_bytes_per_token,
-                          self.resident.counts())
+                          self.resident.counts(), recurrent)
 
     def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
         """Call ``fn(view)`` on this (the engine's) thread after KV changes, at most every

@@ -12,6 +12,7 @@ feed-forward-only layers (0 KV heads and a feed-forward length): neither kind.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -67,6 +68,16 @@ def architecture_is_stateful(arch: str) -> bool:
 
 def read_layer_kinds(path: str | os.PathLike) -> LayerKinds | None:
     """The layer kinds of the model file at ``path``; None if its header cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    # a real model's header holds its whole vocabulary: ~25 ms a walk, so once per file
+    return _read_layer_kinds(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_layer_kinds(path: str, _size: int, _mtime_ns: int) -> LayerKinds | None:
     arch = _mf.read_header_values(path, ["general.architecture"]).get("general.architecture")
     if not isinstance(arch, str):
         return None

@@ -31,7 +31,7 @@ import llama_cpp as L
 from . import model_files as _mf
 from .ggml_types import kv_bytes_per_token
 from .layer_kinds import read_layer_kinds
-from .recurrent_state import measure_state_sizes
+from .recurrent_state import measure_recurrent_bytes
 
 # llama.cpp's own swa_type is not in its C API: the architectures whose windows are chunks
 # (a token sees its own chunk only) or symmetric (encoders) are named here; others slide.
@@ -158,7 +158,7 @@ def with_context(traits: ModelTraits, ctx) -> ModelTraits:
         # is that plus the cell's position and sequence: tests/test_model_arches.py)
         per_token = kv_bytes_per_token(ctx.model.facts(), ctx.params.type_k, ctx.params.type_v)
         traits = replace(traits, attention_bytes_per_token=per_token,
-                         recurrent_state_bytes=measure_state_sizes(ctx.model, ctx.params).recurrent_bytes)
+                         recurrent_state_bytes=measure_recurrent_bytes(ctx.model, ctx.params))
     return traits
 
 

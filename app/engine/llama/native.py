@@ -1,4 +1,5 @@
-"""llama.cpp's model, context and sampler, through llama-cpp-python's ctypes bindings.
+"""llama.cpp's model and context, through llama-cpp-python's ctypes bindings (the sampler is in
+sampler.py, a failed decode's meaning in decode_problem.py; both are reached from here).
 
 With llama_backend.py (process-wide set-up and logging) this is where the engine calls
 llama.cpp; model_traits.py and llama_state_file.py read a few facts and files directly.
@@ -22,8 +23,10 @@ import llama_cpp as L
 
 from ..errors import ContextError, ModelError
 from .ggml_types import KV_TYPES
+from .decode_problem import decode_problem
 from .layer_kinds import read_layer_kinds
 from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
+from .sampler import NativeSampler
 
 __all__ = ["ContextParams", "NativeContext", "NativeModel", "NativeSampler", "SEQ_STATE_VERSION",
            "add_log_listener", "check_gpu_layers", "ensure_backend", "last_problem",
@@ -313,34 +316,7 @@ class NativeContext:
         b.n_tokens = n
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
-            raise ContextError(self._decode_problem(rc, entries))
-
-    def _decode_problem(self, rc: int, entries) -> str:
-        """What a failed llama_decode means for the user, in one line (never its code)."""
-        if rc == 1:
-            return ("the KV cache is full: no free cells for this batch; raise the context size "
-                    "or clear other sequences")
-        if rc == 2:
-            return "the evaluation was stopped before the batch was done"
-        if rc == -1:  # an invalid batch; llama.cpp left the memory as it was, so ask it why
-            first: dict[int, int] = {}
-            for _tok, pos, seqs, _logits in entries:
-                for s in seqs:
-                    first.setdefault(s, pos)
-            for s, pos in first.items():
-                if not 0 <= s < self.params.n_seq_max:
-                    return (f"sequence {s} does not exist in this context (it has "
-                            f"{self.params.n_seq_max}); this is a bug in KV Primer")
-                last = L.llama_memory_seq_pos_max(self.mem, s)
-                if last >= 0 and pos != last + 1:
-                    stateful = self.model.family != "attention"
-                    return (f"sequence {s} ends at position {last}, so llama.cpp cannot evaluate "
-                            f"tokens from position {pos} in it" + (
-                                " (this model's recurrent state cannot be cut back)" if stateful
-                                else "; clear or trim the sequence first"))
-            return "llama.cpp refused the batch: a token, position or sequence in it is invalid"
-        return ("llama.cpp failed to evaluate the batch (out of memory or a compute error); try a "
-                "smaller batch or context size")
+            raise ContextError(decode_problem(self, rc, entries))
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits of batch entry i (-1 for the last one that asked for them)."""
@@ -416,33 +392,3 @@ class NativeContext:
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
         n = L.llama_state_seq_set_data_ext(self.ptr, _bytes_ptr(data), len(data), seq, flags)
         return n == len(data) and n > 0
-
-
-class NativeSampler:
-    """llama.cpp's sampler chain: greedy, or top-p then temperature then a seeded draw."""
-
-    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
-        self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if not self.ptr:  # pragma: no cover
-            raise ContextError("llama.cpp could not create a sampler")
-        if temperature <= 0:
-            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_greedy())
-        else:
-            if top_p < 1.0:
-                L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_top_p(top_p, 1))
-            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_temp(temperature))
-            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, ctx: NativeContext, i: int = -1) -> int:
-        return int(L.llama_sampler_sample(self.ptr, ctx.ptr, i))
-
-    def close(self) -> None:
-        if self.ptr:
-            L.llama_sampler_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "NativeSampler":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

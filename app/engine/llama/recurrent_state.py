@@ -7,7 +7,7 @@ recurrent part alone; llama.cpp counts without copying, so the KV view asks on e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import llama_cpp as L
 
@@ -20,27 +20,15 @@ def recurrent_bytes(ctx, seq: int) -> int:
     return int(L.llama_state_seq_get_size_ext(ctx.ptr, seq, PARTIAL_ONLY))
 
 
-@dataclass(frozen=True)
-class StateSizes:
-    attention_bytes_per_token: int  # the cells one more token adds to a sequence's state
-    recurrent_bytes: int  # one sequence's recurrent state, whatever its length
-
-
-def measure_state_sizes(model, params) -> StateSizes:
-    """Evaluate one token and then a second in a small context of its own (the engine's
-    context stays untouched) with ``params``' KV types and kernel, and measure what llama.cpp
-    would save of the sequence."""
+def measure_recurrent_bytes(model, params) -> int:
+    """One sequence's recurrent state in bytes, measured: one token evaluated in a small
+    context of its own (the engine's stays untouched) with ``params``' types and kernel."""
     from .native import NativeContext
 
     ctx = NativeContext(model, replace(params, n_ctx=256, n_batch=1, n_ubatch=0, n_seq_max=1))
     try:
         token = model.bos()
-        token = 0 if token is None or token < 0 else token
-        ctx.decode([(token, 0, (0,), True)])
-        one = int(L.llama_state_seq_get_size_ext(ctx.ptr, 0, 0))
-        recurrent = recurrent_bytes(ctx, 0)
-        ctx.decode([(token, 1, (0,), True)])
-        two = int(L.llama_state_seq_get_size_ext(ctx.ptr, 0, 0))
+        ctx.decode([(0 if token is None or token < 0 else token, 0, (0,), True)])
+        return recurrent_bytes(ctx, 0)
     finally:
         ctx.close()
-    return StateSizes(two - one, recurrent)
