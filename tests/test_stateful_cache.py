@@ -4,6 +4,7 @@ for bit; saved states carry it; caps move it between tiers; what cannot work is 
 line. Every stateful tiny architecture in tests/tiny_model.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -122,7 +123,16 @@ def test_a_saved_state_round_trips_and_another_family_is_refused(stateful_model,
         from app.engine.files.llama_state_file import read_any_state, save_state
 
         save_state(state, tmp_path / "p.bin", "llama")
-        eng.check_state(read_any_state(tmp_path / "p.bin"))
+        theirs = read_any_state(tmp_path / "p.bin")
+        eng.clear_cache()
+        rep = run(eng, {"c1": A, "c2": B, "question": "why?"}, state=theirs, reuse="prefix")
+        assert rep.reused_tokens == state.n_tokens
+        assert rep.verdict.equivalence == "bit-identical"
+        # a state whose recurrent record is cut off is refused before llama.cpp sees it
+        cut = dataclasses.replace(state, data=state.data[:len(state.data) - 64])
+        with pytest.raises(StateFileError) as e:
+            eng.check_state(cut)
+        assert "\n" not in str(e.value)
         family = eng.family
     with _engine(tiny_model) as other:  # an attention-only model
         foreign = PrefixState(tokens=state.tokens, data=state.data,

@@ -284,7 +284,9 @@ class Engine:
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         # a state of another family (attention only, hybrid, recurrent) is refused by its layout
-        state.check_payload(self.info.n_vocab, self.family)
+        # (a recurrent record's size is fixed per model: the partial state less its header)
+        state.check_payload(self.info.n_vocab, self.family,
+                            max(self.info.traits.recurrent_state_bytes - 8, 0))
         if state.origin == "llama.cpp" and not self.stateful:  # no identity: rows must fit
             # (a hybrid's attention layers are a subset: llama.cpp checks those rows itself)
             check_rows_fit(state, self.info.n_layer, self.info.kv_bytes_per_token)

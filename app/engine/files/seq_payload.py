@@ -79,9 +79,10 @@ _FAMILY_WORDS = {"attention": "a model with attention layers only",
 
 
 def check_seq_payload(data: bytes, n_tokens: int, type_ids: tuple[int, int] | None = None,
-                      family: str = "attention") -> None:
+                      family: str = "attention", recurrent_bytes: int = 0) -> None:
     """Raise StateFileError unless ``data`` is a well-formed state of exactly ``n_tokens`` cells
-    (and, for a hybrid or recurrent ``family``, one recurrent record at position n_tokens - 1).
+    (and, for a hybrid or recurrent ``family``, one recurrent record at position n_tokens - 1,
+    of ``recurrent_bytes`` when known: a record's size is fixed per model).
 
     ``type_ids``: the ggml type ids of K and V the state claims (its metadata); every layer's
     rows must be of those types.
@@ -92,7 +93,7 @@ def check_seq_payload(data: bytes, n_tokens: int, type_ids: tuple[int, int] | No
                              f"model is {_FAMILY_WORDS[family]}; load the model it was saved "
                              "with or prime the prefix again")
     try:
-        _walk(data, n_tokens, type_ids, family)
+        _walk(data, n_tokens, type_ids, family, recurrent_bytes)
     except _Bad as e:
         raise StateFileError(f"this state's KV data is malformed ({e}); it was rejected before "
                              "reaching llama.cpp; prime the prefix again") from None
@@ -130,7 +131,8 @@ def _looks_recurrent(r: _Reader, n_tokens: int) -> bool:
     return head == (1, n_tokens - 1, 0)
 
 
-def _walk(data: bytes, n_tokens: int, type_ids, family: str = "attention") -> None:
+def _walk(data: bytes, n_tokens: int, type_ids, family: str = "attention",
+          recurrent_bytes: int = 0) -> None:
     r = _Reader(data)
     if r.u32("magic") != IO_MAGIC:
         raise _Bad("wrong magic")
@@ -138,6 +140,9 @@ def _walk(data: bytes, n_tokens: int, type_ids, family: str = "attention") -> No
     if family != "attention":
         if family == "hybrid":
             _block(r, n_tokens, type_ids, first=True)
+        if recurrent_bytes and len(data) - r.off != recurrent_bytes:
+            raise _Bad(f"a recurrent state of {len(data) - r.off:,} bytes where this model's has "
+                       f"{recurrent_bytes:,}")
         _recurrent_block(r, n_tokens)
         return
     block = 0
