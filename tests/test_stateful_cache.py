@@ -235,3 +235,18 @@ def test_cli_bench_prefix_and_chain_is_exact_on_every_row(stateful_model, tmp_pa
     assert chain[2]["reused_tokens"] > chain[2]["prefix_tokens"]
     assert chain[4]["reused_tokens"] > chain[2]["reused_tokens"]
 
+
+
+def test_cli_prime_then_run_from_the_saved_state(stateful_model, tmp_path, capsys):
+    t = tmp_path / "t.tmpl"
+    t.write_text(TPL.source)
+    m = ["-m", str(stateful_model), "-fa", "off", "-c", "1024", "-b", "32"]
+    st = str(tmp_path / "p.kvstate")
+    assert main(["prime", str(t), *m, "-o", st]) == 0
+    out = capsys.readouterr().out
+    assert "recurrent state" in out and "ratio" in out  # no cells per token is no division by 0
+    assert main(["run", str(t), *m, "--state", st, "--set", f"c1={A}", "--set", f"c2={B}",
+                 "--set", "question=why?", "-n", "3", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["verdict"]["equivalence"] == "bit-identical"
+    assert rep["reused_tokens"] == rep["prefix_tokens"]
