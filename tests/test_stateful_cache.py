@@ -250,3 +250,18 @@ def test_cli_prime_then_run_from_the_saved_state(stateful_model, tmp_path, capsy
     rep = json.loads(capsys.readouterr().out)
     assert rep["verdict"]["equivalence"] == "bit-identical"
     assert rep["reused_tokens"] == rep["prefix_tokens"]
+
+
+def test_cli_cache_lists_each_nodes_recurrent_state(stateful_model, tmp_path, capsys):
+    t = tmp_path / "t.tmpl"
+    t.write_text(TPL.source)
+    rows = tmp_path / "rows.csv"
+    rows.write_text("c1,c2,question\n" + "".join(f"{a},{b},{q}\n" for a, b, q in ROWS[:3]))
+    m = ["-m", str(stateful_model), "-fa", "off", "-c", "1024", "-b", "32", "-n", "2"]
+    assert main(["cache", str(t), "--rows", str(rows), *m]) == 0
+    words = capsys.readouterr().out
+    assert "rec. KiB" in words
+    assert main(["cache", str(t), "--rows", str(rows), *m, "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    prefix = next(n for n in nodes if n["label"] == "static prefix")
+    assert prefix["recurrent_bytes"] > 0 and prefix["nbytes"] >= prefix["recurrent_bytes"]
