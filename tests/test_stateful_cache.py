@@ -94,16 +94,33 @@ def test_without_the_recurrent_snapshot_the_warm_run_differs(stateful_model, mon
         assert rep.verdict.equivalence != "bit-identical"
 
 
-def test_work_context_keeps_exactly_a_prefix_and_never_cuts_a_recurrent_state(stateful_model):
+def test_work_context_keeps_exactly_a_prefix_and_never_cuts_a_recurrent_state(stateful_model,
+                                                                             monkeypatch):
+    from app.engine.cache.work_context import WorkContext
+
+    puts = []
+    real = WorkContext.set_recurrent
+    monkeypatch.setattr(WorkContext, "set_recurrent",
+                        lambda self, data, depth: (puts.append(depth), real(self, data, depth)))
+    cuts = []
     with _engine(stateful_model) as eng:
-        run(eng, {"c1": A, "c2": B, "question": "why?"})
         work = eng.work
+        eng.prime_node(TPL)  # the work context now holds exactly the static prefix
+        p = len(work.tokens)
+        rm = work.ctx.seq_rm
+        monkeypatch.setattr(work.ctx, "seq_rm",
+                            lambda seq, p0=-1, p1=-1: (cuts.append((seq, p0)), rm(seq, p0, p1))[1])
+        first = run(eng, {"c1": A, "c2": B, "question": "why?"}, reuse="prefix")
+        assert first.reused_tokens == p and first.copied_tokens == 0
+        assert puts == []  # kept as it was: its recurrent state stands at p already
         held = len(work.tokens)
-        lo, hi = work.ctx.pos_range(SEQ)
-        assert hi == held - 1
-        # a partial seq_rm is refused by llama.cpp and the work context never asks for one
-        assert not work.ctx.seq_rm(SEQ, 3, -1)
-        assert work.ctx.pos_range(SEQ)[1] == held - 1
+        assert held > p and work.ctx.pos_range(SEQ)[1] == held - 1
+        second = run(eng, {"c1": C, "c2": B, "question": "how?"}, reuse="prefix")
+        assert puts == [p] and second.copied_tokens == 0  # cells kept, recurrent state put back
+        assert second.verdict.equivalence == "bit-identical"
+        # never a cut inside a sequence: only whole sequences are removed (p0 -1)
+        assert cuts and all(p0 == -1 for _seq, p0 in cuts)
+        assert not rm(SEQ, 3, -1)  # which llama.cpp would refuse anyway
 
 
 def test_a_saved_state_round_trips_and_another_family_is_refused(stateful_model, tiny_model,
