@@ -28,7 +28,8 @@ HYBRID_ARCHS = frozenset({
 _KIND = {"lfm2": "convolution", "lfm2moe": "convolution", "mamba": "Mamba", "jamba": "Mamba",
          "falcon-h1": "Mamba 2", "mamba2": "Mamba 2", "granitehybrid": "Mamba 2",
          "nemotron_h": "Mamba 2", "nemotron_h_moe": "Mamba 2", "plamo2": "Mamba",
-         "rwkv6": "RWKV", "rwkv6qwen2": "RWKV", "rwkv7": "RWKV", "arwkv7": "RWKV"}
+         "rwkv6": "RWKV", "rwkv6qwen2": "RWKV", "rwkv7": "RWKV", "arwkv7": "RWKV",
+         "qwen3next": "Gated DeltaNet", "qwen35": "Gated DeltaNet", "qwen35moe": "Gated DeltaNet"}
 # architectures whose recurrent layers are all but every full_attention_interval-th (default 4)
 _INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
 
