@@ -14,7 +14,7 @@ from app.engine import Engine, EngineConfig
 from app.engine.errors import ContextError
 from app.engine.llama import crash_probe
 from app.engine.llama.crash_probe import checked_cpu_kernels
-from app.engine.llama.layer_kinds import architecture_is_stateful, read_layer_kinds
+from app.engine.llama.layer_kinds import LayerKinds, architecture_is_stateful, read_layer_kinds
 from app.engine.llama.recurrent_state import measure_recurrent_bytes
 from tests.tiny_model import (ARCHITECTURES, HYBRID_ARCHITECTURES, MORE_STATEFUL_ARCHITECTURES,
                               STATEFUL_ARCHITECTURES, write_arch_model)
@@ -64,6 +64,14 @@ def test_layer_kinds_from_the_header_agree_with_llama_cpp(models, arch):
         assert kinds.n_layer == L.llama_model_n_layer(eng.model.ptr)
         assert bool(L.llama_model_is_hybrid(eng.model.ptr)) == (arch in HYBRID)
         assert eng.info.traits.layers == (LEGENDS[arch] if kinds.stateful else "")
+
+
+def test_legends_of_layouts_the_tiny_models_lack():
+    assert LayerKinds("falcon-h1", 24, 24, 24, "Mamba 2").legend() == \
+        "24 layers, each attention beside a Mamba 2 mixer"
+    assert LayerKinds("qwen35", 24, 6, 18, "Gated DeltaNet").legend() == \
+        "6 attention layers, 18 Gated DeltaNet layers"
+    assert LayerKinds("rwkv7", 12, 0, 12, "RWKV").legend() == "no attention, 12 RWKV layers"
 
 
 @pytest.mark.parametrize("arch", ALL)

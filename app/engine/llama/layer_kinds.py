@@ -50,11 +50,13 @@ class LayerKinds:
 
     def legend(self) -> str:
         """'1 attention layer, 3 convolution layers' (the recurrent layers only when any)."""
+        if self.recurrent and self.attention == self.recurrent == self.n_layer:  # Falcon-H1
+            return f"{_count(self.n_layer, 'layer')}, each attention beside a {self.recurrent_kind} mixer"
         parts = [_count(self.attention, "attention layer") if self.attention else "no attention"]
         if self.recurrent:
             parts.append(_count(self.recurrent, f"{self.recurrent_kind} layer"))
         other = self.n_layer - self.attention - self.recurrent
-        if other > 0 and self.architecture != "falcon-h1":
+        if other > 0:
             parts.append(_count(other, "feed-forward layer"))
         return ", ".join(parts)
 
