@@ -9,9 +9,7 @@ state gets an empty record instead (llama.cpp's own layout for a sequence withou
 """
 from __future__ import annotations
 
-import numpy as np
-
-from .seq_payload import IO_MAGIC, MAX_LAYERS, _Bad, _Reader, _recurrent_follows
+from .seq_payload import IO_MAGIC, MAX_LAYERS, _Bad, _cells, _Reader, _recurrent_follows
 
 
 def attention_span(data: bytes) -> tuple[int, int] | None:
@@ -28,7 +26,7 @@ def attention_span(data: bytes) -> tuple[int, int] | None:
         n = r.u32("cell count")
         if n == 0:
             return (-1, -1)
-        pos = np.frombuffer(r.data, dtype="<i4", count=3 * n, offset=r.take(12 * n, "cells"))[0::3]
+        pos = _cells(r, n)[:, 0]
         return int(pos.min()), int(pos.max())
     except _Bad:
         return None
@@ -62,7 +60,7 @@ def _skip_attention_block(r: _Reader) -> None:
     n = r.u32("cell count")
     if n == 0:
         return
-    r.take(12 * n, "cells")
+    _cells(r, n)
     v_trans, n_layer = r.u32("V layout"), r.u32("layer count")
     if not 0 < n_layer <= MAX_LAYERS:
         raise _Bad("bad layer count")
