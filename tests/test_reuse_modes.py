@@ -279,15 +279,17 @@ def test_a_sliding_window_state_file_is_labelled_approximate(arch_models, tmp_pa
             assert v.describe() == f"bit-identical; {v.note}"
 
 
-def test_recurrent_models_get_a_clear_error(arch_models):
+def test_recurrent_models_run_exact_modes_and_refuse_compose_in_one_line(arch_models):
     with Engine(EngineConfig(model_path=str(arch_models["mamba"]), n_ctx=512, n_batch=32,
                              n_threads=1)) as eng:
-        for reuse in ("prefix", "chain", "compose"):
-            # one state per sequence: no prefix to cache; one line says so and what to do
-            with pytest.raises(KvPrimerError) as e:
-                run(eng, {"c1": A, "c2": B, "question": "why?"}, reuse=reuse)
-            msg = str(e.value)
-            assert "recurrent layers" in msg and "cold only" in msg and "\n" not in msg
+        for reuse in ("prefix", "chain"):  # issue 23: nodes keep the recurrent state
+            rep = run(eng, {"c1": A, "c2": B, "question": "why?"}, reuse=reuse)
+            assert rep.verdict.equivalence == "bit-identical"
+        # one state per sequence: no module can be shifted into place; one line says so
+        with pytest.raises(KvPrimerError) as e:
+            run(eng, {"c1": A, "c2": B, "question": "why?"}, reuse="compose")
+        msg = str(e.value)
+        assert "recurrent layers" in msg and "prefix or chain" in msg and "\n" not in msg
         # a cold run still works
         rep = run(eng, {"c1": A, "c2": B, "question": "why?"}, warm=False, oneshot=False)
         assert rep.cold.tokens and rep.verdict is None

@@ -65,10 +65,16 @@ def cmd_cache(args) -> int:
         for t in tiers:
             print(f"{t['name']:<9} {t['nodes']:>5} {t['used_bytes'] / 2**20:>9.1f} "
                   f"{t['cap_bytes'] / 2**20:>9.1f}")
-        print(f"\n{'id':>4} {'parent':>6} {'tier':<8} {'tokens':>6} {'own':>5} {'hits':>4}  what")
+        # hybrid and recurrent models: the recurrent state each node keeps at its depth
+        stateful = any(n["recurrent_bytes"] for n in nodes)
+        rs_head = f" {'rec. KiB':>9}" if stateful else ""
+        print(f"\n{'id':>4} {'parent':>6} {'tier':<8} {'tokens':>6} {'own':>5} {'hits':>4}"
+              f"{rs_head}  what")
         for n in nodes:
+            kib = f"{n['recurrent_bytes'] / 1024:.1f}" if n["recurrent_bytes"] else "-"
+            rs = f" {kib:>9}" if stateful else ""
             print(f"{n['id']:>4} {n['parent_id'] or '':>6} {n['tier']:<8} {n['tokens']:>6} "
-                  f"{n['own_tokens']:>5} {n['hits']:>4}  {n['label']}")
+                  f"{n['own_tokens']:>5} {n['hits']:>4}{rs}  {n['label']}")
 
     data = {"tiers": tiers, "nodes": nodes, "rows": hits}
     if cleared is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
@@ -21,11 +22,12 @@ from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFile
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
-from .kv.kv_view import KvCacheView, build_view
+from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.llama_backend import cpu_backend
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
+from .llama.recurrent_state import recurrent_bytes
 from .files.prefix_state import PrefixState
 from .cache.cache_parts import CacheParts
 from .cache.radix_cache import RadixCache
@@ -82,11 +84,12 @@ class Engine:
         self._kv_published = 0.0
         self.ctx.on_change = self._kv_changed
         self.cold = ColdReference(self)
-        self.work = WorkContext(self.model, self.context_params(2))  # the run's sequence, staging
+        # the run's sequence, staging
+        self.work = WorkContext(self.model, self.context_params(2), self.family)
         self.cache = RadixCache(CacheParts(
             self.ctx, self.seqs, self.resident, self.work, self.model,
-            self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0),
-            config.cache)
+            self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0,
+            self.family), config.cache)
 
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""
@@ -138,6 +141,22 @@ class Engine:
     # ---- tokens
     def tokenize(self, prompt: FilledPrompt) -> list[int]:
         return self.tokenizer.tokenize(prompt)
+
+    @property
+    def family(self) -> str:
+        """"attention", "hybrid" or "recurrent" (model_traits.py): hybrid and recurrent models
+        keep a recurrent state per sequence, which the cache keeps at its nodes' depths."""
+        return self.info.traits.family
+
+    @property
+    def stateful(self) -> bool:
+        return self.family != "attention"
+
+    def refuse_stateful(self, what: str, why: str) -> None:
+        """One line for what cannot work on a recurrent state (compose, forked runs, ...)."""
+        if self.stateful:
+            raise KvPrimerError(f"{what} is not available on {self.info.name or 'this model'}: "
+                                f"its recurrent layers {why}; use prefix or chain mode")
 
     @property
     def n_swa(self) -> int:
@@ -221,9 +240,13 @@ class Engine:
     def kv_view(self) -> KvCacheView:
         """Every cell's position and owners, and a summary per sequence (see kv_view.py)."""
         self.ctx.verify()
+        t = self.info.traits
+        recurrent = RecurrentLayers(t.layers or "recurrent layers", not t.recurrent,
+                                    partial(recurrent_bytes, self.ctx)) \
+            if t.recurrent or t.hybrid else None
         return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
                           self.info.kv_bytes_per_token,
-                          self.resident.counts())
+                          self.resident.counts(), recurrent)
 
     def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
         """Call ``fn(view)`` on this (the engine's) thread after KV changes, at most every
@@ -262,10 +285,14 @@ class Engine:
     def check_state(self, state: PrefixState) -> None:
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
-        state.check_payload(self.info.n_vocab)
-        if state.origin == "llama.cpp":  # no model identity: at least the rows must fit
+        # a state of another family (attention only, hybrid, recurrent) is refused by its layout
+        # (a recurrent record's size is fixed per model: the partial state less its header)
+        state.check_payload(self.info.n_vocab, self.family,
+                            max(self.info.traits.recurrent_state_bytes - 8, 0))
+        if state.origin == "llama.cpp" and not self.stateful:  # no identity: rows must fit
+            # (a hybrid's attention layers are a subset: llama.cpp checks those rows itself)
             check_rows_fit(state, self.info.n_layer, self.info.kv_bytes_per_token)
-        trans = v_transposed(state.data)
+        trans = v_transposed(state.data) if self.family != "recurrent" else None
         if trans is not None and self.kernels.flash_attn is not None \
                 and trans == bool(self.kernels.flash_attn):
             # llama.cpp stores V transposed without flash attention and would refuse the rows
@@ -314,13 +341,6 @@ class Engine:
         empty cache in plain batches from cell 0, otherwise in small batches, whose results do
         not depend on where the cells land, batch_plan.py.)
         """
-        t = self.info.traits
-        if t.recurrent or t.hybrid:
-            # one state per sequence, not a cell per token: no prefix can be cut, forked or
-            # extended from a cached segment
-            raise KvPrimerError(f"{self.info.name or 'this model'} has recurrent layers, whose "
-                                "cache holds one state per sequence, not one cell per token: "
-                                "KV Primer cannot cache its prefixes; run it cold only")
         tokens = self.tokenize(template.prefix_prompt())
         if not tokens:
             raise KvPrimerError("the template has no static prefix (it starts with a placeholder); "
@@ -337,7 +357,8 @@ class Engine:
                 self.cache.bring_to_work(hit, tokens)
                 self.work.evaluate(tokens[hit.reused:],
                                    batch_starts(hit.reused, len(tokens), self.config.n_batch),
-                                   task, stage="prime", want_logits=False)
+                                   task, stage="prime", want_logits=False,
+                                   snap_at=(len(tokens),))
                 return self.cache.store(tokens, "static prefix", template.sha256, hit.approx)
             if hit.node is not None:
                 self.cache.materialise(hit.node)
@@ -358,5 +379,6 @@ class Engine:
         """Prime the template's static prefix into the radix cache and return its state (to
         save to a file)."""
         node = self.prime_node(template, task)
+        # a stateful model's node sequence holds its recurrent state too (cache_tiers.py)
         return self.snapshot(node.seq, template, template.static_prefix)
 

@@ -133,7 +133,12 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
     cached = check.cached_tokens or 0
     if cached < len(state.tokens) - 1:
         hint = ("sliding-window models reuse a restored state only with --swa-full"
-                if engine.info.traits.n_swa else "check the server's log")
+                if engine.info.traits.n_swa else
+                # llama-server must step back one token to answer, which a recurrent state
+                # cannot do; it resumes only from context checkpoints of its own runs
+                "this llama-server cannot resume a restored slot of a hybrid or recurrent "
+                "model (it re-evaluates the prompt)" if engine.stateful
+                else "check the server's log")
         raise DeployError(f"the server restored {restored.tokens:,} tokens but reused only "
                           f"{cached:,} of {len(state.tokens):,} on the next request: {hint}")
     task.report("deploy", 4, 4)

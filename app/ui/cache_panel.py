@@ -26,7 +26,8 @@ COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefi
            ("text", "The node's own tokens as text"),
            ("tokens", "Tokens from the start of the prompt to the node's end (its own in brackets)"),
            ("tier", "resident: cells in the KV cache; ram: a snapshot in memory; file: on disk"),
-           ("size", "Bytes of the node's own cells"),
+           ("size", "Bytes of the node's own cells, with the recurrent state it keeps at its "
+                    "depth on hybrid and recurrent models (in brackets)"),
            ("hits", "Runs that reused this node"),
            ("last use", "Time since a run last used it"),
            ("pinned", "A pinned node is never evicted")]
@@ -169,7 +170,8 @@ class CachePanel(QDockWidget):
             item = QTreeWidgetItem(parent) if parent else QTreeWidgetItem(self.tree)
             own = f" (+{n.own_tokens:,})" if n.own_tokens != n.tokens else ""
             cells = [n.label or "cached prompt", n.text, f"{n.tokens:,}{own}", n.tier,
-                     size_text(n.nbytes), str(n.hits),
+                     size_text(n.nbytes) + (f" (recurrent {size_text(n.recurrent_bytes)})"
+                                            if n.recurrent_bytes else ""), str(n.hits),
                      ago_text(snap.now - n.last_used) if n.last_used else "never",
                      "pinned" if n.pinned else ""]
             for c, text in enumerate(cells):

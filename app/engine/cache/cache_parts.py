@@ -26,3 +26,5 @@ class CacheParts:
     n_batch: int  # a prefix is primed in plain n_batch batches from position 0
     n_seq_max: int
     windowed: bool  # a sliding-window model: nothing restored is exact, nothing compacted
+    # "attention", or "hybrid"/"recurrent": nodes then carry the recurrent state at their depth
+    family: str = "attention"

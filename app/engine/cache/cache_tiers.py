@@ -15,8 +15,11 @@ are the first thing it drops; a node's copy is forgotten when its cells are comp
 Where the state is at hand anyway (a node stored from the work context, a saved state adopted),
 it becomes the node's copy at once.
 
-This class owns the nodes' placement fields (``seq``, ``ram``, ``file``, ``nbytes``) and the busy
-marks; the tree's shape is the tree's (radix_tree.py), the free sequences are CacheSequences'.
+Hybrid and recurrent models: a node also carries the recurrent state at its depth, which moves
+with its cells (recurrent_snapshots.py); a promoted node's sequence gets it back after its cells.
+
+This class owns the nodes' placement fields (``seq``, ``ram``, ``file``, ``rs``, ``nbytes``)
+and the busy marks; the tree's shape is the tree's (radix_tree.py), the free sequences are CacheSequences'.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from .cache_parts import CacheParts
 from .cache_sequences import CacheSequences
 from .cell_compaction import relayout
 from .radix_tree import RadixNode, RadixTree
+from .recurrent_snapshots import RecurrentSnapshots, read_node_file
 
 APPROX_RESTORED = ("restored from a snapshot on a sliding-window model: approximate in general "
                    "(llama.cpp may put window cells back out of place, upstream issue 25295)")
@@ -62,9 +66,10 @@ class _WorkCopy:
     last_used: float
 
 
-class CacheTiers:
+class CacheTiers(RecurrentSnapshots):
     def __init__(self, parts: CacheParts, tree: RadixTree, sequences: CacheSequences,
                  limits: CacheLimits):
+        super().__init__()
         self.parts = parts
         self.tree = tree
         self.sequences = sequences
@@ -83,11 +88,14 @@ class CacheTiers:
     # ---- caps
     @property
     def resident_cap(self) -> int:
-        return self.limits.resident_bytes or self.parts.kv_bytes_per_token * self.parts.ctx.n_ctx * 3 // 4
+        # by default three quarters of the cells, and a recurrent snapshot per sequence
+        return self.limits.resident_bytes or (
+            self.parts.kv_bytes_per_token * self.parts.ctx.n_ctx * 3 // 4
+            + self._largest_rs * self.parts.n_seq_max)
 
     def tier_bytes(self, tier: str) -> int:
         if tier == "resident":  # shared cells move as ancestors come and go: count them now
-            return sum(self.resident_bytes(n) for n in self.tree if n.seq is not None)
+            return sum(self.resident_bytes(n) + n.rs_bytes for n in self.tree if n.seq is not None)
         used = sum(n.nbytes for n in self.tree if n.tier == tier)
         return used + (self.copy_bytes() if tier == "ram" else 0)
 
@@ -152,12 +160,13 @@ class CacheTiers:
         self.forget_copy(node)
         node.seq = seq
         node.approx = approx
-        node.nbytes = self.resident_bytes(node)
+        node.nbytes = self.resident_bytes(node) + node.rs_bytes
 
     def hold_snapshot(self, node: RadixNode, data: bytes, start: int, approx: str) -> None:
         """``node`` (holding nothing) gets a RAM snapshot of its cells from position ``start``."""
         self.forget_copy(node)
-        node.ram, node.ram_start, node.nbytes, node.approx = data, start, len(data), approx
+        node.ram, node.ram_start, node.approx = data, start, approx
+        node.nbytes = len(data) + node.rs_bytes
 
     def materialise(self, node: RadixNode) -> int:
         """The node's sequence, promoting it (and the ancestors it needs) from RAM or a file.
@@ -166,7 +175,7 @@ class CacheTiers:
             return node.seq
         if node.tier == "gone":
             raise CacheError("that cached prompt was evicted; run it again to cache it")
-        data = node.ram if node.ram is not None else self._read_file(node)
+        data = node.ram if node.ram is not None else read_node_file(node.file)
         base = self._base(node)
         with self.busy(node, base):
             base_seq = None
@@ -178,12 +187,17 @@ class CacheTiers:
             seq = self.take_seq()
             if base_seq is not None:
                 self.parts.seqs.fork(base.seq, seq, upto=node.ram_start)
-            if not self.parts.seqs.add_cells(data, seq, self.sequences.scratch, node.tokens()):
+            self.rs_from_file(node)  # the recurrent state comes back with the cells
+            # cells, then the recurrent state at the node's depth: the sequence then holds
+            # exactly the node's state (the cells' state carried a stale recurrent part)
+            if not self.parts.seqs.add_cells(data, seq, self.sequences.scratch, node.tokens()) \
+                    or (node.rs is not None
+                        and not self.parts.ctx.state_set(node.rs, seq, partial=True)):
                 self.sequences.put_back(seq)
                 raise CacheError("llama.cpp refused a cached snapshot; clear the cache")
             self.forget_snapshot(node)
             node.seq = seq
-            node.nbytes = self.resident_bytes(node)
+            node.nbytes = self.resident_bytes(node) + node.rs_bytes
             node.last_used = time.monotonic()
             if self.windowed and not node.approx:
                 node.approx = APPROX_RESTORED
@@ -237,6 +251,7 @@ class CacheTiers:
                 self.sequences.forget(n.seq)
                 n.seq = None
                 if n.tier == "gone":
+                    self.forget_rs(n)
                     n.nbytes = 0
                     self.forget_copy(n)
         self._prune()
@@ -303,19 +318,14 @@ class CacheTiers:
         data = self.parts.seqs.cells_of(node.seq, start, node.depth, self.sequences.scratch)
         self.sequences.release(node.seq)
         node.seq = None
-        node.ram, node.ram_start, node.nbytes = data, start, len(data)
+        node.ram, node.ram_start, node.nbytes = data, start, len(data) + node.rs_bytes
         self.enforce()
 
     def to_file(self, node: RadixNode) -> None:
         path = self.folder / f"node-{node.id}.kvcells"
         path.write_bytes(node.ram)
         node.file, node.ram = str(path), None
-
-    def _read_file(self, node: RadixNode) -> bytes:
-        try:
-            return Path(node.file).read_bytes()
-        except OSError as e:
-            raise CacheError(f"a cached prompt's file is gone ({e}); run it again") from None
+        self.rs_to_file(node, self.folder)
 
     def forget_snapshot(self, node: RadixNode) -> None:
         """Drop the node's RAM and file snapshots (it is resident, or gone)."""
@@ -330,6 +340,7 @@ class CacheTiers:
             node.seq = None
         self.forget_snapshot(node)
         self.forget_copy(node)
+        self.forget_rs(node)
         node.nbytes = 0
         if not node.children:
             self.tree.remove(node)
@@ -342,6 +353,7 @@ class CacheTiers:
                 self.sequences.put_back(n.seq)
             n.seq = None
             self.forget_snapshot(n)
+            self.forget_rs(n)
         self._copies.clear()
         self.sequences.drop_held()
 
@@ -352,6 +364,7 @@ class CacheTiers:
                 continue  # removed with an ancestor in this same pass
             if n.tier in ("ram", "file") and not self._restorable(n):
                 self.forget_snapshot(n)
+                self.forget_rs(n)
                 n.nbytes = 0
             if n.tier == "gone" and not n.children and not n.pinned:
                 self.forget_copy(n)

@@ -31,7 +31,9 @@ def relayout(tiers) -> None:
     for node, base, data in plan:
         if base is not None:
             e.seqs.fork(base.seq, node.seq)
-        if not e.seqs.add_cells(data, node.seq, scratch, node.tokens()):
+        # (a hybrid or recurrent node's cells come without its recurrent state: put it back)
+        if not e.seqs.add_cells(data, node.seq, scratch, node.tokens()) or (
+                node.rs is not None and not e.ctx.state_set(node.rs, node.seq, partial=True)):
             e.ctx.clear()
             e.resident.clear_all()
             tiers.lost_sequences()  # every node now says it holds nothing, as it does

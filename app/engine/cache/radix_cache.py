@@ -13,6 +13,11 @@ Each tier has a byte cap; the least recently used unpinned node moves down a tie
 RAM → file → dropped) when a cap or the context's cells run out, and a hit in a lower tier is
 promoted back to resident. A run forks a node into a working sequence instead of restoring a
 snapshot and trimming it, so nothing is copied and sliding-window cells stay in place.
+
+On hybrid and recurrent models (``stateful``) a run can resume only where a node keeps the
+recurrent state of its depth (cache_tiers.py): the nodes a run stores from the work context
+(the static prefix, chain segment ends) and saved states adopted. A lookup returns the deepest
+such node, never a part of one.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ class CacheNodeInfo:
     last_used: float
     pinned: bool
     approx: str
+    recurrent_bytes: int = 0  # the recurrent state kept at its depth (hybrid, recurrent models)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class RadixCache:
     def __init__(self, parts: CacheParts, limits: CacheLimits = CacheLimits()):
         self.parts = parts
         self.windowed = parts.windowed
+        self.stateful = parts.family != "attention"
         self.tree = RadixTree()
         self.sequences = CacheSequences(parts)
         self.placement = CacheTiers(parts, self.tree, self.sequences, limits)
@@ -127,7 +134,7 @@ class RadixCache:
     def nodes(self) -> list[CacheNodeInfo]:
         return [CacheNodeInfo(n.id, n.parent.id if n.parent and n.parent.parent else None,
                               n.label, self._preview(n), n.depth, n.own_tokens, n.tier, n.nbytes,
-                              n.hits, n.last_used, n.pinned, n.approx)
+                              n.hits, n.last_used, n.pinned, n.approx, n.rs_bytes)
                 for n in self.tree]
 
     def _preview(self, n: RadixNode, limit: int = 60) -> str:
@@ -149,14 +156,16 @@ class RadixCache:
         m = self.tree.match(q)
 
         def usable(n: RadixNode) -> bool:
-            return n.tier != "gone" and (before is None or n.created < before)
+            return (n.tier != "gone" and (before is None or n.created < before)
+                    and (n.has_rs or not self.stateful))
 
         node = m.node
         while node.parent is not None and not usable(node):
             node = node.parent
         best, reused = (node if node.parent is not None else None), node.depth
-        # part of a resident node: fork it up to the match (exact unless window cells are lost)
-        if m.matched > reused:
+        # part of a resident node: fork it up to the match (exact unless window cells are lost);
+        # a recurrent state cannot be cut back to a part
+        if m.matched > reused and not self.stateful:
             below = self.placement.resident_below(m.child or m.node, usable)
             if below is not None and not (self.windowed and below.depth > m.matched):
                 best, reused = below, m.matched
@@ -197,7 +206,8 @@ class RadixCache:
         with self.busy(hit.node):
             copied = work.bring(tokens, hit.reused,
                                 [c for c in hit.node.all_cuts() if c < hit.reused],
-                                lambda p0, p1: self.placement.copy_of(hit.node, p0, p1))
+                                lambda p0, p1: self.placement.copy_of(hit.node, p0, p1),
+                                lambda: self.placement.rs_of(hit.node))
             self.touch(hit.node)
         return copied
 
@@ -206,6 +216,9 @@ class RadixCache:
         """Cache ``tokens`` (a prefix of what the work context holds, ending at a batch end)
         as a resident node: its own cells are copied from the work context."""
         work = self.parts.work
+        rs = work.snapshots.get(len(tokens)) if self.stateful else None
+        if self.stateful and rs is None:
+            raise CacheError("no recurrent state was kept at the end of that prompt; run it again")
         node = self._insert(tokens, label, template_sha256, work.cuts)
         with self.busy(node):
             if node.tier == "gone":
@@ -213,8 +226,12 @@ class RadixCache:
                 start = anchor.depth if anchor is not None else 0
                 data = work.cells(start, node.depth)
                 self.placement.hold_snapshot(node, data, start, approx)
+                if rs is not None:
+                    self.placement.hold_rs(node, rs)
                 self.materialise(node)
                 self.placement.keep_copy(node, start, node.depth, data)
+            elif rs is not None and not node.has_rs:
+                self.placement.hold_rs(node, rs)
             self.touch(node)
             self.enforce()
         return node
@@ -273,7 +290,8 @@ class RadixCache:
         """A saved state as a resident node (restored once; later runs fork it). The state was
         checked against this model (``Engine.adopt`` checks it, then calls this)."""
         m = self.tree.match(list(state.tokens))
-        if m.matched == state.n_tokens and m.child is None and m.node.seq is not None:
+        if (m.matched == state.n_tokens and m.child is None and m.node.seq is not None
+                and (m.node.has_rs or not self.stateful)):
             self.touch(m.node)
             return m.node
         seq = self.placement.take_seq()
@@ -281,8 +299,12 @@ class RadixCache:
             if not self.parts.seqs.add_cells(state.data, seq, self.scratch, list(state.tokens)):
                 raise CacheError("llama.cpp refused the saved state's cells; prime the prefix "
                                  "again")
+            # the state's recurrent part, at its end: what a run resuming there needs
+            rs = self.parts.ctx.state_get(seq, partial=True) if self.stateful else None
             node = self.add(seq, label, self.state_cuts(state),
                             state.template_sha256, APPROX_RESTORED if self.windowed else "")
+            if rs is not None and node.depth == state.n_tokens:
+                self.placement.hold_rs(node, rs)
             if node.depth == state.n_tokens and not self.windowed:
                 self.placement.keep_copy(node, 0, node.depth, in_position_order(state.data))
             return node

@@ -31,6 +31,11 @@ class RadixNode:
     ram: bytes | None = None
     file: str | None = None
     ram_start: int = 0  # first position of the cells a RAM or file snapshot holds
+    # a hybrid or recurrent model's recurrent state at this node's depth (llama.cpp's partial
+    # state): in memory while the node is resident or in RAM, in ``rs_file`` with its cells
+    rs: bytes | None = None
+    rs_file: str | None = None
+    rs_bytes: int = 0  # its size wherever it is (0: none)
     approx: str = ""  # why this node's cells may differ from evaluating its tokens, if they may
     created: float = 0.0
     nbytes: int = 0  # bytes of this node's own cells (depth - parent.depth tokens)
@@ -67,6 +72,10 @@ class RadixNode:
 
     def all_cuts(self) -> list[int]:
         return sorted({c for n in self.path() for c in n.cuts})
+
+    @property
+    def has_rs(self) -> bool:
+        return self.rs is not None or self.rs_file is not None
 
     @property
     def tier(self) -> str:

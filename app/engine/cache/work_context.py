@@ -18,12 +18,21 @@ bits, whichever kernel runs.
 
 Sliding-window models do not use it: their window cells do not survive a trim or a restore
 (llama.cpp issue 25295), so they keep forking resident sequences in the cache's context.
+
+Hybrid and recurrent models (``stateful``) keep, besides attention cells, one recurrent state
+per sequence that stands at the sequence's end and cannot be cut back (llama.cpp's seq_rm
+refuses it). So the work context keeps what it holds only when that is exactly a prefix of the
+next run's history; otherwise it keeps the shared attention cells, copies the missing ones, and
+puts back the recurrent state of the reused depth: a snapshot (llama.cpp's partial state, the
+recurrent part only) taken when a run passed that depth (``snapshots``, after the batch ending
+there) and kept by the radix cache's node of that depth.
 """
 from __future__ import annotations
 
 from ..runs.batch_plan import batches
 from ..errors import ContextError, ContextOverflowError, KvPrimerError
 from ..llama.native import ContextParams, NativeContext, NativeModel
+from ..files.hybrid_payload import attention_span
 from ..files.seq_payload import in_position_order
 from ..task_state import TaskState
 
@@ -31,11 +40,15 @@ SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they j
 
 
 class WorkContext:
-    def __init__(self, model: NativeModel, params: ContextParams):
+    def __init__(self, model: NativeModel, params: ContextParams, family: str = "attention"):
         self._model, self._params = model, params  # the engine's model and context settings
         self._ctx: NativeContext | None = None
+        self.family = family  # "attention", "hybrid" or "recurrent" (no attention cells)
+        self.stateful = family != "attention"  # a recurrent state at the end, not cut back
         self.tokens: list[int] = []  # position i holds tokens[i], in cell i
         self.cuts: list[int] = []  # batch starts of the history that computed those cells
+        # stateful: the recurrent part of the state at these depths (taken by ``evaluate``)
+        self.snapshots: dict[int, bytes] = {}
 
     @property
     def ctx(self) -> NativeContext:
@@ -48,32 +61,62 @@ class WorkContext:
             self._ctx.close()
             self._ctx = None
         self.tokens, self.cuts = [], []
+        self.snapshots = {}
 
     def reset(self) -> None:
         if self._ctx is not None:
             self._ctx.clear()
         self.tokens, self.cuts = [], []
+        self.snapshots = {}
 
     # ---- keeping and bringing cells
-    def bring(self, tokens: list[int], reuse: int, cuts: list[int], fetch) -> int:
+    def bring(self, tokens: list[int], reuse: int, cuts: list[int], fetch, snapshot=None) -> int:
         """Hold ``tokens[:reuse]``, computed in batches starting at ``cuts`` (and ending at
         ``reuse``): keep what this context shares of that history, copy the rest from the cache
-        (``fetch(p0, p1)``: a state of those positions' cells). Returns the tokens copied."""
+        (``fetch(p0, p1)``: a state of those positions' cells). A stateful model then gets the
+        recurrent state at ``reuse`` from ``snapshot()`` (unless it holds exactly that
+        history). Returns the tokens copied."""
         keep = shared_history(self.tokens, self.cuts, tokens, cuts, reuse)
-        self.keep(keep)
-        if keep < reuse:
-            self.append_cells(fetch(keep, reuse), tokens[keep:reuse], cuts)
+        if self.stateful and keep == len(self.tokens) == reuse:
+            return 0  # its recurrent state stands at reuse already
+        try:
+            self.keep(keep)
+            if keep < reuse and self.family == "recurrent":  # no cells: only the bookkeeping
+                self.tokens.extend(tokens[keep:reuse])
+                self.cuts.extend(c for c in cuts if keep <= c < reuse)
+            elif keep < reuse:
+                self.append_cells(fetch(keep, reuse), tokens[keep:reuse], cuts)
+            if self.stateful and reuse:
+                self.set_recurrent(snapshot(), reuse)
+        except Exception:
+            if self.stateful:  # a stale recurrent state must not pass for the kept prefix's
+                self.reset()
+            raise
         return reuse - keep
 
-    def restore(self, data: bytes, tokens: list[int], cuts: list[int], reuse: int) -> int:
+    def restore(self, data: bytes, tokens: list[int], cuts: list[int], reuse: int,
+                recurrent: bytes | None = None) -> int:
         """Hold ``tokens[:reuse]`` from a saved state (cells of positions 0..n-1), unless this
-        context already shares that much of its history; returns the tokens restored."""
-        if shared_history(self.tokens, self.cuts, tokens, cuts, len(tokens)) >= reuse:
+        context already shares that much of its history; returns the tokens restored. (A
+        stateful model's state stands at its end: ``reuse`` must be all of it; ``recurrent``:
+        its recurrent part, when ``data`` holds the cells only.)"""
+        if self.stateful and reuse != len(tokens):
+            if reuse:
+                raise ValueError("a recurrent state is reused whole or not at all")
+            self.keep(0)
+            return 0
+        shared = shared_history(self.tokens, self.cuts, tokens, cuts, len(tokens))
+        if shared >= reuse and (not self.stateful or len(self.tokens) == reuse):
             self.keep(reuse)
             return 0
         self.reset()
         ctx = self.ctx
-        if not ctx.state_set(in_position_order(data), SEQ) or ctx.pos_range(SEQ) != (0, len(tokens) - 1):
+        # a hybrid's range starts at its recurrent record: only the end is the same
+        ok = ctx.state_set(in_position_order(data), SEQ)
+        if ok and recurrent is not None:
+            ok = ctx.state_set(recurrent, SEQ, partial=True)
+        lo, hi = ctx.pos_range(SEQ)
+        if not ok or hi != len(tokens) - 1 or (lo != 0 and not self.stateful):
             self.reset()
             raise KvPrimerError("llama.cpp refused the saved state's cells; prime the prefix again")
         self.tokens, self.cuts = list(tokens), [c for c in cuts if c < len(tokens)]
@@ -81,11 +124,42 @@ class WorkContext:
         return reuse
 
     def keep(self, n: int) -> None:
-        """Keep the first ``n`` positions; the cells after them are freed (and filled next)."""
-        if n < len(self.tokens):
-            self.ctx.seq_rm(SEQ, n, -1)
-            self.tokens = self.tokens[:n]
-            self.cuts = [c for c in self.cuts if c < n]
+        """Keep the first ``n`` positions; the cells after them are freed (and filled next).
+        A stateful model's recurrent state is then stale until ``set_recurrent``."""
+        if n >= len(self.tokens):
+            return
+        ctx = self.ctx
+        if not self.stateful:
+            ctx.seq_rm(SEQ, n, -1)
+        elif n == 0 or self.family == "recurrent":
+            ctx.seq_rm(SEQ)
+        else:
+            # llama.cpp cannot cut a recurrent state back, and a hybrid's seq_rm refuses the
+            # whole call: share the kept cells with staging, drop the sequence, take them back
+            # (the cells stay where they are; only the sequence ids change)
+            ctx.seq_rm(STAGING)
+            ctx.seq_cp(SEQ, STAGING, 0, n)
+            ctx.seq_rm(SEQ)
+            ctx.seq_cp(STAGING, SEQ)
+            ctx.seq_rm(STAGING)
+        self.tokens = self.tokens[:n]
+        self.cuts = [c for c in self.cuts if c < n]
+        self.snapshots = {p: d for p, d in self.snapshots.items() if p <= n}
+
+    def set_recurrent(self, data: bytes, depth: int) -> None:
+        """Put back the recurrent state at ``depth`` (a snapshot taken at that depth), over the
+        sequence's stale one; the sequence holds exactly ``depth`` tokens."""
+        ctx = self.ctx
+        if not data or not ctx.state_set(data, SEQ, partial=True) \
+                or ctx.pos_range(SEQ)[1] != depth - 1:
+            self.reset()
+            raise KvPrimerError("llama.cpp refused a cached recurrent state; clear the cache "
+                                "and run again")
+        self.snapshots[depth] = data
+
+    def recurrent_state(self) -> bytes:
+        """The recurrent part of the sequence's state, at its end (stateful models)."""
+        return self.ctx.state_get(SEQ, partial=True)
 
     def append_cells(self, data: bytes, tokens: list[int], cuts: list[int], shift: int = 0) -> None:
         """Put a state of cells (positions in order, from ``cells_of``) right after what the
@@ -102,6 +176,8 @@ class WorkContext:
                                 "and run again")
         lo, hi = ctx.pos_range(STAGING)
         want = (start - shift, start - shift + len(tokens) - 1)
+        if self.stateful:  # llama.cpp's range counts the stale recurrent record: read the cells'
+            lo, hi = attention_span(data) or (lo, hi)
         if (lo, hi) != want:
             ctx.seq_rm(STAGING)
             raise KvPrimerError(f"cells copied from the cache hold positions {lo}..{hi}, not "
@@ -119,9 +195,11 @@ class WorkContext:
 
     # ---- evaluating
     def evaluate(self, tokens: list[int], starts: list[int], task: TaskState | None = None,
-                 stage: str = "eval", want_logits: bool = True):
+                 stage: str = "eval", want_logits: bool = True, snap_at=()):
         """Append ``tokens`` in batches starting at the absolute positions ``starts``; return
-        the last logits (or None). Cancelling between batches keeps what was evaluated."""
+        the last logits (or None). Cancelling between batches keeps what was evaluated. A
+        stateful model keeps its recurrent state at every depth of ``snap_at`` a batch ends at
+        (``snapshots``)."""
         if not tokens:
             return None
         task = task or TaskState()
@@ -135,6 +213,8 @@ class WorkContext:
             task.check(kept_tokens=len(self.tokens))
             self._decode(tokens[a - start:b - start], a, want_logits and b == end)
             self.cuts.append(a)
+            if self.stateful and b in snap_at:
+                self.snapshots[b] = self.recurrent_state()
             task.report(stage, b - start, len(tokens))
         return self.ctx.logits(-1) if want_logits else None
 

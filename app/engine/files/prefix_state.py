@@ -128,7 +128,8 @@ class PrefixState:
                 f"this build reads version {seq_state_version}; prime the prefix again"
             )
 
-    def check_payload(self, n_vocab: int) -> None:
+    def check_payload(self, n_vocab: int, family: str = "attention",
+                      recurrent_bytes: int = 0) -> None:
         """Raise StateFileError unless the tokens and KV bytes are safe to give llama.cpp.
 
         Cheap (a walk over the layout, see seq_payload); run before every restore, since a
@@ -137,7 +138,8 @@ class PrefixState:
         if min(self.tokens) < 0 or max(self.tokens) >= n_vocab:
             raise StateFileError(f"this state holds token ids outside this model's vocabulary of "
                                  f"{n_vocab}; it is corrupt or for another model; prime again")
-        check_seq_payload(self.data, self.n_tokens, _type_ids(self.type_k, self.type_v))
+        check_seq_payload(self.data, self.n_tokens, _type_ids(self.type_k, self.type_v), family,
+                          recurrent_bytes)
 
     # ---- file format -------------------------------------------------------------------
 

@@ -13,11 +13,20 @@ Layout of this llama.cpp build (unified KV cache; an iSWA model writes a second 
 
     u32 magic 0xAF143CD8, u32 source seq id
     per cache block: u32 n_stream (1), u32 cell_count,
-        cell_count x (i32 pos, u32 n_seq_id (1), i32 seq_id),
+        cell_count x (i32 pos, u32 n_seq_id (1), [12 bytes: M-RoPE's x, y, token], i32 seq_id),
         u32 v_trans, u32 n_layer,
         n_layer x (i32 k_type, u64 k_row_bytes, cell_count * k_row_bytes),
         n_layer x (i32 v_type, u64 v_row_bytes, data)                      if not v_trans
         n_layer x (i32 v_type, u32 v_el_bytes, u32 n_embd_v, data)         if v_trans
+
+A hybrid model (attention and recurrent layers) writes its attention block, then its recurrent
+block; a recurrent model writes the recurrent block only. A recurrent block is one record per
+sequence, not one cell per token::
+
+    u32 cell_count (1), i32 pos (the sequence's last position), u32 n_seq_id (0),
+    u32 s_trans, u32 n_layer, then the recurrent layers' R and S rows
+
+``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`` writes the header and the recurrent block only.
 """
 from __future__ import annotations
 
@@ -63,24 +72,101 @@ class _Bad(Exception):
     pass
 
 
-def check_seq_payload(data: bytes, n_tokens: int, type_ids: tuple[int, int] | None = None) -> None:
-    """Raise StateFileError unless ``data`` is a well-formed state of exactly ``n_tokens`` cells.
+CELL_BYTES = (12, 24)  # one cell's record; models with multi-axis RoPE add x, y and a token
+
+
+def _cells(r: _Reader, n: int) -> np.ndarray:
+    """Read ``n`` cell records (one sequence id each) as an (n, words) int32 array: column 0
+    the position, 1 the sequence-id count. Their size is the one after which the block goes on
+    as a block does (a V layout flag and a layer count); 12 bytes is tried first."""
+    for size in CELL_BYTES:
+        end = r.off + size * n
+        if end + 8 > len(r.data):
+            continue
+        v_trans, n_layer = struct.unpack_from("<II", r.data, end)
+        if v_trans > 1 or not 0 < n_layer <= MAX_LAYERS:
+            continue
+        cells = np.frombuffer(r.data, dtype="<i4", count=size // 4 * n, offset=r.off)
+        cells = cells.reshape(n, size // 4)
+        if np.all(cells[:, 1] == 1):
+            r.take(size * n, "cells")
+            return cells
+    raise _Bad("cells of a layout this version does not know")
+
+
+FAMILIES = ("attention", "hybrid", "recurrent")  # what a model's layers keep per sequence
+_FAMILY_WORDS = {"attention": "a model with attention layers only",
+                 "hybrid": "a hybrid model (attention and recurrent layers)",
+                 "recurrent": "a recurrent model"}
+
+
+def check_seq_payload(data: bytes, n_tokens: int, type_ids: tuple[int, int] | None = None,
+                      family: str = "attention", recurrent_bytes: int = 0) -> None:
+    """Raise StateFileError unless ``data`` is a well-formed state of exactly ``n_tokens`` cells
+    (and, for a hybrid or recurrent ``family``, one recurrent record at position n_tokens - 1,
+    of ``recurrent_bytes`` when known: a record's size is fixed per model).
 
     ``type_ids``: the ggml type ids of K and V the state claims (its metadata); every layer's
     rows must be of those types.
     """
+    found = payload_family(data, n_tokens)
+    if found is not None and found != family:
+        raise StateFileError(f"this state was saved from {_FAMILY_WORDS[found]}, and the loaded "
+                             f"model is {_FAMILY_WORDS[family]}; load the model it was saved "
+                             "with or prime the prefix again")
     try:
-        _walk(data, n_tokens, type_ids)
+        _walk(data, n_tokens, type_ids, family, recurrent_bytes)
     except _Bad as e:
         raise StateFileError(f"this state's KV data is malformed ({e}); it was rejected before "
                              "reaching llama.cpp; prime the prefix again") from None
 
 
-def _walk(data: bytes, n_tokens: int, type_ids) -> None:
+def payload_family(data: bytes, n_tokens: int) -> str | None:
+    """Which family of model wrote a state of ``n_tokens`` tokens, by its layout; None when it
+    is not a layout we know."""
+    r = _Reader(data)
+    try:
+        if r.u32("magic") != IO_MAGIC:
+            return None
+        r.u32("source sequence")
+        at = r.off
+        if _looks_recurrent(r, n_tokens):
+            return "recurrent"
+        r.off = at
+        _block(r, n_tokens, None, first=True)
+        if r.off == len(data):
+            return "attention"
+        if _looks_recurrent(r, n_tokens):
+            return "hybrid"
+        return "attention"  # a sliding-window model's second attention block
+    except _Bad:
+        return None
+
+
+def _looks_recurrent(r: _Reader, n_tokens: int) -> bool:
+    """Does a recurrent record start here: one cell at the last position, no sequence ids?"""
+    if len(r.data) - r.off < 20:
+        return False
+    at = r.off
+    head = (r.u32("cell count"), r.i32("position"), r.u32("sequence ids"))
+    r.off = at
+    return head == (1, n_tokens - 1, 0)
+
+
+def _walk(data: bytes, n_tokens: int, type_ids, family: str = "attention",
+          recurrent_bytes: int = 0) -> None:
     r = _Reader(data)
     if r.u32("magic") != IO_MAGIC:
         raise _Bad("wrong magic")
     r.u32("source sequence")
+    if family != "attention":
+        if family == "hybrid":
+            _block(r, n_tokens, type_ids, first=True)
+        if recurrent_bytes and len(data) - r.off != recurrent_bytes:
+            raise _Bad(f"a recurrent state of {len(data) - r.off:,} bytes where this model's has "
+                       f"{recurrent_bytes:,}")
+        _recurrent_block(r, n_tokens)
+        return
     block = 0
     while r.off < len(data):
         _block(r, n_tokens, type_ids, first=block == 0)
@@ -89,6 +175,17 @@ def _walk(data: bytes, n_tokens: int, type_ids) -> None:
             raise _Bad("more cache blocks than a model has")
     if block == 0:
         raise _Bad("no KV cells")
+
+
+def _recurrent_block(r: _Reader, n_tokens: int) -> None:
+    """One recurrent record at position n_tokens - 1; its rows are llama.cpp's to check (it
+    refuses other layer counts, types and row sizes before changing anything)."""
+    if not _looks_recurrent(r, n_tokens):
+        raise _Bad(f"no recurrent state at position {n_tokens - 1}")
+    r.take(12, "recurrent cell")
+    s_trans, n_layer = r.u32("recurrent layout"), r.u32("recurrent layer count")
+    if s_trans > 1 or not 0 < n_layer <= MAX_LAYERS or r.off >= len(r.data):
+        raise _Bad("bad recurrent layout, layer count or no recurrent rows")
 
 
 def _block(r: _Reader, n_tokens: int, type_ids, first: bool) -> None:
@@ -101,8 +198,7 @@ def _block(r: _Reader, n_tokens: int, type_ids, first: bool) -> None:
         raise _Bad(f"{n} KV cells in a second cache for {n_tokens} tokens")
     if n == 0:  # an empty sliding-window cache writes its count only
         return
-    cells = np.frombuffer(r.data, dtype="<i4", count=3 * n, offset=r.take(12 * n, "cells"))
-    cells = cells.reshape(n, 3)
+    cells = _cells(r, n)
     pos = cells[:, 0]
     if np.any(cells[:, 1] != 1):
         raise _Bad("a cell belongs to several sequences")
@@ -152,12 +248,14 @@ def row_layout(data: bytes) -> list[list[tuple[int, int, int, int]]] | None:
         r.u32("source sequence")
         blocks = []
         while r.off < len(data) and len(blocks) < 2:
+            if blocks and _recurrent_follows(r):
+                return blocks  # a hybrid's recurrent block: no K/V rows
             r.u32("stream count")
             n = r.u32("cell count")
             if n == 0:
                 blocks.append([])
                 continue
-            r.take(12 * n, "cells")
+            _cells(r, n)
             v_trans, n_layer = r.u32("V layout"), r.u32("layer count")
             if not 0 < n_layer <= MAX_LAYERS:
                 return None
@@ -178,6 +276,15 @@ def row_layout(data: bytes) -> list[list[tuple[int, int, int, int]]] | None:
         return None
 
 
+def _recurrent_follows(r: _Reader) -> bool:
+    """Does a recurrent record start here (one cell, no sequence ids, s_trans 0), rather than
+    a second attention block (one stream, cells whose first has one sequence id)?"""
+    if len(r.data) - r.off < 16:
+        return False
+    head = struct.unpack_from("<IiII", r.data, r.off)
+    return head[0] == 1 and head[2] == 0 and head[3] == 0
+
+
 def v_transposed(data: bytes) -> bool | None:
     """Whether a state's V rows are stored transposed (llama.cpp does that without flash
     attention); None when the layout is not one we know or holds no cells."""
@@ -186,11 +293,13 @@ def v_transposed(data: bytes) -> bool | None:
         if r.u32("magic") != IO_MAGIC:
             return None
         r.u32("source sequence")
+        if _recurrent_follows(r):
+            return None  # a recurrent model's state has no V rows
         r.u32("stream count")
         n = r.u32("cell count")
         if n == 0:
             return None
-        r.take(12 * n, "cells")
+        _cells(r, n)
         return bool(r.u32("V layout"))
     except _Bad:
         return None
@@ -229,17 +338,19 @@ def _sorted_cells(data: bytes) -> bytes:
     if r.u32("magic") != IO_MAGIC:
         return data
     r.u32("source sequence")
+    if _recurrent_follows(r):  # a recurrent model's state: no cells to sort
+        return data
     if r.u32("stream count") != 1:
         return data
     n = r.u32("cell count")
-    cells_at = r.take(12 * n, "cells")
-    cells = np.frombuffer(r.data, dtype="<i4", count=3 * n, offset=cells_at).reshape(n, 3)
+    cells_at = r.off
+    cells = _cells(r, n)
     order = np.argsort(cells[:, 0], kind="stable")
     if np.array_equal(order, np.arange(n)):
         return data
     src = np.frombuffer(data, dtype=np.uint8)
     out = src.copy()
-    out[cells_at:cells_at + 12 * n] = np.frombuffer(cells[order].tobytes(), dtype=np.uint8)
+    out[cells_at:r.off] = np.frombuffer(cells[order].tobytes(), dtype=np.uint8)
     v_trans, n_layer = r.u32("V layout"), r.u32("layer count")
 
     def gather(at: int, rows: int, cols: int, dt, axis: int) -> None:
@@ -263,6 +374,7 @@ def _sorted_cells(data: bytes) -> bytes:
         else:
             row = r.u64("V row size")
             gather(r.take(n * row, "V data"), n, row, np.uint8, 0)
-    if r.off != len(data):  # a second (sliding-window) cache: leave such states as they are
-        return data
-    return out.tobytes()
+    if r.off != len(data) and not _recurrent_follows(r):
+        return data  # a second (sliding-window) cache: leave such states as they are
+    return out.tobytes()  # (a hybrid's recurrent block follows unchanged)
+

@@ -27,6 +27,7 @@ import numpy as np
 
 from .kv_cells import DISAGREES, CellMirror, LoggedMap, agrees
 from ..llama.native import ContextParams, NativeContext, NativeModel, add_log_listener, remove_log_listener
+from ..files.hybrid_payload import attention_span
 
 ENV = "LLAMA_KV_CACHE_DEBUG"
 _HEADER = re.compile(r"find_slot: stream\[(\d+)\], n =\s*(\d+), used =\s*(\d+), head =\s*(\d+), "
@@ -223,13 +224,23 @@ class TrackedContext(NativeContext):
             self.mirror.place(placed)
         self._changed()
 
-    def state_set(self, data: bytes, seq: int) -> bool:
+    def state_set(self, data: bytes, seq: int, partial: bool = False) -> bool:
+        if partial:  # a recurrent part only: no attention cell moves
+            ok = super().state_set(data, seq, partial=True)
+            self._changed()
+            return ok
         with self.log.capture():
             ok = super().state_set(data, seq)
         if ok:
             self.mirror.seq_rm(seq)
             rec = self._take_record()
-            lo, hi = self.pos_range(seq)
+            # a hybrid's range is its recurrent record's too: read the cells' own positions
+            span = None
+            if self.model.family == "recurrent":
+                span = (-1, -1)
+            elif self.model.family == "hybrid":
+                span = attention_span(data)
+            lo, hi = span if span is not None else self.pos_range(seq)
             # our states hold positions lo..hi, one cell each, placed contiguously
             entries = [(p, (seq,)) for p in range(lo, hi + 1)] if lo >= 0 else []
             if rec is not None:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from ..errors import Cancelled, KvPrimerError, MissingValuesError
 from .generation import GenerationConfig
 from ..files.prefix_state import PrefixState
-from .prompt_runs import check_reuse_modes, run_prompt
+from .prompt_runs import check_reuse_modes, refuse_compose, run_prompt
 from ..prompts.rows import Row
 from ..task_state import TaskState
 from ..prompts.template import Template
@@ -148,6 +148,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
     task = task or TaskState()
     check_repeat(repeat)
     modes = check_reuse_modes(modes)
+    if "compose" in modes:
+        refuse_compose(engine)
     result = BenchResult(model=engine.info.as_dict(), repeat=repeat, modes=modes,
                          recompute=recompute)
     prefix = engine.adopt(state) if state else engine.prime_node(template, task)

@@ -90,6 +90,8 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
     tokens across SMALL_UBATCH (faster for short suffixes; logits then differ slightly).
     """
     task = task or TaskState()
+    engine.refuse_stateful("a forked batch", "hold one state per sequence: rows forked from "
+                           "one prefix would share it in the cache's cells")
     k = len(values)
     if k == 0:
         raise KvPrimerError("no rows to run")

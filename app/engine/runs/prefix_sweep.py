@@ -47,7 +47,7 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     task = task or TaskState()
     if not engine.runs_in_work_context:
         raise KvPrimerError(f"{engine.info.name or 'this model'} runs in the cache's shared "
-                            "context (sliding-window or recurrent layers), not in a work "
+                            "context (sliding-window layers), not in a work "
                             "context: the prefix-length sweep times the work context only")
     tokens = engine.tokenize(template.fill(values))
     prefix = engine.tokenize(template.prefix_prompt())
@@ -63,8 +63,9 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     # one evaluation of the prefix (untimed), its batches ending at every length
     work.reset()
     plan = batch_starts(0, p, n_batch, lengths)
-    work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False)
-    states = {n: work.cells(0, n) for n in lengths}
+    work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False, snap_at=lengths)
+    # the cells, and on a hybrid or recurrent model the recurrent state at n (kept apart)
+    states = {n: (work.cells(0, n), work.snapshots.get(n)) for n in lengths}
     points = []
     task.begin_job("sweep", len(lengths), unit="prefix length")  # "prefix length 3 of 8"
     for k, n in enumerate(lengths):
@@ -73,7 +74,8 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
         cuts = [c for c in plan if c < n]
         work.reset()  # as a run from a saved state finds it: nothing to keep
         t0 = time.perf_counter()
-        work.restore(states.pop(n), run[:n], cuts, n)
+        cells, recurrent = states.pop(n)
+        work.restore(cells, run[:n], cuts, n, recurrent)
         warm = _evaluate_and_generate(engine, run, n, (), _FIRST_TOKEN, 1, task, t0,
                                       time.perf_counter(), 1)
         cold = engine.cold.run(run, warm.starts, _FIRST_TOKEN, 1, task, "cold", 1)

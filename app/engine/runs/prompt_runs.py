@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .batch_plan import EXACT_CHUNK, batch_starts
 from .cold_reference import PathResult
@@ -20,6 +21,7 @@ from .generation import GenerationConfig, TextDelta, generate
 from .module_compose import compose_in_work_context, compose_into, plan_modules
 from ..cache.cache_tiers import APPROX_RESTORED
 from ..files.prefix_state import PrefixState
+from ..llama.layer_kinds import read_layer_kinds
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
@@ -30,12 +32,15 @@ EXACT_REUSE_MODES = ("prefix", "chain")  # compose is approximate by design
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
 
 __all__ = ["EXACT_REUSE_MODES", "GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
-           "check_reuse_modes", "run_prompt", "report_dict", "warm_in_work_context"]
+           "check_reuse_modes", "refuse_compose", "run_prompt", "report_dict",
+           "warm_in_work_context"]
 
 
-def check_reuse_modes(modes, *, one: bool = False) -> tuple[str, ...]:
+def check_reuse_modes(modes, *, one: bool = False, model=None) -> tuple[str, ...]:
     """The one check of reuse modes asked for: a name, a comma list ("prefix,chain") or names.
-    Returns them known, in order, each once; ``one``: exactly one is allowed."""
+    Returns them known, in order, each once; ``one``: exactly one is allowed. ``model``: the
+    model file the modes will run on, read (its header only, before it loads) to refuse compose
+    on a hybrid or recurrent model."""
     if isinstance(modes, str):
         modes = modes.split(",")
     asked = tuple(dict.fromkeys(str(m).strip() for m in modes if str(m).strip()))
@@ -48,7 +53,18 @@ def check_reuse_modes(modes, *, one: bool = False) -> tuple[str, ...]:
     if one and len(asked) > 1:
         raise KvPrimerError(f"a run uses one reuse mode, not {len(asked)} "
                             f"({', '.join(asked)}); a benchmark compares several")
+    if "compose" in asked and model is not None:
+        refuse_compose_on_file(model)
     return asked
+
+
+def refuse_compose_on_file(path) -> None:
+    """Compose shifts cached modules' cells into place; a recurrent state has none to shift."""
+    kinds = read_layer_kinds(path)
+    if kinds is not None and kinds.stateful:
+        raise KvPrimerError(f"compose mode cannot run on {Path(path).name}: its recurrent layers "
+                            f"({kinds.legend()}) keep one state per sequence, which cannot be "
+                            "shifted into place or composed from modules; use prefix or chain")
 
 
 @dataclass
@@ -108,6 +124,12 @@ def report_dict(rep: RunReport) -> dict:
 def check_recompute(recompute: int) -> None:
     if recompute < 0:
         raise KvPrimerError(f"recompute k must be 0 or more tokens, not {recompute}")
+
+
+def refuse_compose(engine) -> None:
+    """Compose shifts modules' cells into place: a recurrent state has no cells to shift."""
+    engine.refuse_stateful("compose mode", "hold one state per sequence, which cannot be "
+                           "shifted into place or composed from modules")
 
 
 def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str = "chain",
@@ -175,6 +197,8 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
 def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new, recompute,
           keep, task, report, before) -> PathResult:
     cache = engine.cache
+    if reuse == "compose" and state is None:
+        refuse_compose(engine)
     if state is not None and engine.runs_in_work_context:
         engine.check_state(state)
         hit = state_hit(engine, state, tokens, len(tokens) - 1)
@@ -334,7 +358,7 @@ def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, 
         copied = cache.bring_to_work(hit, tokens)
     t1 = time.perf_counter()
     result = _evaluate_and_generate(engine, tokens, hit.reused, marks, gen, max_new, task, t0, t1,
-                                    keep_logits)
+                                    keep_logits, snap_at=[pos for pos, _label in nodes])
     if state is not None:
         engine.adopt(state)
     for pos, label in nodes:  # after the first token: the bookkeeping stays out of its time
@@ -352,17 +376,20 @@ def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
 
     n = batch_end_at_or_before(engine.cache.state_cuts(state), state.n_tokens,
                                min(common_prefix(list(state.tokens), tokens), limit))
+    if engine.stateful and n < state.n_tokens:
+        n = 0  # its recurrent state stands at its end: all of it or nothing
     approx = APPROX_RESTORED if engine.cache.windowed else ""
     return CacheHit(None, n, (("saved state", n),) if n else (), "file", approx)
 
 
 def _evaluate_and_generate(engine, tokens, reused, marks, gen, max_new, task, t0, t1,
-                           keep_logits) -> PathResult:
+                           keep_logits, snap_at=()) -> PathResult:
     """Evaluate tokens[reused:] in the work context in n_batch batches (also starting at
-    ``marks``), then generate; times are from ``t0`` (the reused part was ready at ``t1``)."""
+    ``marks``), then generate; times are from ``t0`` (the reused part was ready at ``t1``).
+    A stateful model keeps its recurrent state at the depths ``snap_at`` (nodes to store)."""
     work = engine.work
     work.evaluate(tokens[reused:], batch_starts(reused, len(tokens), engine.config.n_batch, marks),
-                  task, stage="warm")
+                  task, stage="warm", snap_at=snap_at)
     prompt_s = time.perf_counter() - t1
     plan = [c for c in work.cuts if c < len(tokens)]
     g = generate(work.ctx, engine.model, work.step, gen, max_new, task, "warm",
