@@ -46,9 +46,10 @@ class WarmBreakdown:
         if kept > 0:
             bring += f" (kept {kept:,} in place)"
         plural = "batch" if self.batches == 1 else "batches"
+        each = f" ({self.ms_per_batch:,.1f} ms a batch)" if self.batches > 1 else ""
         parts = [f"{bring} {self.restore_ms:,.1f} ms",
                  f"evaluate {self.evaluated_tokens:,} tokens in {self.batches} {plural} "
-                 f"{self.evaluate_ms:,.1f} ms",
+                 f"{self.evaluate_ms:,.1f} ms{each}",
                  f"first token {self.first_token_ms:,.1f} ms"]
         text = " · ".join(parts) + f" (time to first token {self.total_ms:,.1f} ms)"
         if self.build_ms:
