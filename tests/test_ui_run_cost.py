@@ -5,6 +5,10 @@ from __future__ import annotations
 from PySide6.QtWidgets import QPushButton
 
 from app.ui.engine_worker import JobKind
+from app.engine import run_prompt
+from app.ui.run_panel import breakdown_text
+from tests.test_run_cost import GEN, SPLIT, VALS, _measured
+from tests.test_run_cost import TPL as CHAIN_TPL
 from tests.test_run_cost import evaluations  # noqa: F401 (the spy fixture)
 from tests.ui_actions import RUN_BOTH, click, trigger
 
@@ -26,7 +30,7 @@ def test_a_run_in_the_window_makes_two_evaluations_and_shows_the_warm_breakdown(
     text = w.run_panel.breakdown.text()
     assert text.startswith("Warm time: ") and b.describe() in text
     assert f"evaluate {b.evaluated_tokens:,} tokens in {b.batches} batch" in text
-    assert "2 evaluations" in text and "noise" not in text
+    assert "2 evaluations (cold, warm)" in text and "noise" not in text
 
     # asked for: every run also measures the noise floor, and says so
     box = w.run_panel.noise
@@ -38,8 +42,17 @@ def test_a_run_in_the_window_makes_two_evaluations_and_shows_the_warm_breakdown(
     again = w.session.runs[-1].report
     assert evaluations == ["cold", "oneshot"] and again.oneshot is not None
     assert again.verdict.equivalence == "bit-identical"
-    assert "3 evaluations; noise floor measured" in w.run_panel.breakdown.text()
+    assert "3 evaluations (cold, warm, noise); noise floor measured" in w.run_panel.breakdown.text()
     # the box is an option like the others: undone by Edit ▸ Undo, which names it
     assert "always measure noise" in w.edits.stack.undoText()
     w.edits.stack.undo()
     assert not w.session.options.measure_noise and not box.isChecked()
+
+
+def test_the_result_explains_a_chain_run_slowed_by_its_batches(engine, monkeypatch):
+    monkeypatch.setattr(engine, "kernels",
+                        _measured(engine.kernels.flash_attn, 64.0, 64.0 + (SPLIT - 1) * 500.0))
+    rep = run_prompt(engine, CHAIN_TPL, VALS, reuse="chain", gen=GEN, cold=False)
+    first, note = breakdown_text(rep).split("\n")
+    assert first.startswith("Warm time: ") and first.endswith("· 1 evaluation (warm)")
+    assert note == f"Note: {rep.breakdown.batching_note}" and "prefix mode makes" in note

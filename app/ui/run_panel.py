@@ -115,11 +115,13 @@ def breakdown_text(report: RunReport) -> str:
     b = report.breakdown
     if b is None:
         return ""
-    evals = [p for p in (report.cold, report.warm, report.oneshot) if p is not None]
+    names = {"cold": report.cold, "warm": report.warm, "noise": report.oneshot}
+    evals = [name for name, p in names.items() if p is not None]
     noise = ("; noise floor measured (one-shot cold run "
              f"{report.oneshot.ttft_ms:,.0f} ms)" if report.oneshot else "")
-    text = f"Warm time: {b.describe()} · {len(evals)} evaluations{noise}"
-    return f"{text}\n{b.batching_note}" if b.batching_note else text
+    count = f"{len(evals)} evaluation{'s' if len(evals) > 1 else ''} ({', '.join(evals)})"
+    text = f"Warm time: {b.describe()} · {count}{noise}"
+    return f"{text}\nNote: {b.batching_note}" if b.batching_note else text
 
 
 class RunPanel(QWidget):
