@@ -172,3 +172,20 @@ def test_kvprimer_run_prints_where_the_warm_time_went(tmp_path, tiny_model, caps
     b = d["breakdown"]
     assert b["reused_tokens"] + b["evaluated_tokens"] == d["prompt_tokens"]
     assert b["total_ms"] == d["warm"]["ttft_ms"]
+
+
+def test_measure_noise_is_a_run_option_kept_in_the_project():
+    from app.engine import session_flows as flows
+    from app.engine.session import Options, Session
+
+    rows = [Row(1, VALS)]
+    assert flows.run_plan(TPL, rows, Options()).oneshot is None  # only when warm and cold differ
+    asked = Options(measure_noise=True)
+    assert flows.run_plan(TPL, rows, asked).oneshot is True
+    assert flows.run_plan(TPL, rows, asked, paths="warm").oneshot is False
+    assert flows.run_plan(TPL, rows, Options(), oneshot=False).oneshot is False
+    s = Session(asked)
+    s.set_template(TPL.source)
+    back = Session()
+    back.apply_project(s.to_project())
+    assert back.options.measure_noise is True
