@@ -250,6 +250,7 @@ def cmd_demo(args) -> int:
               f"reused {rep.reuse_text()}")
         print(f"cold {rep.cold.ttft_ms:.0f} ms, warm {rep.warm.ttft_ms:.0f} ms to first token: "
               f"{rep.speedup:.1f}x faster; verdict {rep.verdict.describe()}")
+        print(f"warm time: {rep.breakdown.describe()}")
         print(f"answer: {rep.warm.text.strip()}")
 
     emit(args, report_dict(rep), words)
