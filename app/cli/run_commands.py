@@ -48,6 +48,14 @@ def run_options(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--cold", action="store_true", help="cold only")
     mode.add_argument("--warm", action="store_true", help="warm only")
     reuse_options(p, f"one of them ({_O.reuse_mode})")
+    noise_option(p)
+
+
+def noise_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--noise", action="store_true", default=None,
+                   help="measure the model's noise floor (a third, one-shot cold evaluation) on "
+                        "every run; by default only runs whose warm result differs from the "
+                        "cold one pay for it")
 
 
 def reuse_options(p: argparse.ArgumentParser, default: str) -> None:
@@ -72,6 +80,7 @@ def bench_options(p: argparse.ArgumentParser) -> None:
                    help="run the rows as forked batches of K against the same rows one by one warm")
     reuse_options(p, f"a comma list compares several ({','.join(_O.bench_modes)}; "
                      "prefix with --state)")
+    noise_option(p)
     server_target_options(p)
 
 
@@ -159,7 +168,7 @@ def _one_mode(text: str | None) -> str | None:
 def cmd_run(args) -> int:
     tpl = read_template(args.template)
     opts = session_options(args, project_options(args.template), reuse_mode=_one_mode(args.reuse),
-                           recompute=args.recompute)
+                           recompute=args.recompute, measure_noise=args.noise)
     paths = "cold" if args.cold else "warm" if args.warm else "both"
     # refuses missing, blank and unknown values before the model loads
     plan = flows.run_plan(tpl, [Row(1, _values(args))], opts, paths=paths, snapshot=False,
@@ -175,8 +184,14 @@ def cmd_run(args) -> int:
             if path:
                 print(f"{path.mode:>5}: restore {path.restore_ms:7.1f} ms  time to first token "
                       f"{path.ttft_ms:8.1f} ms  {path.tokens_per_s:6.1f} tok/s  -> {path.text!r}")
+        if rep.breakdown:
+            print(f"warm time: {rep.breakdown.describe()}")
+            if rep.breakdown.batching_note:
+                print(f"note: {rep.breakdown.batching_note}")
         if rep.speedup:
             print(f"speedup {rep.speedup:.1f}x")
+        if rep.oneshot and rep.cold and rep.warm:
+            print(f"noise run (one-shot cold): time to first token {rep.oneshot.ttft_ms:8.1f} ms")
         if rep.verdict:
             print(f"verdict: {rep.verdict.describe()}")
 
@@ -196,7 +211,8 @@ def cmd_bench(args) -> int:
                             "of the template")
     modes = check_reuse_modes(args.reuse) if args.reuse else ("prefix",) if args.state else None
     opts = session_options(args, project_options(args.template), bench_modes=modes,
-                           repeat=args.repeat, recompute=args.recompute)
+                           repeat=args.repeat, recompute=args.recompute,
+                           measure_noise=args.noise)
     plan = flows.bench_plan(tpl, rows, opts, snapshot=False, model=args.model)
     with open_engine(args) as eng, cancel_on_interrupt(progress_printer()) as task:
         state = load_state_file(eng, args.state, tpl)
@@ -246,6 +262,7 @@ def cmd_demo(args) -> int:
               f"reused {rep.reuse_text()}")
         print(f"cold {rep.cold.ttft_ms:.0f} ms, warm {rep.warm.ttft_ms:.0f} ms to first token: "
               f"{rep.speedup:.1f}x faster; verdict {rep.verdict.describe()}")
+        print(f"warm time: {rep.breakdown.describe()}")
         print(f"answer: {rep.warm.text.strip()}")
 
     emit(args, report_dict(rep), words)

@@ -67,6 +67,9 @@ class Options:
     temperature: float = _GEN.temperature  # 0: greedy
     top_p: float = _GEN.top_p
     seed: int = _GEN.seed  # the sampler's seed
+    # measure the model's noise floor (a third, one-shot cold evaluation) on every run, not
+    # only on runs whose warm result differs from the cold one
+    measure_noise: bool = False
 
     def generation(self) -> GenerationConfig:
         return GenerationConfig(self.max_tokens, self.temperature, self.top_p, self.seed)
@@ -308,7 +311,7 @@ class Session:
                                      "repeat": o.repeat, "reuse_mode": o.reuse_mode,
                                      "recompute": o.recompute, "bench_modes": list(o.bench_modes),
                                      "temperature": o.temperature, "top_p": o.top_p,
-                                     "seed": o.seed},
+                                     "seed": o.seed, "measure_noise": o.measure_noise},
                            results=results)
 
     def apply_project(self, project: ProjectFile, path: str = "") -> list[str]:
@@ -327,6 +330,8 @@ class Session:
             for key in ("temperature", "top_p"):
                 if key in s:
                     opts[key] = float(s[key])
+            if isinstance(s.get("measure_noise"), bool):
+                opts["measure_noise"] = s["measure_noise"]
             if isinstance(s.get("reuse_mode"), str):
                 opts["reuse_mode"], = check_reuse_modes(s["reuse_mode"], one=True)
             if isinstance(s.get("bench_modes"), list):

@@ -44,7 +44,9 @@ class RunPlan:
     rows: tuple[Row, ...]
     options: Options
     paths: str = "both"  # one of RUN_PATHS
-    oneshot: bool = True  # with both paths: also the plain-batches cold run (the noise floor)
+    # with both paths, the plain-batches cold run (the noise floor): None only when warm and
+    # cold differ, True on every run (Options.measure_noise), False never
+    oneshot: bool | None = None
     state: PrefixState | None = None  # the session's prefix state: kept by the snapshot if it fits
     restore: PrefixState | None = None  # a saved state the warm runs start from
     snapshot: bool = True  # after warm runs, the state Save writes (the window's; not the CLI's)
@@ -89,11 +91,13 @@ def check_options(options: Options) -> None:
 
 
 def run_plan(template: Template, rows, options: Options, *, paths: str = "both",
-             oneshot: bool = True, state: PrefixState | None = None,
+             oneshot: bool | None = None, state: PrefixState | None = None,
              restore: PrefixState | None = None, snapshot: bool = True,
              model=None) -> RunPlan:
     """A run of these rows, checked: a path to take, at least one row, every row filled in,
-    one reuse mode (that ``model``, a file not yet loaded, can run)."""
+    one reuse mode (that ``model``, a file not yet loaded, can run). ``oneshot`` (the noise
+    run): None follows the options (always when ``measure_noise``, else only when warm and
+    cold differ)."""
     if paths not in RUN_PATHS:
         raise KvPrimerError(f"a run takes {', '.join(RUN_PATHS)} paths, not {paths!r}")
     rows = tuple(rows)
@@ -102,11 +106,14 @@ def run_plan(template: Template, rows, options: Options, *, paths: str = "both",
     check_filled(template, rows)
     check_options(options)
     check_reuse_modes(options.reuse_mode, one=True, model=model if paths != "cold" else None)
-    return RunPlan(template, rows, options, paths, oneshot and paths == "both", state, restore,
-                   snapshot)
+    if oneshot is None:
+        oneshot = True if options.measure_noise else None
+    return RunPlan(template, rows, options, paths, oneshot if paths == "both" else False, state,
+                   restore, snapshot)
 
 
-def selected_run_plan(session: Session, paths: str = "both", oneshot: bool = True) -> RunPlan:
+def selected_run_plan(session: Session, paths: str = "both",
+                      oneshot: bool | None = None) -> RunPlan:
     """Run the selected rows (else the current one, else the first)."""
     tpl = session_template(session)
     rows = session.selected_rows() or session.all_rows()[:1]
@@ -211,7 +218,7 @@ def bench(engine, plan: BenchPlan, task: TaskState | None = None) -> BenchOutcom
     o = plan.options
     result = bench_rows(engine, plan.template, list(plan.rows), repeat=o.repeat,
                         modes=o.bench_modes, recompute=o.recompute, state=plan.restore,
-                        gen=o.generation(), task=task)
+                        gen=o.generation(), task=task, noise=o.measure_noise)
     # a cancelled benchmark comes back with the rows it finished, and nothing more is done
     state = (snapshot(engine, plan.template, plan.state, task)
              if plan.snapshot and not result.cancelled else None)

@@ -163,9 +163,10 @@ class PromptJobs(QObject):
         return self._submit(JobKind.LOAD_STATE, job, done, on_error=failed)
 
     # ---- runs
-    def run(self, mode: str = "both", oneshot: bool = True) -> Job | None:
-        """``mode``: both paths, cold or warm; ``oneshot`` adds the plain-batches cold run
-        (both paths only), shown apart."""
+    def run(self, mode: str = "both", oneshot: bool | None = None) -> Job | None:
+        """``mode``: both paths, cold or warm; ``oneshot``: the plain-batches cold run (the
+        noise floor; both paths only): None as the session's options say (only when warm and
+        cold differ, unless always asked), True always, False never."""
         plan = self._plan(flows.selected_run_plan, self.session, mode, oneshot)
         if plan is None:
             return None

@@ -2,15 +2,16 @@
 
 Finished runs are the session's: the panel observes them and shows a table of runs, the
 verdict (bit-identical, within-noise or diverged, coloured, with its figures), what the warm run
-reused, and a chart of cold vs warm time to first token. The streamed text and the row being
-run are transient and come from the jobs. The max-tokens, reuse-mode and recompute boxes are
-the session's options, changed through SessionEdits (undoable).
+reused, where its time went (copy, evaluation, first token; and when chain's batching cost more
+than it saves), and a chart of cold vs warm time to first token. The streamed text and the row
+being run are transient and come from the jobs. The max-tokens, reuse-mode, recompute and
+"always measure noise" boxes are the session's options, changed through SessionEdits (undoable).
 """
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QFont, QTextCursor
-from PySide6.QtWidgets import (QComboBox, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -89,6 +90,40 @@ def recompute_box(session: Session, edits: SessionEdits, parent: QWidget | None 
     return k
 
 
+def noise_box(session: Session, edits: SessionEdits, parent: QWidget | None = None) -> QCheckBox:
+    """Whether every run measures the noise floor, bound to the session's options."""
+    box = QCheckBox("always measure noise", parent)
+    box.setObjectName("measureNoise")
+    box.setToolTip("Also evaluate the prompt a third time, in plain batches (the model's own "
+                   "noise floor), on every run. Without it only runs whose warm result differs "
+                   "from the cold one pay for it: a bit-identical run needs no noise floor")
+
+    def show(o: Options) -> None:
+        if box.isChecked() != o.measure_noise:
+            box.setChecked(o.measure_noise)
+
+    show(session.options)
+    box.toggled.connect(lambda on: edits.set_option("measure_noise", on,
+                                                    text="always measure noise" if on
+                                                    else "measure noise only when needed"))
+    session.events.options.connect(show)
+    return box
+
+
+def breakdown_text(report: RunReport) -> str:
+    """Where the warm time went, and how many evaluations the run made, for the result."""
+    b = report.breakdown
+    if b is None:
+        return ""
+    names = {"cold": report.cold, "warm": report.warm, "noise": report.oneshot}
+    evals = [name for name, p in names.items() if p is not None]
+    noise = ("; noise floor measured (one-shot cold run "
+             f"{report.oneshot.ttft_ms:,.0f} ms)" if report.oneshot else "")
+    count = f"{len(evals)} evaluation{'s' if len(evals) > 1 else ''} ({', '.join(evals)})"
+    text = f"Warm time: {b.describe()} · {count}{noise}"
+    return f"{text}\nNote: {b.batching_note}" if b.batching_note else text
+
+
 class RunPanel(QWidget):
     run_requested = Signal(str)  # "both", "cold" or "warm"
 
@@ -121,11 +156,18 @@ class RunPanel(QWidget):
         self.recompute = recompute_box(session, edits, self)
         buttons.addWidget(self.reuse_mode)
         buttons.addWidget(self.recompute)
+        self.noise = noise_box(session, edits, self)
+        buttons.addWidget(self.noise)
         buttons.addStretch(1)
         # what the last warm run reused, and its verdict against the cold run
         self.reuse = QLabel("")
         self.reuse.setObjectName("reuseText")
         self.reuse.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        # where the last warm run's time to first token went
+        self.breakdown = QLabel("")
+        self.breakdown.setObjectName("warmBreakdown")
+        self.breakdown.setWordWrap(True)
+        self.breakdown.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.verdict = QLabel("Select rows and press Run.")
         self.verdict.setObjectName("verdict")
         self.verdict.setWordWrap(True)
@@ -181,6 +223,7 @@ class RunPanel(QWidget):
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(buttons)
         lay.addWidget(self.reuse)
+        lay.addWidget(self.breakdown)
         lay.addLayout(result)
         lay.addWidget(split, 1)
         session.events.runs.connect(self._runs_changed)
@@ -227,6 +270,7 @@ class RunPanel(QWidget):
             tier = f"{report.reuse} mode" + (f", {report.build_ms:,.0f} ms building modules"
                                              if report.build_ms else "")
             self.reuse.setText(f"Reused ({tier}): {report.reuse_text()}")
+        self.breakdown.setText(breakdown_text(report))
         v = report.verdict
         if v is None:
             return
@@ -261,3 +305,4 @@ class RunPanel(QWidget):
         self.verdict.setStyleSheet("")
         self.details.setText("")
         self.reuse.setText("")
+        self.breakdown.setText("")

@@ -5,7 +5,9 @@ The static prefix is primed once (not timed as part of any row). For each reuse 
 starts holding only the static prefix, and the rows run in file order, each able to reuse what
 earlier rows of that mode left (chain, compose). One cold run per row serves every mode whose
 warm history used the same batch starts (the normal case); the one-shot cold run, which
-measures the model's own batch-grouping noise, runs once per row. A row that fails (too long,
+measures the model's own batch-grouping noise, runs at most once per row: only when a mode's
+warm run differs from its cold run, or on every row when asked (``noise``). Each row keeps the
+breakdown of its median warm run (warm_cost.py). A row that fails (too long,
 bad values) is reported with its error; the others still run.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..prompts.rows import Row
 from ..task_state import TaskState
 from ..prompts.template import Template
 from .verdict import Verdict
+from .warm_cost import WarmBreakdown
 
 
 @dataclass
@@ -54,6 +57,7 @@ class BenchRow:
     state_bytes: int = 0
     error: str | None = None
     positions: int = 0  # generated positions the verdict compared
+    breakdown: WarmBreakdown | None = None  # where the median warm run's time went
 
     def verdict(self) -> Verdict | None:
         """The first repeat's verdict (None for a row that failed): its words come from it."""
@@ -144,7 +148,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                modes: tuple[str, ...] | list[str] = ("prefix",), recompute: int = 0,
                state: PrefixState | None = None,
                gen: GenerationConfig = GenerationConfig(),
-               task: TaskState | None = None) -> BenchResult:
+               task: TaskState | None = None, noise: bool = False) -> BenchResult:
+    """``noise``: measure the noise floor on every row, not only where warm and cold differ."""
     task = task or TaskState()
     check_repeat(repeat)
     modes = check_reuse_modes(modes)
@@ -161,7 +166,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
             for i, row in enumerate(rows):
                 task.begin_item(i + 1, len(rows), number=row.number, part=mode)
                 result.rows.append(_bench_one(engine, template, row, mode, repeat, state,
-                                              recompute, gen, task, colds.setdefault(row.number, {})))
+                                              recompute, gen, task, colds.setdefault(row.number, {}),
+                                              True if noise else None))
                 task.end_item()
                 task.partial(result)
     except Cancelled:
@@ -169,9 +175,10 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
     return result
 
 
-def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task, colds) -> BenchRow:
+def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task, colds,
+               oneshot) -> BenchRow:
     out = BenchRow(row=row.number, reuse=mode, state_bytes=state.nbytes if state else 0)
-    warms, restores = [], []
+    warms, restores, reports = [], [], []
     before = engine.cache.generation + 1
     try:
         blank = template.blank(row.values)
@@ -181,9 +188,10 @@ def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task,
             # later repeats of a row reuse only what was cached before its first repeat
             rep = run_prompt(engine, template, row.values, reuse=mode, state=state, gen=gen,
                              recompute=recompute, task=task, cold_cache=colds,
-                             reuse_before=before)
+                             reuse_before=before, oneshot=oneshot)
             warms.append(rep.warm.ttft_ms)
             restores.append(rep.warm.restore_ms)
+            reports.append(rep)
             if r == 0:
                 first = rep
     except Cancelled:
@@ -209,4 +217,6 @@ def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task,
                                                              v.top1_agree)
     out.noise_max_logit_diff, out.noise_kl_divergence = v.noise_max_logit_diff, v.noise_kl_divergence
     out.positions = v.positions
+    # the run whose time is the median (the lower one of an even count)
+    out.breakdown = sorted(reports, key=lambda r: r.warm.ttft_ms)[(len(reports) - 1) // 2].breakdown
     return out

@@ -9,7 +9,8 @@ its cells always start at cell 0 in position order. Two kinds of cold run:
 - ``oneshot``: plain batches, as any llama.cpp program would evaluate the prompt, with its cells
   one cell further on (a padding cell of another sequence comes first). Its difference from the
   same-boundary run is the model's own numeric noise: what batch grouping and cell placement
-  change in the arithmetic, both of which a cache could change without being wrong.
+  change in the arithmetic, both of which a cache could change without being wrong. It is run
+  only to judge a warm run that differs from its same-boundary cold run, or when asked.
 """
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ the deepest cached prompt — ``chain`` —, or the static prefix with composed 
 copy it into the work context (a sliding-window model: fork it into a working sequence of the
 cache's context), evaluate only the rest, generate. Cold: the same prompt from scratch in
 the cold reference context, with the batch starts the warm run's history used, so an exact
-cache gives bit-identical logits; a one-shot cold run (plain batches) measures the model's own
-batch-grouping noise. The verdict (verdict.py) weighs the warm run against both.
+cache gives bit-identical logits. Only when the two differ (or when asked) a one-shot cold run
+(plain batches) measures the model's own batch-grouping noise, so a bit-identical run costs two
+evaluations, not three. The verdict (verdict.py) weighs the warm run against both. The report
+also says where the warm time went (warm_cost.py).
 """
 from __future__ import annotations
 
@@ -25,14 +27,15 @@ from ..llama.layer_kinds import read_layer_kinds
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
-from .verdict import Verdict, compare_runs, judge
+from .verdict import Verdict, compare_runs, judge, needs_noise
+from .warm_cost import WarmBreakdown, run_breakdown
 
 REUSE_MODES = ("prefix", "chain", "compose")
 EXACT_REUSE_MODES = ("prefix", "chain")  # compose is approximate by design
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
 
 __all__ = ["EXACT_REUSE_MODES", "GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
-           "check_reuse_modes", "refuse_compose", "run_prompt", "report_dict",
+           "WarmBreakdown", "check_reuse_modes", "refuse_compose", "run_prompt", "report_dict",
            "warm_in_work_context"]
 
 
@@ -81,11 +84,12 @@ class RunReport:
     state_bytes: int = 0
     cold: PathResult | None = None
     warm: PathResult | None = None
-    oneshot: PathResult | None = None
+    oneshot: PathResult | None = None  # the noise run: only when warm and cold differ, or asked
     verdict: Verdict | None = None
     note: str = ""  # why the reused cells may not be exact, when they may not
     copied_tokens: int = 0  # reused tokens copied from the cache (the rest were in place)
     plan: list[int] = field(default_factory=list, repr=False)  # the warm history's batch starts
+    breakdown: WarmBreakdown | None = None  # where the warm time to first token went
 
     @property
     def speedup(self) -> float | None:
@@ -118,7 +122,8 @@ def report_dict(rep: RunReport) -> dict:
             "tokenize_ms": rep.tokenize_ms, "build_ms": rep.build_ms,
             "state_bytes": rep.state_bytes, "speedup": rep.speedup,
             "cold": path(rep.cold), "warm": path(rep.warm), "oneshot": path(rep.oneshot),
-            "verdict": None if v is None else {**asdict(v), "text": v.describe()}}
+            "verdict": None if v is None else {**asdict(v), "text": v.describe()},
+            "breakdown": None if rep.breakdown is None else asdict(rep.breakdown)}
 
 
 def check_recompute(recompute: int) -> None:
@@ -134,7 +139,7 @@ def refuse_compose(engine) -> None:
 
 def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str = "chain",
                state: PrefixState | None = None, cold: bool = True, warm: bool = True,
-               oneshot: bool = True, gen: GenerationConfig = GenerationConfig(),
+               oneshot: bool | None = None, gen: GenerationConfig = GenerationConfig(),
                recompute: int = 0, keep: bool = True, task: TaskState | None = None,
                cold_cache: dict | None = None, reuse_before: int | None = None) -> RunReport:
     """Run one filled prompt on the chosen paths (see the module docstring).
@@ -144,7 +149,8 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     first k tokens of each module in context. ``cold_cache``: cold runs already made for this
     prompt, by batch starts (a benchmark runs one cold run for several modes).
     ``reuse_before``: reuse only cache nodes older than this cache generation (a benchmark's
-    repeats must not reuse what the row's own first run cached).
+    repeats must not reuse what the row's own first run cached). ``oneshot``: the noise run,
+    None (the default) only when warm and cold differ, True always, False never.
     """
     reuse, = check_reuse_modes(reuse, one=True)
     if not (cold or warm):
@@ -177,19 +183,27 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
             colds[key] = engine.cold.run(tokens, plan, gen, max_new, task, "cold", keep_n)
         report.cold = colds[key]
         task.partial(report)
-    if oneshot:
+
+    def noise_run() -> PathResult:
         key = ("oneshot", gen, max_new)
         if key not in colds:
             colds[key] = engine.cold.run(tokens, None, gen, max_new, task, "oneshot", keep_n)
-        report.oneshot = colds[key]
+        return colds[key]
+
     if report.cold and report.warm:
         w = compare_runs(report.cold.tokens, report.cold.logits, report.warm.tokens,
                          report.warm.logits)
         noise = None
-        if report.oneshot:
+        # a bit-identical run needs no noise floor to be judged: its third evaluation is saved
+        if oneshot or (oneshot is None and needs_noise(w)):
+            report.oneshot = noise_run()
             noise = compare_runs(report.cold.tokens, report.cold.logits, report.oneshot.tokens,
                                  report.oneshot.logits)
         report.verdict = judge(w, noise, report.note)
+    elif oneshot:
+        report.oneshot = noise_run()
+    if report.warm:
+        report.breakdown = run_breakdown(engine, report, len(tokens), segments)
     task.partial(report)
     return report
 

@@ -12,6 +12,9 @@ Three words:
 - ``diverged``: anything else: where the tokens first differ, the next-token KL divergence and
   how often the top-1 tokens agree say by how much.
 
+The noise is measured (a third evaluation of the prompt) only for a run that is not
+bit-identical: ``needs_noise`` says when; a bit-identical run's verdict does not depend on it.
+
 Positions are compared while both runs have generated the same tokens so far (after the first
 difference their contexts differ and a comparison says nothing about the cache).
 """
@@ -107,9 +110,19 @@ def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> float:
     return max(0.0, float(np.sum(np.exp(la) * (la - lb))))
 
 
+def is_bit_identical(warm: Comparison) -> bool:
+    return warm.tokens_equal and warm.positions > 0 and warm.max_logit_diff == 0.0
+
+
+def needs_noise(warm: Comparison) -> bool:
+    """Whether judging this warm-against-cold comparison needs the model's noise floor: any
+    run but a bit-identical one (the floor decides within-noise, and the words describe it)."""
+    return not is_bit_identical(warm)
+
+
 def judge(warm: Comparison, noise: Comparison | None, note: str = "") -> Verdict:
     """The verdict for a warm run compared with its same-boundary cold run, given the noise."""
-    if warm.tokens_equal and warm.positions > 0 and warm.max_logit_diff == 0.0:
+    if is_bit_identical(warm):
         word = BIT_IDENTICAL
     elif warm.tokens_equal and warm.positions > 0 and (
             (noise is not None and warm.max_logit_diff <= noise.max_logit_diff
