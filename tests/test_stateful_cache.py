@@ -86,6 +86,10 @@ def test_without_the_recurrent_snapshot_the_warm_run_differs(stateful_model, mon
     is not the cold run."""
     from app.engine.cache.work_context import WorkContext
 
+    if stateful_model.stem == "mamba2":
+        # its random-weight state fades below float precision within the 59-token suffix:
+        # with AVX-512 kernels a stale state gave the same logits bit for bit
+        pytest.skip("the tiny mamba2 forgets its state within the suffix")
     with _engine(stateful_model) as eng:
         run(eng, {"c1": A, "c2": B, "question": "why?"})
         monkeypatch.setattr(WorkContext, "set_recurrent",

@@ -23,6 +23,8 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .llama_backend import ensure_backend, library_dir
+
 # the extra buffer types' names as llama.cpp logs them ("load_tensors: AMX model buffer size")
 AMX_BUFFER, REPACK_BUFFER = "AMX", "CPU_REPACK"
 
@@ -120,21 +122,12 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
 def build_facts() -> BuildFacts:
     import llama_cpp as L
 
-    from .llama_backend import ensure_backend
-
     ensure_backend()  # with CPU levels built apart, the system info names the loaded one's features
     info = parse_system_info(L.llama_print_system_info().decode("utf-8", "replace"))
     cpu = info.get("CPU", {})
     lib_dir = library_dir()
     return BuildFacts(tuple(k for k, v in cpu.items() if v == "1"),
                       f"{L.__version__}|{_files_digest(lib_dir)}", str(lib_dir))
-
-
-def library_dir() -> Path:
-    """The folder of the libllama that llama_cpp loaded (LLAMA_CPP_LIB_PATH may move it)."""
-    from llama_cpp import llama_cpp as bindings
-
-    return Path(bindings._lib._name).resolve().parent
 
 
 def _files_digest(folder: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from pathlib import Path
 from typing import Callable
 
 import llama_cpp as L
@@ -66,12 +67,18 @@ def cpu_backend():
     """The CPU level llama.cpp runs (app/cpu_backends.py): loaded on first use."""
     from ...cpu_backends import NoCpuBackendError, load_cpu_backend
     from ..errors import ModelError
-    from .cpu_kernels import library_dir
 
     try:
         return load_cpu_backend(library_dir())
     except NoCpuBackendError as e:
         raise ModelError(str(e)) from None
+
+
+def library_dir() -> Path:
+    """The folder of the libllama that llama_cpp loaded (LLAMA_CPP_LIB_PATH may move it)."""
+    from llama_cpp import llama_cpp as bindings
+
+    return Path(bindings._lib._name).resolve().parent
 
 
 def versions() -> dict[str, str]:

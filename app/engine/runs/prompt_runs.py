@@ -14,60 +14,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from .batch_plan import EXACT_CHUNK, batch_starts
 from .cold_reference import PathResult
 from ..errors import KvPrimerError
 from .generation import GenerationConfig, TextDelta, generate
 from .module_compose import compose_in_work_context, compose_into, plan_modules
+from .reuse_modes import (EXACT_REUSE_MODES, REUSE_MODES, check_recompute, check_reuse_modes,
+                          refuse_compose, refuse_compose_on_file)
 from ..cache.cache_tiers import APPROX_RESTORED
 from ..files.prefix_state import PrefixState
-from ..llama.layer_kinds import read_layer_kinds
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
 from .verdict import Verdict, compare_runs, judge, needs_noise
 from .warm_cost import WarmBreakdown, run_breakdown
 
-REUSE_MODES = ("prefix", "chain", "compose")
-EXACT_REUSE_MODES = ("prefix", "chain")  # compose is approximate by design
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
 
 __all__ = ["EXACT_REUSE_MODES", "GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
            "WarmBreakdown", "check_reuse_modes", "refuse_compose", "run_prompt", "report_dict",
            "warm_in_work_context"]
-
-
-def check_reuse_modes(modes, *, one: bool = False, model=None) -> tuple[str, ...]:
-    """The one check of reuse modes asked for: a name, a comma list ("prefix,chain") or names.
-    Returns them known, in order, each once; ``one``: exactly one is allowed. ``model``: the
-    model file the modes will run on, read (its header only, before it loads) to refuse compose
-    on a hybrid or recurrent model."""
-    if isinstance(modes, str):
-        modes = modes.split(",")
-    asked = tuple(dict.fromkeys(str(m).strip() for m in modes if str(m).strip()))
-    bad = [m for m in asked if m not in REUSE_MODES]
-    if bad or not asked:
-        how = "one of" if one else "one or more of"
-        raise KvPrimerError(f"unknown reuse mode {', '.join(repr(m) for m in bad) or '(none)'}; "
-                            f"use {how} {', '.join(REUSE_MODES)}"
-                            + ("" if one else ", comma-separated"))
-    if one and len(asked) > 1:
-        raise KvPrimerError(f"a run uses one reuse mode, not {len(asked)} "
-                            f"({', '.join(asked)}); a benchmark compares several")
-    if "compose" in asked and model is not None:
-        refuse_compose_on_file(model)
-    return asked
-
-
-def refuse_compose_on_file(path) -> None:
-    """Compose shifts cached modules' cells into place; a recurrent state has none to shift."""
-    kinds = read_layer_kinds(path)
-    if kinds is not None and kinds.stateful:
-        raise KvPrimerError(f"compose mode cannot run on {Path(path).name}: its recurrent layers "
-                            f"({kinds.legend()}) keep one state per sequence, which cannot be "
-                            "shifted into place or composed from modules; use prefix or chain")
 
 
 @dataclass
@@ -126,17 +93,6 @@ def report_dict(rep: RunReport) -> dict:
             "breakdown": None if rep.breakdown is None else asdict(rep.breakdown)}
 
 
-def check_recompute(recompute: int) -> None:
-    if recompute < 0:
-        raise KvPrimerError(f"recompute k must be 0 or more tokens, not {recompute}")
-
-
-def refuse_compose(engine) -> None:
-    """Compose shifts modules' cells into place: a recurrent state has no cells to shift."""
-    engine.refuse_stateful("compose mode", "hold one state per sequence, which cannot be "
-                           "shifted into place or composed from modules")
-
-
 def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str = "chain",
                state: PrefixState | None = None, cold: bool = True, warm: bool = True,
                oneshot: bool | None = None, gen: GenerationConfig = GenerationConfig(),
@@ -155,8 +111,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     reuse, = check_reuse_modes(reuse, one=True)
     if not (cold or warm):
         raise KvPrimerError("choose cold, warm or both")
-    if recompute < 0:
-        raise KvPrimerError(f"recompute k must be 0 or more tokens, not {recompute}")
+    check_recompute(recompute)
     task = task or TaskState()
     t0 = time.perf_counter()
     tokens = engine.tokenize(template.fill(values))
