@@ -90,6 +90,15 @@ class EngineKernels:
             return "measuring again as asked"
         return "the last measurement is provisional: measuring again"
 
+    @classmethod
+    def of(cls, model: NativeModel, config, model_sha256: str, traits) -> "EngineKernels":
+        """For an engine with ``config`` (EngineConfig) on a model with ``traits``."""
+        return cls(model, config.context_params(config.n_seq_max), model_sha256,
+                   config.flash_attn, windowed=traits.n_swa > 0,
+                   quantized_v=config.type_v not in ("f16", "f32", "bf16"),
+                   no_attention=traits.recurrent and not traits.hybrid,
+                   remeasure=config.remeasure_kernels)
+
     # ---- measuring
     def measure(self, check=lambda: False, on_step=None, task=None) -> KernelChoice | None:
         """Take measurement steps until it is finished (the new choice, cached) or ``check()``
@@ -119,7 +128,23 @@ class EngineKernels:
         return KernelStatus(state, self.choice.flash_attn, p.done if p else 0, p.total if p else 0,
                             p.eta_s if p else None, self.note, self.choice.provisional)
 
+    def switched(self, dropped: int, user_tokens: int) -> None:
+        """The engine opened its contexts again with the new kernel: say so, and what went."""
+        lost = [f"{dropped} cached prompt{'s' if dropped != 1 else ''}" if dropped else "",
+                f"sequence 0's {user_tokens} tokens" if user_tokens else ""]
+        lost = " and ".join(x for x in lost if x)
+        self.note = (f"switched to flash attention {'on' if self.choice.flash_attn else 'off'} "
+                     "(measured faster here)" + (f"; dropped {lost}: their cells have the other "
+                                                 "kernel's V layout, prime again" if lost else ""))
+
     # ---- runs against the measurement
+    def observe_warm(self, warm) -> str | None:
+        """``observe_run`` for a warm run's PathResult (None: no warm run)."""
+        if warm is None or warm.evaluated_tokens <= 0:
+            return None
+        batches = sum(1 for s in warm.starts if s >= warm.reused_tokens) or 1
+        return self.observe_run(warm.evaluated_tokens, batches, warm.prompt_ms)
+
     def observe_run(self, evaluated: int, batches: int, prompt_ms: float) -> str | None:
         """Compare a warm run with the measurement; when runs keep departing from it, the cached
         measurement is marked provisional and a measurement is wanted (the message says so)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
 from .runs.cold_reference import ColdReference
-from .engine_config import EngineConfig, ModelInfo
+from .engine_config import EngineConfig, model_info
 from .llama.crash_probe import checked_cpu_kernels
 from .engine_kernels import EngineKernels, KernelStatus
 from .llama.kernel_choice import KernelChoice
@@ -24,8 +24,7 @@ from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
 from .kv.kv_view import KvCacheView, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
-from .llama.ggml_types import kv_bytes_per_token
-from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
+from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
 from .files.prefix_state import PrefixState
 from .cache.cache_parts import CacheParts
 from .cache.radix_cache import RadixCache
@@ -43,10 +42,9 @@ class Engine:
     def __init__(self, config: EngineConfig = EngineConfig(), *, measure_kernels_later: bool = False,
                  task: TaskState | None = None):
         """Load the model and open its contexts. With flash attention "auto" and no measurement
-        to go on (none, or a provisional one that is not recent), the attention kernels are
-        measured first (``task`` can cancel it), or, with ``measure_kernels_later``, the engine
-        opens on the safe default (or the provisional choice) and ``measure_kernels`` measures
-        when the caller has time (engine_kernels.py)."""
+        to go on, the attention kernels are measured first (``task`` can cancel it), or, with
+        ``measure_kernels_later``, the engine opens on the safe default and ``measure_kernels``
+        measures when the caller has time (engine_kernels.py)."""
         self.config = config
         path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
         self.cpu_kernels = checked_cpu_kernels(path)  # crash-checked in a child process, cached
@@ -58,12 +56,7 @@ class Engine:
             self._early = read_traits(self.model, None, path)
             # every context of the engine runs the same kernel: states move between them, and
             # flash attention decides V's layout
-            self.kernel_state = EngineKernels(
-                self.model, config.context_params(config.n_seq_max), self._sha256,
-                config.flash_attn, windowed=self._early.n_swa > 0,
-                quantized_v=config.type_v not in ("f16", "f32", "bf16"),
-                no_attention=self._early.recurrent and not self._early.hybrid,
-                remeasure=config.remeasure_kernels)
+            self.kernel_state = EngineKernels.of(self.model, config, self._sha256, self._early)
             if not measure_kernels_later and self.kernel_state.urgent:
                 task = task or TaskState()
                 if self.kernel_state.measure(lambda: task.cancelled, task=task) is None:
@@ -82,16 +75,8 @@ class Engine:
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
         self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
                                   config.kv_debug_log)
-        facts = self.model.facts()
-        self.info = ModelInfo(
-            path=str(self._path), sha256=self._sha256, n_ctx=self.ctx.n_ctx, kernels=self.kernels,
-            cpu_kernels=self.cpu_kernels,
-            n_batch=config.n_batch, n_ubatch=self.ctx.n_ubatch, n_seq_max=config.n_seq_max, type_k=config.type_k,
-            type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
-            traits=with_context(self._early, self.ctx), gpu_offload=gpu_offload_supported(),
-            **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
-                                     "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
-                                     "file_bytes")})
+        self.info = model_info(self.model, self.ctx, config, self._path, self._sha256,
+                               with_context(self._early, self.ctx), self.kernels, self.cpu_kernels)
         # token ids resident in each sequence, position i holding resident[seq][i], and the
         # sequences that also hold shifted cells: changed only through its methods
         self.resident = SequenceTokens(config.n_seq_max)
@@ -111,14 +96,12 @@ class Engine:
         """The attention kernel chosen for this model, and why (measured, set, required…)."""
         return self.kernel_state.choice
 
-    def kernel_status(self) -> KernelStatus:
+    def kernel_status(self) -> KernelStatus:  # what front ends show of the measurement
         return self.kernel_state.status()
-
     def measure_kernels(self, task: TaskState | None = None, on_status=None) -> KernelStatus:
-        """Run the wanted kernel measurement until it ends or ``task`` is cancelled (then it
-        returns, and the next call resumes). Call it between jobs, never inside one: when the
-        measurement picks the other kernel, every context is opened again with it here, and
-        the radix cache, whose cells have the old kernel's V layout, starts empty."""
+        """Measure the kernels until done or ``task`` is cancelled (the next call resumes).
+        Between jobs only: picking the other kernel reopens every context here, and the radix
+        cache (cells of the old kernel's V layout) starts empty."""
         task = task or TaskState()
         step = (lambda _p: on_status(self.kernel_state.status())) if on_status else None
         new = self.kernel_state.measure(lambda: task.cancelled, step, task)
@@ -129,28 +112,16 @@ class Engine:
         return self.kernel_state.status()
 
     def _switch_kernels(self) -> None:
-        dropped = len(self.cache.nodes())
-        user = self.resident.count(0)
-        self.cache.close()
-        self.work.close()
-        self.cold.close()
-        self.ctx.close()
+        dropped, user = len(self.cache.nodes()), self.resident.count(0)
+        for part in (self.cache, self.work, self.cold, self.ctx):
+            part.close()
         self._open_contexts()
-        lost = [f"{dropped} cached prompt{'s' if dropped != 1 else ''}" if dropped else "",
-                f"sequence 0's {user} tokens" if user else ""]
-        lost = " and ".join(x for x in lost if x)
-        self.kernel_state.note = (
-            f"switched to flash attention {'on' if self._flash_attn else 'off'} (measured "
-            f"faster here)" + (f"; dropped {lost}: their cells have the other kernel's V layout,"
-                               " prime again" if lost else ""))
+        self.kernel_state.switched(dropped, user)
 
     def note_run(self, warm) -> str | None:
         """Compare a warm run (a PathResult) with the kernel measurement; a message when runs
         keep departing from it and it is measured again (kernel_watch.py)."""
-        if warm is None or warm.evaluated_tokens <= 0:
-            return None
-        batches = sum(1 for s in warm.starts if s >= warm.reused_tokens) or 1
-        return self.kernel_state.observe_run(warm.evaluated_tokens, batches, warm.prompt_ms)
+        return self.kernel_state.observe_warm(warm)
 
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""

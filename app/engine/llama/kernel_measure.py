@@ -84,7 +84,7 @@ class Measured:
     def why_provisional(self) -> str:
         why = []
         if self.load.busy:
-            why.append(f"the machine was busy ({self.load.describe()})")
+            why.append(f"the machine was busy: {self.load.describe()}")
         if not self.settled:
             why.append(f"the figures still spread over {max(t.spread for t in self.timings):.0%} "
                        f"after {self.rounds} rounds")
