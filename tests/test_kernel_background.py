@@ -37,8 +37,8 @@ def test_the_engine_answers_before_measuring_then_switches_between_jobs(tiny_mod
     kc._cache_path().unlink(missing_ok=True)
     with make(tiny_model) as e:
         assert e.kernels.how == "until measured" and e.kernels.flash_attn is False
-        assert e.kernel_status().state == "wanted"
-        assert "until measured" in e.kernel_status().text()
+        assert e.kernel_state.status().state == "wanted"
+        assert "until measured" in e.kernel_state.status().text()
         rep = run_prompt(e, TPL, {"q": "why?"}, reuse="chain")  # usable at once
         assert rep.verdict.exact and len(e.cache.nodes()) > 0
         # a job of the user's stops it between steps; the next call resumes where it stopped
@@ -64,7 +64,7 @@ def test_the_engine_answers_before_measuring_then_switches_between_jobs(tiny_mod
     with make(tiny_model) as e:
         assert e.kernels.how == "measured earlier" and e.kernels.flash_attn is True
         # a provisional one (a busy machine) is used, and wanted again: never trusted for good
-        assert e.kernel_status().state == ("wanted" if e.kernels.provisional else "done")
+        assert e.kernel_state.status().state == ("wanted" if e.kernels.provisional else "done")
 
 
 def test_without_deferring_the_engine_measures_first(tiny_model, forced):
@@ -126,3 +126,33 @@ def test_kvprimer_info_measures_in_the_foreground_and_shows_the_figures(tiny_mod
     k = json.loads(out)["kernels"]
     assert k["how"] == "measured earlier" and "measuring" not in err
     assert k["load"]["n_cores"] >= 1 and k["figures"]
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "granitehybrid", "nemotron_h"])
+def test_auto_measures_hybrid_models_whose_state_cannot_be_cut_back(arch_models, arch):
+    """The timing prefix is put back from a saved state, not trimmed with seq_rm, which a
+    recurrent state refuses (the next decode then failed: `-fa auto` broke on lfm2)."""
+    kc._cache_path().unlink(missing_ok=True)
+    with Engine(EngineConfig(model_path=str(arch_models[arch]), n_ctx=512, n_batch=32,
+                             n_threads=1, flash_attn="auto")) as e:
+        assert e.info.traits.hybrid
+        assert e.kernels.how == "measured" and len(e.kernels.timings) == 2
+        assert all(t.suffix_ms > 0 and t.split_suffix_ms > 0 for t in e.kernels.timings)
+        # what the old measurement did fails here: the recurrent part cannot be cut back
+        from app.engine.llama.native import NativeContext
+
+        ctx = NativeContext(e.model, e.context_params(1))
+        try:
+            ctx.decode([(i + 3, i, (0,), False) for i in range(16)])
+            assert not ctx.seq_rm(0, 8, -1)
+        finally:
+            ctx.close()
+        rep = run_prompt(e, Template.parse("hello world <q>"), {"q": "why?"}, warm=False)
+        assert rep.cold.tokens  # the engine runs on the measured kernel
+
+
+def test_recurrent_models_have_no_attention_kernel_to_choose(arch_models):
+    with Engine(EngineConfig(model_path=str(arch_models["mamba2"]), n_ctx=512, n_batch=32,
+                             n_threads=1, flash_attn="auto"), measure_kernels_later=True) as e:
+        assert (e.kernels.flash_attn, e.kernels.how) == (None, "required")
+        assert e.kernel_state.status().state == "done"

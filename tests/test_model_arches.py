@@ -2,19 +2,23 @@
 
 Every comparison is against a cold run of the same tokens with the same batch boundaries
 (prefix, then suffix), since llama.cpp's numerics depend on them. The fixtures: llama (plain),
-qwen2 (Q/K/V biases), qwen3 (Q/K norms), gemma3 (an 8-token sliding window on layers S F S F)
-and mamba (recurrent). What these tests pin down is what ModelTraits.notes() tells users.
+qwen2 (Q/K/V biases), qwen3 (Q/K norms), gemma3 (an 8-token sliding window on layers S F S F),
+mamba and mamba2 (recurrent), lfm2, granitehybrid and nemotron_h (hybrid: attention beside
+short convolutions or Mamba 2 mixers). What these tests pin down is what ModelTraits.notes()
+tells users.
 """
 from __future__ import annotations
 
 import json
 
+import llama_cpp as L
 import numpy as np
 import pytest
 
 from app.engine import Engine, EngineConfig
 from app.engine.errors import ContextError, KvPrimerError
-from tests.tiny_model import ARCHITECTURES, ATTENTION_ARCHITECTURES, write_arch_model
+from tests.tiny_model import (ARCHITECTURES, ATTENTION_ARCHITECTURES, HYBRID_ARCHITECTURES,
+                              RECURRENT_ARCHITECTURES, STATEFUL_ARCHITECTURES, write_arch_model)
 
 TEXT = ("the question is hello world and the answer is in the context you are a helpful "
         "assistant of the world and the hello ") * 8
@@ -54,6 +58,14 @@ def test_each_architecture_loads_and_generates(arch_models, arch):
         assert len(eng.resident[0]) == len(toks) - 1
 
 
+def test_llama_cpp_calls_each_stateful_architecture_what_it_is(arch_models, arch):
+    """The tiny hybrids and recurrent models are what llama.cpp takes them for."""
+    with _engine(arch_models[arch]) as eng:
+        assert bool(L.llama_model_is_recurrent(eng.model.ptr)) == (arch in RECURRENT_ARCHITECTURES)
+        assert bool(L.llama_model_is_hybrid(eng.model.ptr)) == (arch in HYBRID_ARCHITECTURES)
+        assert (arch in STATEFUL_ARCHITECTURES) == (eng.info.traits.recurrent or eng.info.traits.hybrid)
+
+
 EXPECTED_TRAITS = {
     "llama": dict(n_swa=0, swa_kind="none", swa_layers=0, swa_pattern="", recurrent=False,
                   rope_type="norm"),
@@ -61,7 +73,11 @@ EXPECTED_TRAITS = {
     "qwen3": dict(n_swa=0, swa_kind="none", swa_layers=0, recurrent=False, rope_type="neox"),
     "gemma3": dict(n_swa=WINDOW, swa_kind="standard", swa_layers=2, swa_pattern="SFSF",
                    recurrent=False, rope_type="neox"),
-    "mamba": dict(n_swa=0, swa_kind="none", recurrent=True, rope_type="none"),
+    "mamba": dict(n_swa=0, swa_kind="none", recurrent=True, hybrid=False, rope_type="none"),
+    "mamba2": dict(n_swa=0, swa_kind="none", recurrent=True, hybrid=False, rope_type="none"),
+    "lfm2": dict(n_swa=0, swa_kind="none", recurrent=False, hybrid=True, rope_type="neox"),
+    "granitehybrid": dict(n_swa=0, swa_kind="none", recurrent=False, hybrid=True, rope_type="norm"),
+    "nemotron_h": dict(n_swa=0, swa_kind="none", recurrent=False, hybrid=True, rope_type="none"),
 }
 
 
@@ -70,21 +86,22 @@ def test_traits_say_what_constrains_caching(arch_models, arch):
         t = eng.info.traits
         for key, value in EXPECTED_TRAITS[arch].items():
             assert getattr(t, key) == value, key
-        assert not t.hybrid and not t.mrope and t.can_shift  # none of these shift-blockers
+        stateful = arch in STATEFUL_ARCHITECTURES
+        assert not t.mrope and t.can_shift  # llama.cpp can shift attention cells on all of them
         assert t.sliding == (arch == "gemma3")
         notes = t.notes()
         if arch == "gemma3":
             assert notes[0] == "warm runs from memory: exact (a forked resident prefix, in the cache's cells)"
-        elif arch != "mamba":
+        elif not stateful:
             assert notes[0] == "warm runs: exact (cells copied or kept where a cold run puts them)"
-        if arch == "mamba":
-            assert notes[0].startswith("caching prefixes: unavailable (recurrent layers")
+        if stateful:
+            assert notes[0].startswith("warm runs: exact in prefix and chain modes (")
         if arch == "gemma3":
             assert any("approximate once the prefix is longer than the 8-token window" in n
                        for n in notes)
             assert t.restore_exact_tokens == WINDOW
-        elif arch == "mamba":
-            assert "state files: refused (recurrent layers)" in notes and not t.can_trim
+        elif stateful:
+            assert any(n.startswith("compose mode: refused (") for n in notes) and not t.can_trim
         else:
             assert "restore from a file or RAM snapshot: exact" in notes
         # the info JSON nests the traits, notes included
@@ -142,8 +159,9 @@ def test_resident_prefix_trimmed_back_is_bit_identical(arch_models, arch_name, p
         assert _diff(eng.evaluate(suffix, 0), cold) == 0.0
 
 
-def test_recurrent_state_cannot_be_trimmed(arch_models):
-    with _engine(arch_models["mamba"]) as eng:
+@pytest.mark.parametrize("arch_name", STATEFUL_ARCHITECTURES)
+def test_recurrent_state_cannot_be_trimmed(arch_models, arch_name):
+    with _engine(arch_models[arch_name]) as eng:
         toks = eng.model.tokenize(TEXT)
         eng.evaluate(toks[:20], 0, want_logits=False)
         with pytest.raises(ContextError, match="could not trim"):

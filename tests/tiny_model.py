@@ -10,7 +10,16 @@ llama.cpp code paths without a real model.
 - ``qwen3``: RMS norms on Q and K per head;
 - ``gemma3``: interleaved sliding-window attention (layers S F S F: a window of ``n_swa``
   tokens, 8 by default, so a short prompt already crosses it) with post-norms and GELU;
-- ``mamba``: recurrent (state-space) layers, no KV cells at all.
+- ``mamba``: recurrent (state-space) layers, no KV cells at all;
+- ``mamba2``: Mamba 2 mixers (multi-head state space, grouped B and C): recurrent only;
+- ``lfm2``: hybrid, short convolutions (a 2-token conv state) beside one attention layer;
+- ``granitehybrid``: hybrid, Mamba 2 mixers and attention layers, each with a feed-forward;
+- ``nemotron_h``: hybrid, Mamba 2, attention (no RoPE) and feed-forward-only layers;
+- ``qwen35`` (in ``MORE_STATEFUL_ARCHITECTURES``): hybrid, three Gated DeltaNet layers (linear
+  attention with a recurrent state) to one gated attention layer, with multi-axis RoPE.
+
+The stateful ones (``STATEFUL_ARCHITECTURES``) have layouts of layers in
+tests/tiny_stateful_layers.py (``LAYOUTS``); a hybrid marks its recurrent layers with 0 KV heads.
 
 Tensor names and metadata keys are those llama.cpp's loader asks for (src/models/*.cpp).
 
@@ -23,13 +32,25 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.tiny_stateful_layers import LAYOUTS, write_recurrent_layer, write_ssm_keys
+
 WORDS = ["▁the", "▁a", "▁hello", "▁world", "▁is", "▁of", "▁and", "▁to", "▁in", "▁question",
          "▁answer", "▁context", "▁you", "▁are", "▁helpful", "▁assistant", "he", "ll", "o", "▁"]
 CONTROL = ["<|im_start|>", "<|im_end|>"]
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "mamba")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "mamba", "mamba2", "lfm2", "granitehybrid",
+                 "nemotron_h")
 # the architectures whose layers are all attention layers over a KV cache
 ATTENTION_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# the architectures that keep a recurrent state per sequence: llama.cpp calls the first two
+# recurrent (no attention at all) and the others hybrid
+RECURRENT_ARCHITECTURES = ("mamba", "mamba2")
+HYBRID_ARCHITECTURES = ("lfm2", "granitehybrid", "nemotron_h")
+STATEFUL_ARCHITECTURES = RECURRENT_ARCHITECTURES + HYBRID_ARCHITECTURES
+# written and tested for what KV Primer says about them, but not in ARCHITECTURES (whose every
+# architecture the caching tests run): Qwen3.5's multi-axis RoPE gives its cells extra fields,
+# which state files refuse
+MORE_STATEFUL_ARCHITECTURES = ("qwen35",)
 
 
 def write_tiny_model(path: Path, *, n_embd: int = 128, n_layer: int = 2, n_head: int = 4,
@@ -41,7 +62,8 @@ def write_tiny_model(path: Path, *, n_embd: int = 128, n_layer: int = 2, n_head:
 def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
                      n_layer: int | None = None, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 256, n_ctx: int = 4096, seed: int = 7, n_swa: int = 8,
-                     swa_pattern: int | list[bool] | None = 2, weight_type: str = "f32") -> Path:
+                     swa_pattern: int | list[bool] | None = 2, weight_type: str = "f32",
+                     layout: str | None = None) -> Path:
     """A tiny random-weight model of ``arch`` (one of ARCHITECTURES).
 
     ``n_layer`` defaults to 4 for gemma3 (so its pattern S F S F shows) and 2 otherwise.
@@ -51,13 +73,26 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     ``weight_type`` ("f32", "f16", or a gguf quantization such as "q4_0") is the type of the
     attention, feed-forward and output matrices: the types that AMX and repacked CPU kernels
     take (app/engine/cpu_kernels.py).
+    ``layout`` (stateful architectures): one letter a layer, A attention, M Mamba (2) mixer,
+    C short convolution, F feed-forward alone; LAYOUTS has each architecture's default, and
+    ``n_layer`` is its length.
     """
     import gguf
 
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"no tiny writer for {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
-    if n_layer is None:
-        n_layer = 4 if arch == "gemma3" else 2
+    writable = ARCHITECTURES + MORE_STATEFUL_ARCHITECTURES
+    if arch not in writable:
+        raise ValueError(f"no tiny writer for {arch!r}; choose one of {', '.join(writable)}")
+    if arch in RECURRENT_ARCHITECTURES and n_layer and not layout:
+        layout = "M" * n_layer
+    if arch in STATEFUL_ARCHITECTURES + MORE_STATEFUL_ARCHITECTURES:
+        layout = layout or LAYOUTS[arch]
+        n_layer = len(layout)
+    else:
+        n_layer = n_layer or (4 if arch == "gemma3" else 2)
+        layout = "A" * n_layer
+    # lfm2, granitehybrid and nemotron_h mark recurrent layers with 0 KV heads; qwen35 by
+    # its full_attention_interval
+    heads_per_layer = arch in HYBRID_ARCHITECTURES
     rng = np.random.default_rng(seed)
     tokens = ["<unk>", "<s>", "</s>", *CONTROL] + [f"<0x{b:02X}>" for b in range(256)] + WORDS
     types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -71,13 +106,22 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
-    if arch == "mamba":
-        _mamba_keys(w, n_embd)
-    else:
-        w.add_feed_forward_length(n_ff)
+    if arch in STATEFUL_ARCHITECTURES + MORE_STATEFUL_ARCHITECTURES:
+        write_ssm_keys(w, arch, n_embd)
+    if arch not in RECURRENT_ARCHITECTURES:
+        # a hybrid's recurrent layers have no KV heads (llama.cpp: is_recr = n_head_kv == 0);
+        # Nemotron-H's feed-forward length is per layer, 0 where there is none
+        w.add_feed_forward_length([n_ff if k == "F" else 0 for k in layout]
+                                  if arch == "nemotron_h" else n_ff)
         w.add_head_count(n_head)
-        w.add_head_count_kv(n_head_kv)
+        w.add_head_count_kv([n_head_kv if k == "A" else 0 for k in layout] if heads_per_layer
+                            else n_head_kv)
         w.add_rope_dimension_count(n_embd // n_head)
+    if arch == "qwen35":  # multi-axis RoPE: text uses the first section's rotation
+        half = n_embd // n_head // 2
+        w.add_array(f"{arch}.rope.dimension_sections", [half - 2 * (half // 3), half // 3, half // 3, 0])
+    if arch == "nemotron_h":
+        w.add_layer_norm_eps(1e-5)
     if arch == "gemma3":
         w.add_sliding_window(n_swa)
         if swa_pattern is not None:
@@ -110,63 +154,48 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     head_dim = n_embd // n_head
     n_kv = n_head_kv * head_dim
     w.add_tensor("token_embd.weight", t(n_vocab, n_embd, scale=1.0))
-    w.add_tensor("output_norm.weight", ones(n_embd))
+    # LFM2's final norm has its own (historical) name
+    w.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(n_embd))
     mat("output.weight", t(n_vocab, n_embd, scale=0.5))
-    for i in range(n_layer):
+    for i, kind in enumerate(layout):
         blk = f"blk.{i}."
         w.add_tensor(blk + "attn_norm.weight", ones(n_embd))
-        if arch == "mamba":
-            _mamba_layer(w, blk, n_embd, t)
-            continue
-        mat(blk + "attn_q.weight", t(n_embd, n_embd))
-        mat(blk + "attn_k.weight", t(n_kv, n_embd))
-        mat(blk + "attn_v.weight", t(n_kv, n_embd))
-        if arch == "qwen2":
-            w.add_tensor(blk + "attn_q.bias", t(n_embd, scale=0.1))
-            w.add_tensor(blk + "attn_k.bias", t(n_kv, scale=0.1))
-            w.add_tensor(blk + "attn_v.bias", t(n_kv, scale=0.1))
-        if arch in ("qwen3", "gemma3"):
-            w.add_tensor(blk + "attn_q_norm.weight", ones(head_dim))
-            w.add_tensor(blk + "attn_k_norm.weight", ones(head_dim))
-        mat(blk + "attn_output.weight", t(n_embd, n_embd))
-        if arch == "gemma3":
+        if arch == "qwen35":  # a norm after every mixer
             w.add_tensor(blk + "post_attention_norm.weight", ones(n_embd))
-        w.add_tensor(blk + "ffn_norm.weight", ones(n_embd))
-        mat(blk + "ffn_gate.weight", t(n_ff, n_embd))
-        mat(blk + "ffn_up.weight", t(n_ff, n_embd))
-        mat(blk + "ffn_down.weight", t(n_embd, n_ff))
-        if arch == "gemma3":
-            w.add_tensor(blk + "post_ffw_norm.weight", ones(n_embd))
+        if kind in "MCL":
+            write_recurrent_layer(w, arch, kind, blk, n_embd, t)
+        elif kind == "A":
+            # Qwen3.5 projects a gate for the attention output beside each query
+            mat(blk + "attn_q.weight", t((2 if arch == "qwen35" else 1) * n_embd, n_embd))
+            mat(blk + "attn_k.weight", t(n_kv, n_embd))
+            mat(blk + "attn_v.weight", t(n_kv, n_embd))
+            if arch == "qwen2":
+                w.add_tensor(blk + "attn_q.bias", t(n_embd, scale=0.1))
+                w.add_tensor(blk + "attn_k.bias", t(n_kv, scale=0.1))
+                w.add_tensor(blk + "attn_v.bias", t(n_kv, scale=0.1))
+            if arch in ("qwen3", "gemma3", "lfm2", "qwen35"):
+                w.add_tensor(blk + "attn_q_norm.weight", ones(head_dim))
+                w.add_tensor(blk + "attn_k_norm.weight", ones(head_dim))
+            mat(blk + "attn_output.weight", t(n_embd, n_embd))
+            if arch == "gemma3":
+                w.add_tensor(blk + "post_attention_norm.weight", ones(n_embd))
+        if kind == "F":  # Nemotron-H: squared-ReLU feed-forward without a gate, no norm of its own
+            mat(blk + "ffn_up.weight", t(n_ff, n_embd))
+            mat(blk + "ffn_down.weight", t(n_embd, n_ff))
+        elif arch not in RECURRENT_ARCHITECTURES and arch != "nemotron_h":
+            # every other layer ends in a gated feed-forward, after a recurrent mixer too
+            if arch != "qwen35":  # (whose post-attention norm is the feed-forward's)
+                w.add_tensor(blk + "ffn_norm.weight", ones(n_embd))
+            mat(blk + "ffn_gate.weight", t(n_ff, n_embd))
+            mat(blk + "ffn_up.weight", t(n_ff, n_embd))
+            mat(blk + "ffn_down.weight", t(n_embd, n_ff))
+            if arch == "gemma3":
+                w.add_tensor(blk + "post_ffw_norm.weight", ones(n_embd))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-# Mamba: inner size 2 × n_embd (the only expansion llama.cpp supports), state 16, conv 4.
-_D_STATE, _D_CONV, _DT_RANK = 16, 4, 8
-
-
-def _mamba_keys(w, n_embd: int) -> None:
-    w.add_ssm_conv_kernel(_D_CONV)
-    w.add_ssm_inner_size(2 * n_embd)
-    w.add_ssm_state_size(_D_STATE)
-    w.add_ssm_time_step_rank(_DT_RANK)
-
-
-def _mamba_layer(w, blk: str, n_embd: int, t) -> None:
-    d_inner = 2 * n_embd
-    w.add_tensor(blk + "ssm_in.weight", t(2 * d_inner, n_embd))
-    w.add_tensor(blk + "ssm_conv1d.weight", t(d_inner, _D_CONV))
-    w.add_tensor(blk + "ssm_conv1d.bias", t(d_inner, scale=0.1))
-    w.add_tensor(blk + "ssm_x.weight", t(_DT_RANK + 2 * _D_STATE, d_inner))
-    w.add_tensor(blk + "ssm_dt.weight", t(d_inner, _DT_RANK))
-    w.add_tensor(blk + "ssm_dt.bias", t(d_inner, scale=0.1))
-    # A is stored as -exp(A_log): negative, so the state decays instead of blowing up
-    w.add_tensor(blk + "ssm_a", -np.exp(t(d_inner, _D_STATE, scale=0.5)))
-    w.add_tensor(blk + "ssm_d", np.ones(d_inner, dtype=np.float32))
-    w.add_tensor(blk + "ssm_out.weight", t(n_embd, d_inner))
 
 
 def write_unknown_arch_model(path: Path) -> Path:

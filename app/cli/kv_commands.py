@@ -41,6 +41,10 @@ def cmd_kv(args) -> int:
         used_b = "?" if view.used_bytes is None else f"{view.used_bytes:,}"
         print(f"used {used}/{view.n_cells:,} cells ({used_b} of {view.total_bytes:,} bytes); "
               f"source: {view.source}" + (f" ({view.note})" if view.note else ""))
+        if view.stateful:  # one recurrent state per sequence, beside its attention cells
+            print(f"layers: {view.layers}")
+            for r in view.recurrent:
+                print(f"seq {r.seq}: recurrent state at position {r.pos:,} ({r.bytes:,} bytes)")
 
     emit(args, view.as_dict(), words)
     return ExitCode.OK

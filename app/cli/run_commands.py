@@ -93,6 +93,10 @@ def cmd_info(args) -> int:
             if isinstance(v, bool):  # before int: a bool is an int to Python
                 v = yes_no(v)
             print(f"{k:<{width}}  {v:,}" if isinstance(v, int) else f"{k:<{width}}  {v}")
+        # the layers and state sizes of a hybrid or recurrent model are in its notes
+        for k in ("layers", "attention_layers", "recurrent_layers", "attention_bytes_per_token",
+                  "recurrent_state_bytes"):
+            traits.pop(k, None)
         print("architecture traits: " + ", ".join(
             f"{k} {yes_no(v) if isinstance(v, bool) else v}" for k, v in traits.items()))
         print("for caching:")
@@ -155,7 +159,8 @@ def cmd_run(args) -> int:
                            recompute=args.recompute)
     paths = "cold" if args.cold else "warm" if args.warm else "both"
     # refuses missing, blank and unknown values before the model loads
-    plan = flows.run_plan(tpl, [Row(1, _values(args))], opts, paths=paths, snapshot=False)
+    plan = flows.run_plan(tpl, [Row(1, _values(args))], opts, paths=paths, snapshot=False,
+                          model=args.model)
     with open_engine(args) as eng:
         plan = replace(plan, restore=load_state_file(eng, args.state, tpl))
         rep = flows.run_rows(eng, plan, progress_printer()).records[0].report
@@ -189,7 +194,7 @@ def cmd_bench(args) -> int:
     modes = check_reuse_modes(args.reuse) if args.reuse else ("prefix",) if args.state else None
     opts = session_options(args, project_options(args.template), bench_modes=modes,
                            repeat=args.repeat, recompute=args.recompute)
-    plan = flows.bench_plan(tpl, rows, opts, snapshot=False)
+    plan = flows.bench_plan(tpl, rows, opts, snapshot=False, model=args.model)
     with open_engine(args) as eng:
         state = load_state_file(eng, args.state, tpl)
         plan = flows.bench_plan(tpl, rows, opts, restore=state, snapshot=False)

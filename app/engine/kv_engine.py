@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
@@ -22,9 +23,10 @@ from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFile
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
-from .kv.kv_view import KvCacheView, build_view
+from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
+from .llama.recurrent_state import recurrent_bytes
 from .files.prefix_state import PrefixState
 from .cache.cache_parts import CacheParts
 from .cache.radix_cache import RadixCache
@@ -46,7 +48,7 @@ class Engine:
         ``measure_kernels_later``, the engine opens on the safe default and ``measure_kernels``
         measures when the caller has time (engine_kernels.py)."""
         self.config = config
-        path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
+        path = check_gguf_file(config.model_path or default_model_path())
         self.cpu_kernels = checked_cpu_kernels(path)  # crash-checked in a child process, cached
         self.model = NativeModel(path, config.n_gpu_layers, self.cpu_kernels.use_extra_bufts)
         self._kv_listeners: list = []
@@ -77,10 +79,9 @@ class Engine:
                                   config.kv_debug_log)
         self.info = model_info(self.model, self.ctx, config, self._path, self._sha256,
                                with_context(self._early, self.ctx), self.kernels, self.cpu_kernels)
-        # token ids resident in each sequence, position i holding resident[seq][i], and the
-        # sequences that also hold shifted cells: changed only through its methods
+        # token ids resident in each sequence (position i holds resident[seq][i]) and the
+        # sequences that also hold shifted cells; seqs: clear, trim, fork, shift… of them
         self.resident = SequenceTokens(config.n_seq_max)
-        # clear, trim, fork, shift… of what sequences hold
         self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self._kv_changed
         self.cold = ColdReference(self)
@@ -96,8 +97,6 @@ class Engine:
         """The attention kernel chosen for this model, and why (measured, set, required…)."""
         return self.kernel_state.choice
 
-    def kernel_status(self) -> KernelStatus:  # what front ends show of the measurement
-        return self.kernel_state.status()
     def measure_kernels(self, task: TaskState | None = None, on_status=None) -> KernelStatus:
         """Measure the kernels until done or ``task`` is cancelled (the next call resumes).
         Between jobs only: picking the other kernel reopens every context here, and the radix
@@ -257,9 +256,13 @@ class Engine:
     def kv_view(self) -> KvCacheView:
         """Every cell's position and owners, and a summary per sequence (see kv_view.py)."""
         self.ctx.verify()
+        t = self.info.traits
+        recurrent = RecurrentLayers(t.layers or "recurrent layers", not t.recurrent,
+                                    partial(recurrent_bytes, self.ctx)) \
+            if t.recurrent or t.hybrid else None
         return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
                           self.info.kv_bytes_per_token,
-                          self.resident.counts())
+                          self.resident.counts(), recurrent)
 
     def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
         """Call ``fn(view)`` on this (the engine's) thread after KV changes, at most every

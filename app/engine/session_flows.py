@@ -90,9 +90,10 @@ def check_options(options: Options) -> None:
 
 def run_plan(template: Template, rows, options: Options, *, paths: str = "both",
              oneshot: bool = True, state: PrefixState | None = None,
-             restore: PrefixState | None = None, snapshot: bool = True) -> RunPlan:
+             restore: PrefixState | None = None, snapshot: bool = True,
+             model=None) -> RunPlan:
     """A run of these rows, checked: a path to take, at least one row, every row filled in,
-    one reuse mode."""
+    one reuse mode (that ``model``, a file not yet loaded, can run)."""
     if paths not in RUN_PATHS:
         raise KvPrimerError(f"a run takes {', '.join(RUN_PATHS)} paths, not {paths!r}")
     rows = tuple(rows)
@@ -100,7 +101,7 @@ def run_plan(template: Template, rows, options: Options, *, paths: str = "both",
         raise RowsError("there is no row to run; fill the form or import rows first")
     check_filled(template, rows)
     check_options(options)
-    check_reuse_modes(options.reuse_mode, one=True)
+    check_reuse_modes(options.reuse_mode, one=True, model=model if paths != "cold" else None)
     return RunPlan(template, rows, options, paths, oneshot and paths == "both", state, restore,
                    snapshot)
 
@@ -113,7 +114,8 @@ def selected_run_plan(session: Session, paths: str = "both", oneshot: bool = Tru
 
 
 def bench_plan(template: Template, rows, options: Options, *, state: PrefixState | None = None,
-               restore: PrefixState | None = None, snapshot: bool = True) -> BenchPlan:
+               restore: PrefixState | None = None, snapshot: bool = True,
+               model=None) -> BenchPlan:
     """A benchmark of these rows, checked. Rows not filled in fail alone, as rows too long for
     the context do (bench_rows.py); a saved state holds one prefix, so it is benchmarked in
     prefix mode only."""
@@ -122,7 +124,7 @@ def bench_plan(template: Template, rows, options: Options, *, state: PrefixState
         raise RowsError("there are no rows to benchmark; import or add rows first")
     check_repeat(options.repeat)
     check_options(options)
-    modes = check_reuse_modes(options.bench_modes)
+    modes = check_reuse_modes(options.bench_modes, model=model)
     if restore is not None and modes != ("prefix",):
         raise KvPrimerError("a saved state holds one prefix, so it is benchmarked in prefix "
                             f"reuse mode only, not {', '.join(modes)}")

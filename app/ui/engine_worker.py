@@ -202,7 +202,7 @@ class EngineWorker(QObject):
             log.error("job %r failed:\n%s", job.label, traceback.format_exc())
             job.error = f"internal error in {job.label}: {type(e).__name__}: {e} (details in the log)"
         if self._engine is not None:  # cheap reads, here where the engine lives
-            job.kernel_status = self._engine.kernel_status()
+            job.kernel_status = self._engine.kernel_state.status()
             job.info = self._engine.info
         self.job_finished.emit(job)
 
@@ -250,7 +250,7 @@ class EngineWorker(QObject):
                 log.error("measuring the attention kernels failed:\n%s", traceback.format_exc())
                 engine.kernel_state.give_up(str(e) if isinstance(e, KvPrimerError)
                                             else f"{type(e).__name__}: {e}")
-                return engine.kernel_status()
+                return engine.kernel_state.status()
 
         self.submit(JobKind.MEASURE_KERNELS, measure, cancel_running=False)
 

@@ -259,7 +259,8 @@ class KvCacheDock(QDockWidget):
         self.view = view
         self.nodes = nodes or {}
         if view is not None:  # the sequences in use (and the user's 0), not all the context has
-            self._list_sequences(sorted({0, *(u.seq for u in view.sequences), *self.nodes}))
+            self._list_sequences(sorted({0, *(u.seq for u in view.sequences),
+                                         *(r.seq for r in view.recurrent), *self.nodes}))
         self.grid.set_view(view, self.nodes)
         self._set_enabled(view is not None)
         self._enable_for_seq()
@@ -270,25 +271,41 @@ class KvCacheDock(QDockWidget):
             return
         used = "?" if view.used_cells is None else f"{view.used_cells:,}"
         used_b = "?" if view.used_bytes is None else size_text(view.used_bytes)
-        self.summary.setText(f"{used} / {view.n_cells:,} cells used · {used_b} of "
-                             f"{size_text(view.total_bytes)} · source: {view.source}")
-        self.note.setText("" if view.source == "debug-log" else
-                          f"Position ranges only, no cell map: {view.note}. Cells are counted "
-                          "from each range; shared and used cells are unknown.")
-        self.note.setVisible(view.source != "debug-log")
+        states = (f"{len(view.recurrent)} recurrent state{'s' if len(view.recurrent) != 1 else ''}"
+                  f" ({size_text(sum(r.bytes for r in view.recurrent))})")
+        if view.source == "recurrent":  # no attention layers: the states are all there is
+            self.summary.setText(f"{states} · no attention cells · source: {view.source}")
+        else:
+            self.summary.setText(f"{used} / {view.n_cells:,} cells used · {used_b} of "
+                                 f"{size_text(view.total_bytes)}"
+                                 + (f" · recurrent {size_text(sum(r.bytes for r in view.recurrent))}"
+                                    if view.stateful else "")
+                                 + f" · source: {view.source}")
+        ranges = view.source == "ranges"
+        self.note.setText(f"Position ranges only, no cell map: {view.note}. Cells are counted "
+                          "from each range; shared and used cells are unknown." if ranges else "")
+        self.note.setVisible(ranges)
         rows = []
-        for u in view.sequences:
-            shared = "? shared" if u.shared_cells is None else f"{u.shared_cells:,} shared"
-            mark = " ◀" if u.seq == self.selected_seq else ""
-            node = self.nodes.get(u.seq)
-            what = node.describe() if node else f"seq {u.seq}"
-            rows.append(f"<span style='color:{seq_color(u.seq).name()}'>■</span> {escape(what)}: "
-                        f"{u.cells:,} cells · positions {u.pos_min:,}–{u.pos_max:,} · {shared}{mark}")
+        for s in sorted({*(u.seq for u in view.sequences), *(r.seq for r in view.recurrent)}):
+            u, slot = view.seq(s), view.slot(s)
+            mark = " ◀" if s == self.selected_seq else ""
+            node = self.nodes.get(s)
+            what = node.describe() if node else f"seq {s}"
+            parts = []
+            if u is not None:
+                shared = "? shared" if u.shared_cells is None else f"{u.shared_cells:,} shared"
+                parts.append(f"{u.cells:,} cells · positions {u.pos_min:,}–{u.pos_max:,} · {shared}")
+            if slot is not None:  # a hybrid's or recurrent model's state of this sequence
+                parts.append(f"recurrent state at {slot.pos:,} ({size_text(slot.bytes)})")
+            rows.append(f"<span style='color:{seq_color(s).name()}'>■</span> {escape(what)}: "
+                        f"{' · '.join(parts)}{mark}")
         if len(rows) > LEGEND_LINES:  # the Cache panel lists every node
             rows = rows[:LEGEND_LINES - 1] + [f"… and {len(rows) - LEGEND_LINES + 1} more sequences"]
+        if view.stateful:
+            rows.insert(0, f"layers: {escape(view.layers)}")
         self.legend.setText("<br>".join(rows) or "all sequences are empty")
         for i, s in enumerate(self._listed()):
-            u, node = view.seq(s), self.nodes.get(s)
+            u, node = view.seq(s) or view.slot(s), self.nodes.get(s)
             self.seq_box.setItemText(i, f"{s}" + (f" · {node.label}" if node else
                                                   "" if u else " (empty)"))
 

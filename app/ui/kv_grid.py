@@ -6,6 +6,10 @@ as segments (static prefix, then each cached value). Cells of other sequences (t
 sequence 0, a run's working sequence) take their sequence's colour; a cell also held by such a
 sequence is hatched. The image is built with numpy (8,192 cells redraw in about a millisecond),
 not one widget per cell.
+
+On a hybrid or recurrent model, a strip above the cells holds one slot per sequence: its
+recurrent state, which has taken in every token up to a position and has the same size at any
+length (a recurrent model has that strip only).
 """
 from __future__ import annotations
 
@@ -17,12 +21,14 @@ from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from ..engine.kv.kv_cells import _lowest_bit
-from ..engine.kv.kv_view import KvCacheView
+from ..engine.kv.kv_view import KvCacheView, RecurrentSlot
+from .units import size_text
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#393b79"]
 EMPTY = "#d4d4d4"
 BACKGROUND = "#ffffff"
+SLOT_H, SLOT_W, SLOT_GAP = 22, 150, 4  # the recurrent states' strip: pixels
 
 
 @dataclass(frozen=True)
@@ -106,10 +112,34 @@ class KvGrid(QWidget):
         self.update()
 
     # ---- geometry
+    def top(self) -> int:
+        """Pixels above the cells: the recurrent states' strip, on models that have them."""
+        return SLOT_H + SLOT_GAP if self.view is not None and self.view.recurrent else 0
+
+    def slot_rects(self) -> list[tuple[RecurrentSlot, int, int]]:
+        """(slot, x, width) of each recurrent state shown in the strip (those that fit)."""
+        slots = self.view.recurrent if self.view is not None else ()
+        if not slots:
+            return []
+        w = max(40, min(SLOT_W, (self.width() - SLOT_GAP * (len(slots) - 1)) // len(slots)))
+        return [(r, i * (w + SLOT_GAP), w) for i, r in enumerate(slots)
+                if i * (w + SLOT_GAP) + w <= max(self.width(), w)]
+
+    def slot_at(self, p: QPoint) -> RecurrentSlot | None:
+        if not 0 <= p.y() < SLOT_H:
+            return None
+        return next((r for r, x, w in self.slot_rects() if x <= p.x() < x + w), None)
+
+    def slot_tooltip(self, r: RecurrentSlot) -> str:
+        node = self.nodes.get(r.seq)
+        who = node.describe() if node else f"sequence {r.seq}"
+        return (f"{who}: recurrent state ({self.view.layers}) of {r.bytes:,} bytes, which has "
+                f"taken in positions 0–{r.pos:,}; it has this size at any length")
+
     def cell_size(self) -> tuple[int, int, int]:
         """(pixels per cell, columns, rows): the largest cells with which all fit."""
         n = self.view.n_cells if self.view else 0
-        w, h = max(self.width(), 1), max(self.height(), 1)
+        w, h = max(self.width(), 1), max(self.height() - self.top(), 1)
         for cs in range(16, 1, -1):
             cols = max(1, w // cs)
             rows = -(-n // cols)
@@ -122,15 +152,17 @@ class KvGrid(QWidget):
         if not self.view or not self.view.has_cells:
             return None
         cs, cols, _rows = self.cell_size()
-        col, row = p.x() // cs, p.y() // cs
-        if p.x() < 0 or p.y() < 0 or col >= cols:
+        y = p.y() - self.top()
+        col, row = p.x() // cs, y // cs
+        if p.x() < 0 or y < 0 or col >= cols:
             return None
         i = row * cols + col
         return i if i < self.view.n_cells else None
 
     def cell_rect_center(self, cell: int) -> QPoint:
         cs, cols, _rows = self.cell_size()
-        return QPoint((cell % cols) * cs + (cs - 1) // 2, (cell // cols) * cs + (cs - 1) // 2)
+        return QPoint((cell % cols) * cs + (cs - 1) // 2,
+                      self.top() + (cell // cols) * cs + (cs - 1) // 2)
 
     def tooltip_for(self, cell: int) -> str:
         v = self.view
@@ -186,18 +218,34 @@ class KvGrid(QWidget):
         p = QPainter(self)
         p.fillRect(self.rect(), QColor(BACKGROUND))
         v = self.view
+        if v is not None and v.recurrent:
+            self._draw_slots(p)
+            p.setPen(self.palette().text().color())
+        below = self.rect().adjusted(8, 8 + self.top(), -8, -8)
         if v is None:
             p.drawText(self.rect(), Qt.AlignCenter, "no model loaded")
+        elif v.source == "recurrent":
+            p.drawText(below, Qt.AlignCenter | Qt.TextWordWrap,
+                       f"No cells: this model's layers ({v.layers.removeprefix('no attention, ')})"
+                       " keep one recurrent state per sequence, shown above.")
         elif not v.has_cells:
-            p.drawText(self.rect().adjusted(8, 8, -8, -8), Qt.AlignCenter | Qt.TextWordWrap,
+            p.drawText(below, Qt.AlignCenter | Qt.TextWordWrap,
                        "No cell map to draw: llama.cpp's debug log gives none that can be trusted "
                        f"({v.note}). The legend shows each sequence's position range only.")
         else:
             if self._image is None or self._layout != self.cell_size():
                 self._layout = self.cell_size()
                 self._image = self._build_image()
-            p.drawImage(0, 0, self._image)
+            p.drawImage(0, self.top(), self._image)
         p.end()
+
+    def _draw_slots(self, p: QPainter) -> None:
+        for r, x, w in self.slot_rects():
+            colour = seq_color(r.seq)
+            p.fillRect(x, 0, w, SLOT_H, colour)
+            p.setPen(QColor("#000000") if colour.lightnessF() > 0.6 else QColor("#ffffff"))
+            p.drawText(x + 4, 0, w - 8, SLOT_H, Qt.AlignVCenter | Qt.AlignLeft,
+                       f"seq {r.seq} · at {r.pos:,} · {size_text(r.bytes)}")
 
     def resizeEvent(self, event) -> None:
         self._image = None
@@ -205,6 +253,10 @@ class KvGrid(QWidget):
 
     def event(self, e) -> bool:
         if e.type() == QEvent.ToolTip:
+            slot = self.slot_at(e.pos())
+            if slot is not None:
+                QToolTip.showText(e.globalPos(), self.slot_tooltip(slot), self)
+                return True
             cell = self.cell_at(e.pos())
             if cell is None:
                 QToolTip.hideText()

@@ -54,7 +54,11 @@ KV_TYPES_BY_ID: dict[int, GgmlType] = {t.id: t for t in KV_TYPES.values()}
 
 
 def kv_bytes_per_token(facts: dict, type_k: str, type_v: str) -> int:
-    """Bytes one token's K and V rows take over all layers."""
-    k = KV_TYPES[type_k].row_bytes(facts["n_head_kv"] * facts["head_dim_k"])
-    v = KV_TYPES[type_v].row_bytes(facts["n_head_kv"] * facts["head_dim_v"])
-    return facts["n_layer"] * (k + v)
+    """Bytes one token's K and V rows take over the attention layers: ``facts["kv_heads"]``
+    lists each one's KV heads (a hybrid's recurrent layers have none); without it, every one
+    of the ``n_layer`` layers has ``n_head_kv``."""
+    heads = facts.get("kv_heads")
+    if heads is None:
+        heads = [facts["n_head_kv"]] * facts["n_layer"]
+    return sum(KV_TYPES[type_k].row_bytes(n * facts["head_dim_k"])
+               + KV_TYPES[type_v].row_bytes(n * facts["head_dim_v"]) for n in heads)

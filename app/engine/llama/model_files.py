@@ -194,6 +194,50 @@ def _walk_gguf(r: _GgufReader, name: str) -> int:
     return data_start + max(ends, default=0)
 
 
+# scalar value types (gguf_type) and how struct reads them
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                   10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_header_values(path: str | os.PathLike, keys) -> dict[str, object]:
+    """The values of ``keys`` in a GGUF file's header, without loading the model: numbers,
+    booleans and strings, and lists of numbers or booleans (llama.cpp's metadata strings leave
+    lists out). Keys that are absent or of another type are left out; an unreadable header
+    gives {}."""
+    want = {k.encode(): k for k in keys}
+    out: dict[str, object] = {}
+    p = Path(path)
+    try:
+        with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            r = _GgufReader(buf, len(buf))
+            r.skip(8)  # magic, version
+            r.u64()  # tensor count
+            for _ in range(r.u64()):
+                name, vtype = r.string(), r.u32()
+                key = want.get(name)
+                if key is None:
+                    _skip_value(r, vtype, p.name)
+                elif vtype in _SCALAR_FORMATS:
+                    out[key] = struct.unpack(_SCALAR_FORMATS[vtype], r.read(_SCALAR[vtype]))[0]
+                elif vtype == _STRING:
+                    out[key] = r.string().decode("utf-8", "replace")
+                elif vtype == _ARRAY:
+                    etype, n = r.u32(), r.u64()
+                    if etype not in _SCALAR_FORMATS:
+                        r.pos -= 12
+                        _skip_value(r, vtype, p.name)
+                        continue
+                    fmt = _SCALAR_FORMATS[etype]
+                    out[key] = list(struct.unpack(f"<{n}{fmt[1]}", r.read(n * _SCALAR[etype])))
+                else:
+                    _skip_value(r, vtype, p.name)
+                if len(out) == len(want):
+                    break
+    except (OSError, ValueError, struct.error, _Truncated, ModelError):
+        return {}
+    return out
+
+
 def _skip_value(r: _GgufReader, vtype: int, name: str) -> None:
     if vtype in _SCALAR:
         r.skip(_SCALAR[vtype])

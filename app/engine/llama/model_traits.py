@@ -15,19 +15,23 @@ on tiny models of each kind):
   then differ slightly, as runs at different places in the cache do;
 - a restored state trimmed back to fewer tokens than it holds lacks window cells the shorter
   prefix needs: wrong, not noise (tiny model: 0.01-0.07 where noise is 1e-4);
-- recurrent layers keep one state per sequence, not cells per token: they cannot be trimmed,
-  and our state checks cannot read their states (llama.cpp itself restores them exactly).
+- recurrent layers (hybrid models beside attention layers, recurrent models alone) keep one
+  state per sequence, not cells per token: a sequence cannot be trimmed, and its cells cannot
+  be shifted into place; llama.cpp saves and restores the state exactly, so the radix cache keeps
+  it at every point a run may resume from. Its size and the attention bytes per token are
+  measured (recurrent_state.py); layer_kinds.py says which layers are which.
 """
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import llama_cpp as L
 
 from . import model_files as _mf
+from .ggml_types import kv_bytes_per_token
+from .layer_kinds import read_layer_kinds
+from .recurrent_state import measure_recurrent_bytes
 
 # llama.cpp's own swa_type is not in its C API: the architectures whose windows are chunks
 # (a token sees its own chunk only) or symmetric (encoders) are named here; others slide.
@@ -63,6 +67,13 @@ class ModelTraits:
     rope_type: str = "norm"
     mrope: bool = False  # multi-axis RoPE (several positions per token)
     can_shift: bool = True  # llama.cpp can shift positions (seq_add) in this context
+    # hybrid and recurrent models: which layers are which, and the measured sizes of a
+    # sequence's state (0 until a context measured them; attention-only models: not measured)
+    layers: str = ""  # "1 attention layer, 3 convolution layers"
+    attention_layers: int | None = None  # None: not known
+    recurrent_layers: int = 0
+    attention_bytes_per_token: int = 0
+    recurrent_state_bytes: int = 0  # one sequence's recurrent state, whatever its length
 
     @property
     def sliding(self) -> bool:
@@ -86,16 +97,12 @@ class ModelTraits:
 
     def notes(self) -> list[str]:
         """What the architecture means for caching, one user-facing line each."""
-        stateful = self.recurrent or self.hybrid
-        layers = "recurrent" if self.recurrent else "hybrid attention/recurrent"
-        if stateful:
-            out = [f"caching prefixes: unavailable ({layers} layers keep one state per sequence, "
-                   "not one cell per token, so no prefix can be cut, forked or extended); cold "
-                   "runs only"]
+        if self.recurrent or self.hybrid:
+            return self._stateful_notes()
+        if self.sliding:
+            out = ["warm runs from memory: exact (a forked resident prefix, in the cache's cells)"]
         else:
-            out = ["warm runs from memory: exact (a forked resident prefix, in the cache's cells)"
-                   if self.sliding else
-                   "warm runs: exact (cells copied or kept where a cold run puts them)"]
+            out = ["warm runs: exact (cells copied or kept where a cold run puts them)"]
         if self.sliding:
             where = f"{self.swa_layers} of {self.n_layer} layers" if self.swa_layers else "some layers"
             window = "chunked" if self.swa_kind == "chunked" else "sliding-window"
@@ -105,21 +112,48 @@ class ModelTraits:
                        "of place)")
             out.append("a restored state cut back to a shorter prefix: wrong past the window (its "
                        "window cells are gone); restore or fork the exact prefix instead")
-        elif not stateful:
+        else:
             out.append("restore from a file or RAM snapshot: exact")
-        if stateful:
-            out.append(f"state files: refused ({layers} layers)")
-        if not self.can_shift or stateful:
-            why = ("multi-axis RoPE" if self.mrope else f"{layers} layers hold no cells per token"
-                   if stateful else "this architecture's KV cache")
+        if not self.can_shift:
+            why = "multi-axis RoPE" if self.mrope else "this architecture's KV cache"
             out.append(f"composed modules: unavailable (positions cannot shift: {why})")
         return out
+
+    def _stateful_notes(self) -> list[str]:
+        """Hybrid and recurrent models: the recurrent state is kept at every cut point."""
+        kind = "hybrid" if self.hybrid else "recurrent"
+        out = [f"warm runs: exact in prefix and chain modes (a {kind} model's recurrent state is "
+               "kept at every point a run may resume from: the static prefix, each segment end, "
+               "each saved state)"]
+        if self.layers:
+            out.append(f"layers: {self.layers}")
+        state = f"{self.recurrent_state_bytes:,} bytes of recurrent state per sequence"
+        if self.attention_bytes_per_token:
+            out.append(f"cache size: {self.attention_bytes_per_token:,} bytes of K and V per token "
+                       f"(attention layers only) + {state}")
+        elif self.recurrent_state_bytes:
+            out.append(f"cache size: no cells per token; {state}")
+        out.append("a sequence cannot be cut back to a shorter prefix (its recurrent state has "
+                   "taken in every token): runs resume only where a state was kept")
+        out.append("compose mode: refused (a recurrent state cannot be shifted into place or "
+                   "composed from modules)")
+        out.append("forked batches: refused (forked rows would share one recurrent state in the "
+                   "cache's cells)")
+        return out
+
 
 def with_context(traits: ModelTraits, ctx) -> ModelTraits:
     """The traits read before there was a context, completed with what only its memory knows."""
     from dataclasses import replace
 
-    return replace(traits, can_shift=bool(L.llama_memory_can_shift(ctx.mem)))
+    traits = replace(traits, can_shift=bool(L.llama_memory_can_shift(ctx.mem)))
+    if traits.recurrent or traits.hybrid:
+        # K and V rows of the attention layers only (the measured growth of a state per token
+        # is that plus the cell's position and sequence: tests/test_model_arches.py)
+        per_token = kv_bytes_per_token(ctx.model.facts(), ctx.params.type_k, ctx.params.type_v)
+        traits = replace(traits, attention_bytes_per_token=per_token,
+                         recurrent_state_bytes=measure_recurrent_bytes(ctx.model, ctx.params))
+    return traits
 
 
 def read_traits(model, ctx, path: str | os.PathLike | None = None) -> ModelTraits:
@@ -131,6 +165,7 @@ def read_traits(model, ctx, path: str | os.PathLike | None = None) -> ModelTrait
     n_swa = max(int(L.llama_model_n_swa(model.ptr)), 0)
     rope = _ROPE_TYPES.get(int(L.llama_model_rope_type(model.ptr)), "other")
     pattern = _swa_pattern(model, arch, n_layer, path) if n_swa else None
+    kinds = read_layer_kinds(path or model.path)
     if n_swa and pattern is not None and "S" not in pattern:
         n_swa = 0  # a window no layer uses
     return ModelTraits(
@@ -138,6 +173,9 @@ def read_traits(model, ctx, path: str | os.PathLike | None = None) -> ModelTrait
         swa_kind=_SWA_KIND_BY_ARCH.get(arch, "standard") if n_swa else "none",
         swa_layers=(pattern.count("S") if pattern is not None else None) if n_swa else 0,
         swa_pattern=(pattern or "") if n_swa else "",
+        layers=kinds.legend() if kinds is not None and kinds.stateful else "",
+        attention_layers=kinds.attention if kinds is not None else None,
+        recurrent_layers=kinds.recurrent if kinds is not None else 0,
         recurrent=bool(L.llama_model_is_recurrent(model.ptr)),
         hybrid=bool(L.llama_model_is_hybrid(model.ptr)),
         rope_type=rope, mrope=rope in _MULTI_AXIS,
@@ -170,18 +208,7 @@ def _from_period(n: int, dense_first: bool, n_layer: int) -> str:
 
 def _gguf_bool_list(path, key: str) -> list[bool] | None:
     """A list-of-booleans value from a GGUF header, or None (absent, another type, unreadable)."""
-    want = key.encode()
-    try:
-        with open(Path(path), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            r = _mf._GgufReader(buf, len(buf))
-            r.skip(8)  # magic, version
-            r.u64()  # tensor count
-            for _ in range(r.u64()):
-                name, vtype = r.string(), r.u32()
-                if name == want and vtype == _mf._ARRAY:
-                    etype, n = r.u32(), r.u64()
-                    return [b != 0 for b in r.read(n)] if etype == 7 else None  # 7: bool
-                _mf._skip_value(r, vtype, "")
-    except (OSError, ValueError, _mf._Truncated, _mf.ModelError):
-        return None
+    flags = _mf.read_header_values(path, [key]).get(key)
+    if isinstance(flags, list) and all(isinstance(f, bool) for f in flags):
+        return flags
     return None

@@ -1,4 +1,5 @@
-"""llama.cpp's model, context and sampler, through llama-cpp-python's ctypes bindings.
+"""llama.cpp's model and context, through llama-cpp-python's ctypes bindings (the sampler is in
+sampler.py, a failed decode's meaning in decode_problem.py; both are reached from here).
 
 With llama_backend.py (process-wide set-up and logging) this is where the engine calls
 llama.cpp; model_traits.py and llama_state_file.py read a few facts and files directly.
@@ -22,7 +23,10 @@ import llama_cpp as L
 
 from ..errors import ContextError, ModelError
 from .ggml_types import KV_TYPES
+from .decode_problem import decode_problem
+from .layer_kinds import read_layer_kinds
 from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
+from .sampler import NativeSampler
 
 __all__ = ["ContextParams", "NativeContext", "NativeModel", "NativeSampler", "SEQ_STATE_VERSION",
            "add_log_listener", "check_gpu_layers", "ensure_backend", "last_problem",
@@ -70,6 +74,7 @@ class NativeModel:
         repacked weights): cpu_kernels.py says when, crash_probe.py checks it."""
         check_gpu_layers(n_gpu_layers)
         ensure_backend()
+        self.path = Path(path)
         params = L.llama_model_default_params()
         # -1 is "all layers" (llama-cpp-python's convention); llama.cpp caps a count at the layers
         params.n_gpu_layers = 1 << 30 if n_gpu_layers == -1 else n_gpu_layers
@@ -116,13 +121,17 @@ class NativeModel:
         n_embd = L.llama_model_n_embd(self.ptr)
         head_k = _int(self.meta(f"{arch}.attention.key_length")) or (n_embd // max(n_head, 1))
         head_v = _int(self.meta(f"{arch}.attention.value_length")) or head_k
+        # llama.cpp gives layer 0's KV heads: on a hybrid that may be a recurrent layer (0)
+        kinds = read_layer_kinds(self.path)
+        kv_heads = list(kinds.kv_heads) if kinds is not None else None
         return {
             "name": self.meta("general.name") or "",
             "architecture": arch,
             "description": desc.value.decode("utf-8", "replace"),
             "n_layer": L.llama_model_n_layer(self.ptr),
             "n_head": n_head,
-            "n_head_kv": L.llama_model_n_head_kv(self.ptr),
+            "n_head_kv": max(kv_heads or [L.llama_model_n_head_kv(self.ptr)]),
+            "kv_heads": kv_heads,  # of each attention layer; None: not known
             "n_embd": n_embd,
             "head_dim_k": head_k,
             "head_dim_v": head_v,
@@ -303,10 +312,7 @@ class NativeContext:
         b.n_tokens = n
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
-            if rc == 1:
-                raise ContextError("the KV cache is full: no free cells for this batch; raise "
-                                   "the context size or clear other sequences")
-            raise ContextError(f"llama_decode failed (code {rc})")
+            raise ContextError(decode_problem(self, rc, entries))
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits of batch entry i (-1 for the last one that asked for them)."""
@@ -368,33 +374,3 @@ class NativeContext:
         # 40 MB state into a ctypes array first would cost as much as the restore itself.
         n = L.llama_state_seq_set_data(self.ptr, _bytes_ptr(data), len(data), seq)
         return n == len(data) and n > 0
-
-
-class NativeSampler:
-    """llama.cpp's sampler chain: greedy, or top-p then temperature then a seeded draw."""
-
-    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
-        self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if not self.ptr:  # pragma: no cover
-            raise ContextError("llama.cpp could not create a sampler")
-        if temperature <= 0:
-            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_greedy())
-        else:
-            if top_p < 1.0:
-                L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_top_p(top_p, 1))
-            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_temp(temperature))
-            L.llama_sampler_chain_add(self.ptr, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, ctx: NativeContext, i: int = -1) -> int:
-        return int(L.llama_sampler_sample(self.ptr, ctx.ptr, i))
-
-    def close(self) -> None:
-        if self.ptr:
-            L.llama_sampler_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "NativeSampler":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

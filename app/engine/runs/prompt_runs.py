@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .batch_plan import EXACT_CHUNK, batch_starts
 from .cold_reference import PathResult
@@ -20,6 +21,7 @@ from .generation import GenerationConfig, TextDelta, generate
 from .module_compose import compose_in_work_context, compose_into, plan_modules
 from ..cache.cache_tiers import APPROX_RESTORED
 from ..files.prefix_state import PrefixState
+from ..llama.layer_kinds import read_layer_kinds
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
@@ -33,9 +35,11 @@ __all__ = ["EXACT_REUSE_MODES", "GenerationConfig", "PathResult", "REUSE_MODES",
            "check_reuse_modes", "run_prompt", "report_dict", "warm_in_work_context"]
 
 
-def check_reuse_modes(modes, *, one: bool = False) -> tuple[str, ...]:
+def check_reuse_modes(modes, *, one: bool = False, model=None) -> tuple[str, ...]:
     """The one check of reuse modes asked for: a name, a comma list ("prefix,chain") or names.
-    Returns them known, in order, each once; ``one``: exactly one is allowed."""
+    Returns them known, in order, each once; ``one``: exactly one is allowed. ``model``: the
+    model file the modes will run on, read (its header only, before it loads) to refuse compose
+    on a hybrid or recurrent model."""
     if isinstance(modes, str):
         modes = modes.split(",")
     asked = tuple(dict.fromkeys(str(m).strip() for m in modes if str(m).strip()))
@@ -48,7 +52,18 @@ def check_reuse_modes(modes, *, one: bool = False) -> tuple[str, ...]:
     if one and len(asked) > 1:
         raise KvPrimerError(f"a run uses one reuse mode, not {len(asked)} "
                             f"({', '.join(asked)}); a benchmark compares several")
+    if "compose" in asked and model is not None:
+        refuse_compose_on_file(model)
     return asked
+
+
+def refuse_compose_on_file(path) -> None:
+    """Compose shifts cached modules' cells into place; a recurrent state has none to shift."""
+    kinds = read_layer_kinds(path)
+    if kinds is not None and kinds.stateful:
+        raise KvPrimerError(f"compose mode cannot run on {Path(path).name}: its recurrent layers "
+                            f"({kinds.legend()}) keep one state per sequence, which cannot be "
+                            "shifted into place or composed from modules; use prefix or chain")
 
 
 @dataclass
