@@ -245,3 +245,25 @@ def test_runs_that_depart_make_the_cached_measurement_provisional():
     assert entry["provisional"] and "measuring them again" in entry["why"]
     # the next start uses it meanwhile and measures again
     assert EngineKernels(FakeModel(), params, "sha-watch", "auto", False, False, False, False).wanted
+
+
+def test_a_provisional_measurement_is_taken_again_when_idle_a_few_times_at_most():
+    from dataclasses import replace
+
+    from app.engine import engine_kernels as ek
+
+    params = ContextParams(n_ctx=2048, n_batch=66)
+    m = Scripted(steady(100, 110, 90, 160), load=MachineLoad(1.5, 2, "injected", 3.0))
+    m.run()
+    kc.finish_choice(m.result, params, "sha-retry")
+    k = ek.EngineKernels(FakeModel(), params, "sha-retry", "auto", False, False, False, False)
+    assert k.wanted and not k.urgent  # provisional but recent: used, measured again when idle
+    k.wanted = False  # as after that measurement, provisional again
+    assert k.status().state == "done"  # recent: not yet
+    for _ in range(ek.MAX_RETRIES):
+        k.choice = replace(k.choice, measured_at=time.time() - ek.RETRY_S - 1)
+        k.wanted = False
+        st = k.status()
+        assert st.state == "wanted" and "provisional and over 15 minutes old" in st.note
+    k.wanted = False
+    assert k.status().state == "done"  # bounded: a machine that stays busy gets no better answer

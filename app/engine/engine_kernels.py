@@ -22,6 +22,7 @@ from .llama.native import ContextParams, NativeModel
 # a provisional measurement younger than this is used by the CLI without measuring again (the
 # window measures again in idle time whatever its age)
 RETRY_S = 15 * 60
+MAX_RETRIES = 3  # idle-time measurements again of a provisional one, per engine
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class EngineKernels:
         self.measurement: KernelMeasurement | None = None
         self.watch = KernelWatch(self.choice)
         self.note = self._start_note()
+        self.retries = 0
 
     @property
     def urgent(self) -> bool:
@@ -123,6 +125,11 @@ class EngineKernels:
         return self.choice
 
     def status(self) -> KernelStatus:
+        if self._retry_due():
+            self.wanted = True
+            self.retries += 1
+            self.note = (f"the last measurement is provisional and over {RETRY_S // 60} minutes "
+                         "old: measuring again")
         p = self.measurement.progress() if self.measurement is not None else None
         state = "done" if not self.wanted else "measuring" if p is not None and p.done else "wanted"
         return KernelStatus(state, self.choice.flash_attn, p.done if p else 0, p.total if p else 0,
@@ -156,6 +163,14 @@ class EngineKernels:
             self.wanted = True
             self.note = msg
         return msg
+
+    def _retry_due(self) -> bool:
+        """A provisional measurement of this engine's, old enough to try again (a few times:
+        a machine that stays busy gets no better answer)."""
+        c = self.choice
+        return (not self.wanted and c.provisional and self.retries < MAX_RETRIES
+                and c.how in ("measured", "measured earlier")
+                and time.time() - c.measured_at > RETRY_S)
 
     def give_up(self, why: str) -> None:
         """The measurement failed: keep the kernel in use, and say why (once, not in a loop)."""

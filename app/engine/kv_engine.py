@@ -120,7 +120,9 @@ class Engine:
     def note_run(self, warm) -> str | None:
         """Compare a warm run (a PathResult) with the kernel measurement; a message when runs
         keep departing from it and it is measured again (kernel_watch.py)."""
-        return self.kernel_state.observe_warm(warm)
+        msg = self.kernel_state.observe_warm(warm)
+        self.info = replace(self.info, kernels=self.kernels)  # provisional now, if msg
+        return msg
 
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""

@@ -218,10 +218,12 @@ class EngineWorker(QObject):
             changes.update(info=job.result, config=config)
         if job.kernel_status is not None:
             changes["kernel_measurement"] = job.kernel_status
-        switched = job.kind is JobKind.MEASURE_KERNELS and job.info is not None \
-            and self.engine_status.info is not None and job.info != self.engine_status.info
-        if switched:  # a new choice; if the kernel changed, the contexts were opened again
+        old, switched = self.engine_status.info, False
+        if job.kind is not JobKind.LOAD_MODEL and job.info is not None and old is not None \
+                and job.info != old:  # a new kernel choice (measured, or distrusted after runs)
             changes["info"] = job.info
+            # another kernel: the engine opened its contexts again, with an empty cache
+            switched = job.info.kernels.flash_attn != old.kernels.flash_attn
         if job.kind.changes_cache or switched:
             changes["cache_revision"] = self.engine_status.cache_revision + 1
         self._publish(**changes)
