@@ -156,3 +156,26 @@ def test_recurrent_models_have_no_attention_kernel_to_choose(arch_models):
                              n_threads=1, flash_attn="auto"), measure_kernels_later=True) as e:
         assert (e.kernels.flash_attn, e.kernels.how) == (None, "required")
         assert e.kernel_state.status().state == "done"
+
+
+def test_runs_far_from_the_measurement_make_the_engine_measure_again(tiny_model, forced,
+                                                                      monkeypatch):
+    from app.engine.llama import kernel_watch
+
+    kc._cache_path().unlink(missing_ok=True)
+    short = Template.parse("hello world <q>")
+    with make(tiny_model) as e:
+        e.measure_kernels()
+        assert e.kernels.how == "measured" and e.kernel_state.status().state in ("done", "wanted")
+        e.kernel_state.wanted = False  # trusted, as on a quiet machine
+        # the forced figures (10 ms for 32 tokens) are far from what these runs take
+        monkeypatch.setattr(kernel_watch, "MARGIN", 1.0 + 1e-9)
+        msgs = []
+        for q in ("why is the world of the answer?", "how is the world of the answer?",
+                  "what is the world of the answer?"):
+            rep = run_prompt(e, short, {"q": q}, reuse="prefix", cold=False, oneshot=False)
+            msgs.append(e.note_run(rep.warm))
+        assert not any(msgs[:-1]) and "measuring them again" in msgs[-1]
+        st = e.kernel_state.status()
+        assert st.state == "wanted" and "measuring them again" in st.text()
+        assert e.info.kernels.provisional and e.kernels.provisional
