@@ -45,6 +45,7 @@ def test_a_run_is_answered_before_the_background_measurement_ends(qtbot, make_wi
         assert status.info.kernels.how == "measured"
         assert "attention kernels measured" in w.status.kernels.text() \
             or "switched to flash attention" in w.status.kernels.text()
+        assert status.kernel_measurement.note in w.errors.messages()  # the news is in the Log
         shown = w.model_panel.fact_labels["attention"].text()
         assert "(measured" in shown and "cores" in shown and "rounds" in shown
         # whichever kernel it picked, the window still runs (a switch emptied the cache)

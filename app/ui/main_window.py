@@ -222,6 +222,7 @@ class MainWindow(QMainWindow):
         for event in (events.info, events.working, events.closed):  # what ready depends on
             follow(self, event, lambda _value: self._update_actions())
         w.job_started.connect(self._job_started)
+        follow(self, events.kernel_measurement, self._kernel_news)
         s.events.state.connect(lambda _ref: self._update_actions())
         s.events.file.connect(self.project.update_title)
         jobs.status.connect(self.show_status)
@@ -255,6 +256,13 @@ class MainWindow(QMainWindow):
         self.run_panel.set_can_run(ready)
         self.bench.set_can_run(ready)
         self.library.set_can(load=ready, save=can_save)
+
+    def _kernel_news(self, m) -> None:
+        """The kernel measurement's news (why it measures, a switch and what it dropped) goes to
+        the Log once each; the status bar shows the latest."""
+        if m is not None and m.note and m.note != getattr(self, "_kernel_note", None):
+            self._kernel_note = m.note
+            self.errors.info(m.note)
 
     def _job_started(self, job: Job) -> None:
         if job.kind in (JobKind.BENCH, JobKind.SWEEP) and not self.closing:
