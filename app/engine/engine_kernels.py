@@ -35,6 +35,7 @@ class KernelStatus:
     eta_s: float | None = None
     note: str = ""  # the latest news: why it measures, what the last measurement changed
     provisional: bool = False  # the choice in use is provisional
+    how: str = ""  # how the choice in use was made (KernelChoice.how)
 
     @property
     def active(self) -> bool:
@@ -52,7 +53,8 @@ class KernelStatus:
             left = f"{self.done}/{self.total}"
         else:
             left = "waiting for the engine to be idle"
-        meanwhile = "until measured" if not self.provisional else "provisional until measured"
+        meanwhile = ("until measured" if self.how == "until measured" else
+                     "provisional until measured" if self.provisional else "meanwhile")
         # why it measures, unless that is only the default's own reason
         why = f" — {self.note}" if self.note and not self.note.startswith("flash attention") else ""
         return f"measuring attention kernels: {left} (flash attention {kernel} {meanwhile}){why}"
@@ -133,7 +135,8 @@ class EngineKernels:
         p = self.measurement.progress() if self.measurement is not None else None
         state = "done" if not self.wanted else "measuring" if p is not None and p.done else "wanted"
         return KernelStatus(state, self.choice.flash_attn, p.done if p else 0, p.total if p else 0,
-                            p.eta_s if p else None, self.note, self.choice.provisional)
+                            p.eta_s if p else None, self.note, self.choice.provisional,
+                            self.choice.how)
 
     def switched(self, dropped: int, user_tokens: int) -> None:
         """The engine opened its contexts again with the new kernel: say so, and what went."""
