@@ -93,6 +93,11 @@ def test_noisy_overlapping_figures_take_more_rounds_bounded_and_stay_provisional
     assert "still spread" in r.why_provisional() and f"after {MAX_ROUNDS} rounds" in r.why_provisional()
 
 
+class BusyMeter(LoadMeter):
+    def result(self):
+        return MachineLoad(1.5, 2, "injected", 3.0)
+
+
 def test_a_busy_machine_makes_it_provisional_and_cached_as_such(tiny_model):
     m = Scripted(steady(100, 110, 90, 160), load=MachineLoad(1.5, 2, "injected", 3.0))
     m.run()
@@ -112,6 +117,14 @@ def test_a_busy_machine_makes_it_provisional_and_cached_as_such(tiny_model):
     trusted = kc.finish_choice(quiet.result, params, "sha-busy")
     assert not trusted.provisional
     assert not kc.start_choice(params, "sha-busy", "auto", False, False).measuring_wanted
+
+
+def test_a_busy_machine_ends_it_at_the_minimum_rounds():
+    noisy = {(False, "one"): [100, 160, 70, 130], (False, "split"): [110, 170, 60, 140],
+             (True, "one"): [105, 60, 150, 120], (True, "split"): [120, 70, 180, 100]}
+    m = Scripted(noisy, load=MachineLoad(1.5, 2, "injected", 3.0), load_meter=BusyMeter())
+    assert m.run()
+    assert m.result.rounds == MIN_ROUNDS and m.result.provisional  # not MAX_ROUNDS
 
 
 def test_no_measurement_yet_starts_on_the_safe_default():

@@ -13,7 +13,8 @@ that comes and goes weighs on every series alike. After ``MIN_ROUNDS`` the measu
 soon as every series' relative spread is under ``SPREAD_OK`` or the winner cannot be in doubt
 (its slowest quartile beats the other's fastest), and after ``MAX_ROUNDS`` in any case, saying
 that the figures did not settle. Other processes' CPU use over the timed spans is recorded
-(machine_load.py); a busy machine or unsettled figures make the result provisional.
+(machine_load.py); a busy machine or unsettled figures make the result provisional, and a busy
+machine also ends it at ``MIN_ROUNDS`` (more rounds would not make it trusted).
 
 Every step is short (one batch of the prefix, or one timed suffix), so a job that runs the
 measurement between the user's jobs can stop between any two steps and resume later where it
@@ -201,7 +202,9 @@ class KernelMeasurement:
         self._queue.pop(0)
         if not self._queue:
             self.round += 1
-            if self._settled() or self.round >= MAX_ROUNDS:
+            # on a busy machine more rounds cannot make it trusted: stop at the minimum
+            if self._settled() or self.round >= MAX_ROUNDS \
+                    or (self.round >= MIN_ROUNDS and self.meter.result().busy):
                 self._finish()
 
     def _round_order(self, r: int) -> list[tuple[bool, str]]:
