@@ -99,8 +99,7 @@ class Engine:
 
     def measure_kernels(self, task: TaskState | None = None, on_status=None) -> KernelStatus:
         """Measure the kernels until done or ``task`` is cancelled (the next call resumes).
-        Between jobs only: picking the other kernel reopens every context here, and the radix
-        cache (cells of the old kernel's V layout) starts empty."""
+        Between jobs only: the other kernel reopens every context, the radix cache empty."""
         task = task or TaskState()
         step = (lambda _p: on_status(self.kernel_state.status())) if on_status else None
         new = self.kernel_state.measure(lambda: task.cancelled, step, task)
@@ -118,8 +117,7 @@ class Engine:
         self.kernel_state.switched(dropped, user)
 
     def note_run(self, warm) -> str | None:
-        """Compare a warm run (a PathResult) with the kernel measurement; a message when runs
-        keep departing from it and it is measured again (kernel_watch.py)."""
+        """Compare a warm run with the kernel measurement (kernel_watch.py); news or None."""
         msg = self.kernel_state.observe_warm(warm)
         self.info = replace(self.info, kernels=self.kernels)  # provisional now, if msg
         return msg
