@@ -109,7 +109,7 @@ def test_kvprimer_info_measures_in_the_foreground_and_shows_the_figures(tiny_mod
     m = ["-m", str(tiny_model), "-tb", "1", "-c", "512", "-b", "24", "-fa", "auto"]
     assert main(["info", *m]) == 0
     out, err = capsys.readouterr()
-    assert "measuring the attention kernels first (flash attention off until" in err
+    assert "measuring the attention kernels first (no trusted measurement yet)" in err
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("attention kernel: "))
     assert "(measured" in lines[head]

@@ -130,7 +130,7 @@ def test_a_busy_machine_ends_it_at_the_minimum_rounds():
 def test_no_measurement_yet_starts_on_the_safe_default():
     c = kc.start_choice(ContextParams(n_batch=99), "sha-none", "auto", False, False)
     assert (c.flash_attn, c.how, c.measuring_wanted) == (kc.SAFE_DEFAULT, "until measured", True)
-    assert "until the attention kernels are measured" in c.reason
+    assert "safe default until the attention kernels are measured" in c.reason
 
 
 def test_stopping_between_steps_keeps_what_was_measured():

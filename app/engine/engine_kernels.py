@@ -89,7 +89,7 @@ class EngineKernels:
         if not self.wanted:
             return ""
         if self.choice.how == "until measured":
-            return self.choice.reason
+            return ""  # the status's own words say it
         if self.asked:
             return "measuring again as asked"
         return "the last measurement is provisional: measuring again"

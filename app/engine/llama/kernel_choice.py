@@ -131,8 +131,7 @@ def start_choice(params: ContextParams, model_sha256: str, setting: str, windowe
     if cached is not None:
         return cached
     return KernelChoice(SAFE_DEFAULT, "until measured",
-                        f"flash attention {'on' if SAFE_DEFAULT else 'off'} until the attention "
-                        "kernels are measured on this model")
+                        "the safe default until the attention kernels are measured on this model")
 
 
 def new_measurement(model: NativeModel, params: ContextParams,
