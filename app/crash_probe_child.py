@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import signal
+import time
 import sys
 
 # Tests only: "extra" makes the child kill itself with SIGSEGV where llama.cpp's AMX kernels
@@ -47,6 +48,12 @@ def main(argv: list[str]) -> int:
                 buffers.add(name)
 
     L.llama_log_set(on_log, ctypes.c_void_p(0))
+    from pathlib import Path
+
+    from app.cpu_backends import load_cpu_backend
+    from llama_cpp import llama_cpp as bindings
+
+    load_cpu_backend(Path(bindings._lib._name).resolve().parent)  # the level the engine runs
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0  # the CPU kernels are what is checked
@@ -89,6 +96,8 @@ def main(argv: list[str]) -> int:
 def _test_crash(extra: bool) -> None:
     """For tests of the parent's handling: die by a real signal where the AMX crash would."""
     when, _, name = os.environ.get(CRASH_TEST_ENV, "").partition(":")
+    if when == "hang":  # a check that never finishes, whatever the machine's speed
+        time.sleep(3600)
     if when == "always" or (when == "extra" and extra):
         os.kill(os.getpid(), getattr(signal, name or "SIGSEGV"))
 

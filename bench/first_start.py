@@ -5,7 +5,8 @@ Each start runs in a fresh Python process, timed from before the imports to a us
   cache folder: no crash-check verdict and no kernel measurement yet (the crash check runs; the
   measurement is left for idle time);
 - ``later_start_s``: the same again, with what the first start cached;
-- ``llamacpp_load_s``: ``llama_cpp.Llama(model_path=...)``, the usual alternative's load.
+- ``llamacpp_load_s``: ``llama_cpp.Llama(model_path=...)``, the usual alternative's load (after
+  loading the CPU backend for this CPU, as the engine does, when the build has one per level).
 The ratio ``first_start_vs_llamacpp_load`` is first_start_s / llamacpp_load_s (medians).
 
 `python -m bench.first_start [--repeats 3] [--model PATH]`; `make bench` runs it too.
@@ -34,6 +35,9 @@ e.close()
 THEIRS = """
 import time; t0 = time.perf_counter()
 import llama_cpp
+from pathlib import Path
+from app.cpu_backends import load_cpu_backend  # a multi-level build loads no CPU backend itself
+load_cpu_backend(Path(llama_cpp.llama_cpp._lib._name).resolve().parent)
 m = llama_cpp.Llama(model_path={path!r}, verbose=False)
 t = time.perf_counter() - t0
 import json; print(json.dumps({{"s": t}}))

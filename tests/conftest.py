@@ -83,7 +83,7 @@ def make_window(qtbot, tiny_model, tmp_path):
         opts = dict(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat),
                     states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
                     log_path=tmp_path / "kvprimer.log", ask=Answers(), open_example=False,
-                    offer_restore=False, load_model=load)
+                    offer_restore=False, open_last=False, load_model=load)
         opts.update(kw)
         w = MainWindow(cfg, **opts)
         made.append(w)

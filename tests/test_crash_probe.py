@@ -53,14 +53,17 @@ def _verdicts(cache_home: Path) -> dict:
     return json.loads(f.read_text())["verdicts"] if f.exists() else {}
 
 
-def test_float32_models_skip_the_check_and_cost_microseconds(tiny_model, cache_home, monkeypatch):
+def test_float32_models_skip_the_check_and_later_loads_read_nothing(tiny_model, cache_home, monkeypatch):
     _no_child(monkeypatch)
     k = checked_cpu_kernels(tiny_model)
     assert k.use_extra_bufts and k.buffers == () and "float32" in k.probe
-    t0 = time.perf_counter()
-    for _ in range(1000):
-        checked_cpu_kernels(tiny_model)
-    assert (time.perf_counter() - t0) / 1000 < 2e-4  # per load; the test suite loads thousands
+
+    def no_read(*a, **kw):
+        raise AssertionError("a model seen before in this process must cost a stat, no file read")
+    # the test suite loads thousands of models: later loads are one stat and a dict look-up
+    monkeypatch.setattr(crash_probe, "_verdict", no_read)
+    for _ in range(3):
+        assert checked_cpu_kernels(tiny_model) == k
     assert _verdicts(cache_home) == {}
 
 
@@ -75,9 +78,7 @@ def test_first_load_checks_in_a_child_then_reads_the_cached_verdict(q4_model, ca
     # another process: nothing in memory, the verdict comes from the file, without a child
     crash_probe._memo.clear()
     _no_child(monkeypatch)
-    t0 = time.perf_counter()
     again = checked_cpu_kernels(q4_model)
-    assert time.perf_counter() - t0 < 0.05  # measured ~0.3 ms; generous for a loaded machine
     assert again.use_extra_bufts and again.buffers == k.buffers and "cached" in again.probe
 
 
@@ -129,7 +130,8 @@ def test_a_killed_or_unfinished_check_is_no_verdict(q4_model, cache_home, monkey
     assert k.use_extra_bufts and "SIGKILL" in k.probe and k.buffers is None
     crash_probe._memo.clear()
     monkeypatch.delenv(CRASH_TEST_ENV)
-    k = checked_cpu_kernels(q4_model, timeout=0.01)
+    monkeypatch.setenv(CRASH_TEST_ENV, "hang")  # a child that never answers: the timeout ends it
+    k = checked_cpu_kernels(q4_model, timeout=1)
     assert "did not finish" in k.probe
     assert _verdicts(cache_home) == {}  # neither is cached: the next start checks again
 
@@ -139,7 +141,8 @@ def test_an_amx_build_on_an_amx_cpu_stays_off_until_a_check_passes(q4_model, cac
     amx_build = BuildFacts(real.features + ("AMX_INT8",), real.identity + "|amx", real.library_dir)
     monkeypatch.setattr(crash_probe, "build_facts", lambda: amx_build)
     monkeypatch.setattr(crash_probe, "cpu_facts", lambda: CpuFacts("Xeon", frozenset({"amx_int8", "amx_tile"})))
-    k = checked_cpu_kernels(q4_model, timeout=0.01)  # no verdict: the guard decides
+    monkeypatch.setenv(CRASH_TEST_ENV, "hang")
+    k = checked_cpu_kernels(q4_model, timeout=1)  # no verdict: the guard decides
     assert not k.use_extra_bufts and "20824" in k.reason and "did not finish" in k.probe
     crash_probe._memo.clear()
     monkeypatch.setenv(CRASH_TEST_ENV, "extra")  # the GCC 12 crash

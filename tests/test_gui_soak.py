@@ -147,11 +147,10 @@ class FileDialog:
 
 @pytest.fixture
 def window(qtbot, tiny_model, tmp_path, monkeypatch):
-    import app.ui.fillings_panel
-    import app.ui.project_actions
+    import app.ui.file_folders
 
-    for module in (app.ui.project_actions, app.ui.fillings_panel):
-        monkeypatch.setattr(module, "QFileDialog", FileDialog)
+    # the window's open dialogs are all asked through file_folders.py
+    monkeypatch.setattr(app.ui.file_folders, "QFileDialog", FileDialog)
     cfg = EngineConfig(model_path=str(tiny_model), n_ctx=4096, n_batch=256, n_threads=1)
     w = MainWindow(cfg, settings=QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat),
                    states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",

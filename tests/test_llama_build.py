@@ -1,7 +1,14 @@
-"""The llama.cpp that llama_cpp loads targets the portable baseline the Makefile builds for
-(x86-64-v3: AVX2, FMA, F16C, BMI2): no AVX-512 and no AMX instruction anywhere in its code, and
-its system info reports neither. An AVX-512 instruction would die with SIGILL on most desktop
-CPUs; AMX built by GCC 12 crashes on the CPUs that have it (llama.cpp issue 20824).
+"""The llama.cpp that llama_cpp loads is portable, and its faster CPU levels are used safely.
+
+The Makefile builds llama.cpp's CPU backend once per instruction-set level (CPU_VARIANTS) and
+app/cpu_backends.py loads the best one for the CPU. What must hold:
+- the libraries every CPU loads (libllama, libggml, libggml-base) and the baseline level
+  (`haswell`, x86-64-v3: AVX2, FMA, F16C, BMI2) contain no AVX-512 and no AMX instruction: an
+  AVX-512 instruction dies with SIGILL on most desktop CPUs;
+- no level contains AMX: built by GCC 12 it crashes on the CPUs that have it (llama.cpp issue
+  20824);
+- the level loaded is one this CPU has every feature of, and its system info says which.
+A llama-cpp-python built elsewhere with one CPU backend linked in is held to the baseline.
 
 The check disassembles the libraries themselves (objdump), so it holds whatever flags a
 future Makefile passes; tests/test_packaging.py runs it on the bundle's copies too.
@@ -34,6 +41,8 @@ _EVEX_ONLY = (r"vpternlog[dq]|vperm[it]2\w+|vpcompress\w|vcompressp[sd]|vpexpand
 _AMX = r"ldtilecfg|sttilecfg|tilerelease|tilezero|tileloadd\w*|tilestored|tdp\w+"
 _BAD = re.compile(rf"%zmm\d|%[xy]mm(?:1[6-9]|2\d|3[01])\b|%k[0-7]\b|\{{z\}}|\{{1to\d+\}}|%tmm\d"
                   rf"|\t(?:{_EVEX_ONLY}|{_AMX})\b")
+_AMX_ONLY = re.compile(rf"%tmm\d|\t(?:{_AMX})\b")
+BASELINE_LEVEL = "haswell"  # the Makefile's portable level: what a CPU without newer levels loads
 
 
 def loaded_llama_libraries() -> list[Path]:
@@ -48,13 +57,14 @@ def loaded_llama_libraries() -> list[Path]:
     return libs
 
 
-def beyond_baseline(lib: Path, limit: int = 5) -> list[str]:
-    """Up to ``limit`` disassembled lines of ``lib`` that use AVX-512 or AMX, with their function."""
+def beyond_baseline(lib: Path, limit: int = 5, pattern: re.Pattern = _BAD) -> list[str]:
+    """Up to ``limit`` disassembled lines of ``lib`` that use AVX-512 or AMX (or what
+    ``pattern`` matches), with their function."""
     r = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     found, last = [], -1
-    for m in _BAD.finditer(r.stdout):
+    for m in pattern.finditer(r.stdout):
         start = r.stdout.rfind("\n", 0, m.start()) + 1
         if start == last:  # several matches on one line
             continue
@@ -67,11 +77,34 @@ def beyond_baseline(lib: Path, limit: int = 5) -> list[str]:
     return found
 
 
-def check_libraries(libs: list[Path]) -> dict[str, list[str]]:
-    """{library name: offending lines} for the libraries that go past the baseline."""
+def baseline_libraries(folder: Path) -> list[Path]:
+    """The libraries any CPU loads: llama, ggml, ggml-base and the CPU backend's baseline level
+    (or the one CPU backend of a build without levels)."""
+    names = ("libllama", "libggml", "libggml-base", "libggml-cpu", f"libggml-cpu-{BASELINE_LEVEL}")
+    # versioned names (libggml-base.so.0) are links to, or copies of, the same library
+    return sorted({p.resolve() for p in folder.iterdir() if ".so" in p.name
+                   and p.name.split(".so")[0] in names})
+
+
+def level_libraries(folder: Path) -> list[Path]:
+    """The CPU backend's levels beyond the baseline (empty for a build without levels)."""
+    return sorted(p for p in folder.glob("libggml-cpu-*.so") if p.name != f"libggml-cpu-{BASELINE_LEVEL}.so")
+
+
+def check_libraries(libs: list[Path], pattern: re.Pattern = _BAD) -> dict[str, list[str]]:
+    """{library name: offending lines} for the libraries with instructions ``pattern`` matches
+    (by default: past the baseline)."""
     with ThreadPoolExecutor(max_workers=4) as pool:  # objdump runs in parallel processes
-        results = dict(zip((p.name for p in libs), pool.map(beyond_baseline, libs)))
+        results = dict(zip((p.name for p in libs), pool.map(lambda p: beyond_baseline(p, pattern=pattern), libs)))
     return {name: lines for name, lines in results.items() if lines}
+
+
+def check_folder(folder: Path) -> dict[str, list[str]]:
+    """Every rule of the module docstring for the llama.cpp libraries in ``folder``."""
+    base = baseline_libraries(folder)
+    assert {p.name.split(".so")[0] for p in base} >= {"libllama", "libggml-base"}, base
+    assert any(p.name.startswith("libggml-cpu") for p in base), f"no baseline CPU backend in {folder}"
+    return {**check_libraries(base), **check_libraries(level_libraries(folder), _AMX_ONLY)}
 
 
 def test_the_patterns_catch_avx512_and_amx_and_pass_avx2():
@@ -89,19 +122,38 @@ def test_the_patterns_catch_avx512_and_amx_and_pass_avx2():
     assert not any(_BAD.search(line) for line in good), [x for x in good if _BAD.search(x)]
 
 
-def test_loaded_llama_cpp_uses_nothing_past_x86_64_v3():
-    libs = loaded_llama_libraries()
-    names = {p.name.split(".so")[0] for p in libs}
-    assert {"libllama", "libggml-cpu"} <= names, names  # the CPU kernels are what matters
-    bad = check_libraries(libs)
-    assert not bad, ("llama.cpp was compiled past the portable baseline (rebuild it with the "
-                     f"Makefile's flags: `make setup`): {bad}")
+def test_the_amx_pattern_passes_avx512():
+    assert _AMX_ONLY.search("  50:\ttdpbssd %tmm2,%tmm1,%tmm0")
+    assert not _AMX_ONLY.search("  1c:\tvmovups %zmm0,(%rdi)")
 
 
-def test_system_info_reports_the_baseline_and_no_amx():
-    from app.engine.llama.cpu_kernels import build_facts
+def test_llama_cpp_libraries_keep_the_baseline_portable_and_amx_out():
+    import llama_cpp  # noqa: F401
+    from app.engine.llama.cpu_kernels import library_dir
 
+    bad = check_folder(library_dir())
+    assert not bad, ("llama.cpp was compiled past the portable baseline, or with AMX (rebuild it "
+                     f"with the Makefile's flags: `make setup`): {bad}")
+
+
+def test_the_loaded_cpu_level_is_one_this_cpu_has():
+    from app.engine.llama.cpu_kernels import build_facts, cpu_facts
+    from app.engine.llama.llama_backend import cpu_backend
+
+    backend = cpu_backend()
     features = set(build_facts().features)
     assert {"AVX", "AVX2", "FMA", "F16C", "BMI2"} <= features, features
-    assert not features & {"AMX_INT8", "AVX512", "AVX512_VNNI", "AVX512_VBMI", "AVX512_BF16",
-                           "AVX_VNNI"}, features
+    assert "AMX_INT8" not in features
+    flags = cpu_facts().flags
+    if not flags:
+        pytest.skip("no CPU flags to compare with (/proc/cpuinfo)")
+    needs = {"AVX512": "avx512f", "AVX512_VNNI": "avx512_vnni", "AVX512_VBMI": "avx512vbmi",
+             "AVX512_BF16": "avx512_bf16", "AVX_VNNI": "avx_vnni", "AVX2": "avx2", "FMA": "fma"}
+    missing = [f for f, flag in needs.items() if f in features and flag not in flags]
+    assert not missing, f"{backend.describe()} uses {missing}, which this CPU lacks"
+    if backend.built:  # a build of levels: the one in use is mapped and named
+        assert backend.variant in backend.built, backend
+        libs = loaded_llama_libraries()
+        assert f"libggml-cpu-{backend.variant}.so" in {p.name for p in libs}, libs
+        if "avx512f" in flags and "avx512vbmi" in flags and "avx512_vnni" in flags:
+            assert "AVX512" in features, f"an AVX-512 CPU runs {backend.describe()}"

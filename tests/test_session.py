@@ -203,3 +203,26 @@ def test_clear_starts_an_empty_project(report):
     s.add_run(RunRecord(1, report))
     s.clear()
     assert (s.template_text, s.rows, s.runs, s.bench, s.path, s.dirty) == ("", [], [], None, "", False)
+
+
+def test_server_results_are_session_results_saved_in_the_project_file():
+    from app.engine.runs.server_results import DeployResult, ServerBench, ServerRow
+
+    s = Session()
+    s.set_template("intro <a>")
+    seen = record(s.events, "server")
+    s.set_server_bench(ServerBench("http://h:1", "openai", "vllm", "by name", None, []))
+    row = ServerRow(row=2, prompt_tokens=9, prefix_tokens=5, cold_ms=3.0, warm_ms=1.5,
+                    server_cached_tokens=None, server_evaluated_tokens=None,
+                    cold_cached_tokens=None, text="x", miss_reason="reused 0 of 5")
+    s.add_server_row(row)  # as a running benchmark delivers them: a cancel keeps them
+    deployed = DeployResult("http://h:1", 1, "/d/x.bin", 5, 100, 5, 2.0, 4, 1, "by hash")
+    s.set_deployed(deployed)
+    assert len(seen) == 3 and s.dirty
+    text = s.to_project().to_json()
+    again = Session()
+    assert again.apply_project(ProjectFile.from_json(text)) == []
+    assert again.server.rows == [row] and (again.server.api, again.server.flavor) == ("openai", "vllm")
+    assert again.server.summary() == s.server.summary() and again.deployed == deployed
+    again.clear()
+    assert again.server is None and again.deployed is None

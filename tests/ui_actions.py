@@ -109,7 +109,8 @@ class Answers:
     """Stands in for the window's modal questions; records what was asked."""
 
     def __init__(self, **answers):
-        self.answers = {"unsaved": "discard", "delete": "yes", "restore": "yes", **answers}
+        self.answers = {"unsaved": "discard", "delete": "yes", "restore": "yes",
+                        "replace": "yes", **answers}
         self.asked: list[str] = []
 
     def __call__(self, kind, text):

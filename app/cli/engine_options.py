@@ -5,7 +5,9 @@ CacheLimits' and Options' own, shown in the help."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from ..engine.llama.ggml_types import KV_TYPES
 from ..engine.files.llama_state_file import load_any_state
 from ..engine.files.project_file import SUFFIX, ProjectFile
 from ..engine.session import Options, Session
-from ..engine.task_state import Progress
+from ..engine.task_state import Progress, progress_line
 from .output import output_options
 
 _E, _O, _C = EngineConfig(), Options(), CacheLimits()
@@ -181,16 +183,41 @@ def rows_of(args, tpl: Template) -> list:
                         "file with rows instead of the template")
 
 
-def progress_printer() -> TaskState:
-    """Progress on one rewritten stderr line, only when stderr is a terminal."""
-    tty = sys.stderr.isatty()
+def progress_printer(stream=None) -> TaskState:
+    """Progress on one rewritten line (the window's status bar's words: the whole job, the
+    current pass, the time left): on stderr when it is a terminal, or on ``stream``."""
+    out = stream or sys.stderr
+    shown = stream is not None or out.isatty()
+    width = [0]  # the longest line so far: a shorter one must blank its tail
 
     def show(p: Progress) -> None:
-        if not tty or p.stage == "generate":
+        if not shown or p.stage == "generate":
             return
-        eta = f", {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
-        end = "\n" if p.done >= p.total else ""
-        print(f"\r{p.stage}: {p.done}/{p.total} tokens ({p.rate:.0f} tok/s{eta})   ", end=end,
-              file=sys.stderr, flush=True)
+        line = progress_line("", p)
+        # a line of its own ends with its pass, or with the whole job when there is one
+        ended = (p.whole and p.job.done >= p.job.total) if p.job else p.done >= p.total
+        print("\r" + line.ljust(width[0]), end="\n" if ended else "", file=out, flush=True)
+        width[0] = 0 if ended else max(width[0], len(line))
 
     return TaskState(on_progress=show)
+
+
+@contextmanager
+def cancel_on_interrupt(task: TaskState):
+    """The first Ctrl+C cancels ``task`` between batches, so a benchmark stops with the rows it
+    finished (printed and saved as usual); a second one interrupts at once."""
+    def first(_sig, _frame):
+        print("\nkvprimer: stopping after the current batch; Ctrl+C again stops at once",
+              file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        task.cancel()
+
+    try:
+        old = signal.signal(signal.SIGINT, first)
+    except ValueError:  # not the main thread: no handler of ours
+        yield task
+        return
+    try:
+        yield task
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -7,7 +7,7 @@
       never counts) |
 | 2 | bad input or usage: one line on stderr, nothing run |
 | 3 | some benchmark rows failed (each row's error is in the table and the JSON); the others ran |
-| 130 | interrupted (Ctrl+C) |
+| 130 | interrupted (Ctrl+C; a benchmark first prints the rows it finished) |
 
 When rows failed and others differed, 3 wins: the failed rows were not judged at all.
 """

@@ -15,8 +15,9 @@ from ..engine.files.llama_state_file import FORMATS, save_state
 from ..engine.files.project_file import SUFFIX
 from ..engine.runs.prompt_runs import check_reuse_modes
 from ..engine.session import Options
-from .engine_options import (load_state_file, open_engine, progress_printer, project_options,
-                             read_project, read_template, rows_of, session_options)
+from .engine_options import (cancel_on_interrupt, load_state_file, open_engine, progress_printer,
+                             project_options, read_project, read_template, rows_of,
+                             session_options)
 from .exit_codes import ExitCode, verdicts_code
 from .kv_commands import cmd_bench_forked
 from .server_commands import cmd_bench_server, server_target_options
@@ -195,10 +196,10 @@ def cmd_bench(args) -> int:
     opts = session_options(args, project_options(args.template), bench_modes=modes,
                            repeat=args.repeat, recompute=args.recompute)
     plan = flows.bench_plan(tpl, rows, opts, snapshot=False, model=args.model)
-    with open_engine(args) as eng:
+    with open_engine(args) as eng, cancel_on_interrupt(progress_printer()) as task:
         state = load_state_file(eng, args.state, tpl)
         plan = flows.bench_plan(tpl, rows, opts, restore=state, snapshot=False)
-        res = flows.bench(eng, plan, progress_printer()).result
+        res = flows.bench(eng, plan, task).result
 
     def words():
         print(f"{'row':>4} {'reuse':<8} {'prompt':>6} {'reused':>6} {'eval':>5} {'cold ms':>9} "
@@ -220,6 +221,8 @@ def cmd_bench(args) -> int:
         session.to_project().save(args.template)
         if not args.json:
             print(f"saved the results in {args.template}")
+    if res.cancelled:  # Ctrl+C: the rows finished are above (and saved with --save)
+        return ExitCode.INTERRUPTED
     return verdicts_code([(r.reuse, r.verdict()) for r in res.rows],
                          res.summary()["failed_rows"])
 

@@ -10,6 +10,7 @@ from .llama.crash_probe import CpuKernels
 from .llama.kernel_choice import KernelChoice
 from .llama.model_traits import ModelTraits
 from .llama.ggml_types import kv_bytes_per_token
+from .llama.llama_backend import cpu_backend
 from .llama.native import ContextParams, gpu_offload_supported
 
 
@@ -69,6 +70,7 @@ class ModelInfo:
     kernels: KernelChoice | None = None  # the attention kernel, and why
     cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
     n_ubatch: int = 0  # the micro-batch llama.cpp runs
+    cpu_backend: str = ""  # the CPU instruction-set level llama.cpp loaded (app/cpu_backends.py)
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "traits": self.traits.as_dict(),
@@ -85,7 +87,7 @@ def model_info(model, ctx, config: EngineConfig, path, sha256: str, traits: Mode
         n_batch=config.n_batch, n_ubatch=ctx.n_ubatch, n_seq_max=config.n_seq_max,
         type_k=config.type_k, type_v=config.type_v,
         kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
-        traits=traits, gpu_offload=gpu_offload_supported(),
+        traits=traits, gpu_offload=gpu_offload_supported(), cpu_backend=cpu_backend().describe(),
         **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
                                  "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                  "file_bytes")})

@@ -2,7 +2,7 @@
 
 A ``Session`` holds the template text (and its parse), the rows of placeholder values, the
 options of runs and of the model, the prefix state in use and the typed results of runs,
-benchmarks and sweeps. Each kind of change has its own ``Event``; observers (the window's
+benchmarks, sweeps, benchmarks on a server and the last deployment to one. Each kind of change has its own ``Event``; observers (the window's
 panels, a test) connect plain callbacks and read the session when called. The session never
 calls llama.cpp: jobs do, and put their results here.
 
@@ -21,8 +21,9 @@ from .runs.generation import GenerationConfig
 from .engine_config import EngineConfig
 from .files.prefix_state import PrefixState
 from .runs.prefix_sweep import SweepPoint
-from .files.project_file import ProjectFile, bench_from_dict, report_from_dict
-from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes, report_dict
+from .files.project_file import ProjectFile, SavedResults, read_results, result_dicts
+from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes
+from .runs.server_results import DeployResult, ServerBench, ServerRow
 from .prompts.rows import Row
 from .prompts.template import Template
 
@@ -37,6 +38,7 @@ class SessionEvents:
     runs: Event = field(default_factory=Event)  # (RunRecord), or (None) when cleared
     bench: Event = field(default_factory=Event)  # (BenchResult | None)
     sweep: Event = field(default_factory=Event)  # (list[SweepPoint])
+    server: Event = field(default_factory=Event)  # () the server benchmark or deployment changed
     file: Event = field(default_factory=Event)  # () path or unsaved-changes flag changed
 
 
@@ -115,6 +117,8 @@ class Session:
         self.runs: list[RunRecord] = []
         self.bench: BenchResult | None = None
         self.sweep: list[SweepPoint] = []
+        self.server: ServerBench | None = None  # the rows run on a server (so far, while running)
+        self.deployed: DeployResult | None = None  # the last deployment of the prefix to a server
         self.path = ""  # the project file, "" until saved
         self.dirty = False
 
@@ -265,6 +269,23 @@ class Session:
         self.events.sweep.emit(self.sweep)
         self.mark_dirty()
 
+    def set_server_bench(self, result: ServerBench | None) -> None:
+        """A server benchmark: an empty one when it starts, its rows added as they finish."""
+        self.server = result
+        self.events.server.emit()
+        self.mark_dirty()
+
+    def add_server_row(self, row: ServerRow) -> None:
+        if self.server is not None:
+            self.server.rows.append(row)
+            self.events.server.emit()
+            self.mark_dirty()
+
+    def set_deployed(self, result: DeployResult | None) -> None:
+        self.deployed = result
+        self.events.server.emit()
+        self.mark_dirty()
+
     # ---- file
     def mark_dirty(self) -> None:
         if not self.dirty:
@@ -278,11 +299,8 @@ class Session:
         self.events.file.emit()
 
     def to_project(self) -> ProjectFile:
-        results = [{"kind": "run", "row": r.row, "report": report_dict(r.report)} for r in self.runs]
-        if self.bench:
-            results.append({"kind": "benchmark", **self.bench.as_dict()})
-        if self.sweep:
-            results.append({"kind": "sweep", "points": [p.as_dict() for p in self.sweep]})
+        results = result_dicts(SavedResults([(r.row, r.report) for r in self.runs], self.bench,
+                                            self.sweep, self.server, self.deployed))
         o = self.options
         return ProjectFile(template=self.template_text, template_path=self.template_path,
                            placeholders=list(self.placeholders), rows=self.rows,
@@ -319,25 +337,16 @@ class Session:
         if cfg is not None:
             opts["engine"] = cfg
         self.set_options(**opts)
-        runs, bench, sweep, unreadable = [], None, [], False
-        for r in project.results:
-            try:
-                kind = r.get("kind")
-                if kind == "run" and "report" in r:
-                    runs.append(RunRecord(int(r["row"]), report_from_dict(r["report"])))
-                elif kind == "benchmark":
-                    bench = bench_from_dict(r)
-                elif kind == "sweep":
-                    sweep = [SweepPoint(**p) for p in r["points"]]
-            except (AttributeError, KeyError, TypeError, ValueError):
-                unreadable = True
-        if unreadable:
+        saved = read_results(project.results)
+        if saved.unreadable:
             problems.append("the project's saved results are unreadable; run them again")
         self.clear_runs()
-        for rec in runs:
-            self.add_run(rec)
-        self.set_bench(bench)
-        self.set_sweep(sweep)
+        for row, report in saved.runs:
+            self.add_run(RunRecord(row, report))
+        self.set_bench(saved.bench)
+        self.set_sweep(saved.sweep)
+        self.set_server_bench(saved.server)
+        self.set_deployed(saved.deployed)
         self.mark_clean(path)
         return problems
 
@@ -348,6 +357,8 @@ class Session:
         self.clear_runs()
         self.set_bench(None)
         self.set_sweep([])
+        self.set_server_bench(None)
+        self.set_deployed(None)
         self.mark_clean("")
 
 

@@ -185,8 +185,11 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
     task = task or TaskState()
     o = plan.options
     records = []
-    for row in plan.rows:
+    task.begin_job("run", len(plan.rows))
+    for i, row in enumerate(plan.rows):
         task.check()
+        task.begin_item(i + 1, len(plan.rows), number=row.number,
+                        part=o.reuse_mode if plan.paths != "cold" else "")
         task.partial(RowStarted(row.number))
         rep = run_prompt(engine, plan.template, row.values, reuse=o.reuse_mode,
                          state=plan.restore, recompute=o.recompute, cold=plan.paths != "warm",
@@ -194,6 +197,7 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
                          task=task)
         records.append(RunRecord(row.number, rep))
         engine.note_run(rep.warm)  # runs far off the kernel measurement make it measure again
+        task.end_item()
         task.partial(records[-1])
     state = None
     if plan.snapshot and plan.paths != "cold":
@@ -203,12 +207,15 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
 
 def bench(engine, plan: BenchPlan, task: TaskState | None = None) -> BenchOutcome:
     """Benchmark the plan's rows cold against warm in each reuse mode (bench_rows.py); the
-    result so far goes out as a partial result after each row."""
+    result so far goes out as a partial result after each row. Cancelled, it returns the rows
+    finished (``result.cancelled``)."""
     o = plan.options
     result = bench_rows(engine, plan.template, list(plan.rows), repeat=o.repeat,
                         modes=o.bench_modes, recompute=o.recompute, state=plan.restore,
                         gen=o.generation(), task=task)
-    state = snapshot(engine, plan.template, plan.state, task) if plan.snapshot else None
+    # a cancelled benchmark comes back with the rows it finished, and nothing more is done
+    state = (snapshot(engine, plan.template, plan.state, task)
+             if plan.snapshot and not result.cancelled else None)
     return BenchOutcome(result, state)
 
 

@@ -19,6 +19,7 @@ from app.engine.errors import KvPrimerError, StateFileError
 from app.engine.files.llama_state_file import SUFFIX, read_llama_state, save_llama_state
 from app.engine.files.prefix_state import PrefixState
 from app.engine.files.seq_payload import row_layout, stream_count, v_transposed
+from app.engine.runs.server_results import DeployResult
 from app.engine.task_state import TaskState
 from app.engine.prompts.template import Template
 
@@ -40,25 +41,6 @@ class ServerLayout:
     rows: tuple  # per layer: (K type, K bytes, V type, V bytes)
     type_k: str
     type_v: str
-
-
-@dataclass(frozen=True)
-class DeployResult:
-    url: str
-    slot: int
-    path: str  # the state file in the slot directory
-    prefix_tokens: int
-    state_bytes: int
-    restored_tokens: int
-    restore_ms: float
-    verify_cached: int  # what the server reused on the checking request
-    verify_evaluated: int
-    model: str  # how we know the server runs this model
-
-    def describe(self) -> str:
-        return (f"deployed {self.prefix_tokens:,} prefix tokens ({self.state_bytes / 1e6:.1f} MB) "
-                f"to slot {self.slot} of {self.url}: restored in {self.restore_ms:.0f} ms; the next "
-                f"request reused {self.verify_cached:,} and evaluated {self.verify_evaluated:,}")
 
 
 def server_layout(server: LlamaServer, slot: int, slot_dir: Path, token: int) -> ServerLayout:

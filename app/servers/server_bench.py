@@ -10,10 +10,8 @@ where it stopped and why.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from statistics import median
-
 from app.engine.runs.generation import GenerationConfig
+from app.engine.runs.server_results import ServerBench, ServerRow
 from app.engine.prompts.prompt_tokens import common_prefix
 from app.engine.prompts.rows import Row
 from app.engine.task_state import TaskState
@@ -21,60 +19,6 @@ from app.engine.prompts.template import Template
 
 from .http_stream import Completion
 from .model_match import match_model
-
-
-@dataclass
-class ServerRow:
-    row: int  # its number in the rows file, as the user sees it
-    prompt_tokens: int
-    prefix_tokens: int  # the template's static prefix, in this prompt's tokens
-    cold_ms: float  # time to first token, cache bypassed
-    warm_ms: float  # time to first token, as the workload left the cache
-    server_cached_tokens: int | None
-    server_evaluated_tokens: int | None
-    cold_cached_tokens: int | None  # what the cold request reused: 0 when the bypass worked
-    text: str
-    tokens: list[int] = field(default_factory=list)
-    tokens_equal: bool | None = None  # against KV Primer's local cold run (None: not compared)
-    first_diff: int | None = None  # first generated position that differs
-    server_cold_equal: bool | None = None  # the server's warm output equals its own cold one
-    output_note: str = ""  # why the output differs from the local cold run, when it does
-    local_cold_ms: float | None = None
-    miss_reason: str = ""  # empty when the server reused at least the static prefix (− 1)
-
-    @property
-    def speedup(self) -> float | None:
-        return self.cold_ms / self.warm_ms if self.warm_ms > 0 else None
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "speedup": self.speedup}
-
-
-@dataclass
-class ServerBench:
-    url: str
-    api: str
-    flavor: str
-    model: str  # how we know whether the server runs the local model
-    same_model: bool | None
-    rows: list[ServerRow]
-
-    def summary(self) -> dict:
-        rs = self.rows
-        if not rs:
-            return {"rows": 0}
-        compared = [r for r in rs if r.tokens_equal is not None]
-        return {"rows": len(rs), "median_cold_ms": median(r.cold_ms for r in rs),
-                "median_warm_ms": median(r.warm_ms for r in rs),
-                "median_speedup": median(r.speedup or 0 for r in rs),
-                "misses": sum(bool(r.miss_reason) for r in rs),
-                "tokens_equal": sum(bool(r.tokens_equal) for r in compared),
-                "compared": len(compared)}
-
-    def as_dict(self) -> dict:
-        return {"server": self.url, "api": self.api, "flavor": self.flavor,
-                "model": self.model, "same_model": self.same_model,
-                "summary": self.summary(), "rows": [r.as_dict() for r in self.rows]}
 
 
 def expected_reuse(prefix_tokens: int, block: int) -> int:
@@ -126,9 +70,10 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                   if prefix_text else [])
     prefix = len(prefix_ids)
     before: list[int] | None = list(prefix_ids) if deployed else None
-    task.report("server", 0, len(rows))
+    task.begin_job("server", len(rows))  # "row 3 of 10", time left
     for i, row in enumerate(rows):
         task.check()
+        task.begin_item(i + 1, len(rows), number=row.number)
         filled = template.fill(row.values)
         local = engine.tokenize(filled)
         prompt = local if as_ids else filled.text
@@ -148,8 +93,8 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
             r.output_note = output_note(r)
         before = tokens
         out.append(r)
+        task.end_item()
         task.partial(r)
-        task.report("server", i + 1, len(rows))
     return ServerBench(server.url, server.api, server.flavor, match.how,
                        match.same, out)
 

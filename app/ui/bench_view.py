@@ -3,7 +3,9 @@ sweep; exports.
 
 It shows the session's benchmark and sweep results: time to first token per row grouped by
 mode (charts from app.ui.charts), each mode's accuracy (verdict counts, KL divergence, top-1
-agreement), a table with readable headers; and exports them. Jobs are started by the window.
+agreement), a table with readable headers; and exports them. Jobs are started by the window;
+while one of its jobs runs, a line above the results says where the whole job is (the status
+bar's words, app.engine.task_state.progress_line).
 The repeats, the modes compared and compose's recompute k are the session's options, changed
 through SessionEdits (undoable).
 """
@@ -15,15 +17,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QCheckBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
 from ..engine import REUSE_MODES, BenchResult, BenchRow
 from ..engine.session import Session, bench_summary
+from ..engine.task_state import Progress, progress_line
 from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart
+from .engine_worker import EngineWorker, Job, JobKind
+from .file_folders import FileFolders
+from .model_events import follow
 from .run_panel import MODE_TIPS, VERDICT_COLORS, recompute_box
 from .session_edits import SessionEdits
 
@@ -106,10 +112,12 @@ class BenchView(QWidget):
     error = Signal(str)
 
     def __init__(self, session: Session, edits: SessionEdits | None = None,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, folders: FileFolders | None = None,
+                 worker: EngineWorker | None = None):
         super().__init__(parent)
         self.session = session
         self.edits = edits or SessionEdits(session, self)
+        self.folders = folders or FileFolders(QSettings("kvprimer", "KV Primer"))
         self.repeat = QSpinBox()
         self.repeat.setRange(1, 50)
         self.repeat.setValue(session.options.repeat)
@@ -141,6 +149,9 @@ class BenchView(QWidget):
         top.addStretch(1)
         self.summary = QLabel("No benchmark yet: press “Benchmark rows”.")
         self.summary.setWordWrap(True)
+        self.progress = QLabel("")
+        self.progress.setObjectName("benchProgress")
+        self.progress.hide()
         for text, slot in exports:
             b = QPushButton(text)
             b.clicked.connect(slot)
@@ -181,6 +192,7 @@ class BenchView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
+        lay.addWidget(self.progress)
         lay.addWidget(self.summary)
         lay.addWidget(split, 1)
         session.events.bench.connect(self._show_result)
@@ -189,6 +201,19 @@ class BenchView(QWidget):
         self._show_options(session.options)
         self._show_result(session.bench)
         self.sweep.set_points(session.sweep)
+        if worker is not None:
+            worker.progress.connect(self.show_progress)
+            follow(self, worker.engine_status.events.job, self._job_changed)
+
+    def show_progress(self, job: Job, p: Progress) -> None:
+        """A benchmark or sweep in progress: the whole job and the current pass."""
+        if job.kind in (JobKind.BENCH, JobKind.SWEEP) and p.stage != "generate":
+            self.progress.setText(progress_line(job.label, p))
+            self.progress.show()
+
+    def _job_changed(self, label: str) -> None:
+        if not label:  # no job of the user's runs: the results below are the whole story
+            self.progress.hide()
 
     def set_can_run(self, on: bool) -> None:
         self.run_button.setEnabled(on)
@@ -300,8 +325,8 @@ class BenchView(QWidget):
         return out
 
     def export_dialog_data(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export results", "bench.csv",
-                                              "CSV (*.csv);;JSON (*.json)")
+        path, _ = self.folders.save_file(self, "export", "Export results", "bench.csv",
+                                         "CSV (*.csv);;JSON (*.json)")
         if path:
             try:
                 self.export_data(path)
@@ -309,8 +334,8 @@ class BenchView(QWidget):
                 self.error.emit(f"cannot export results: {e}")
 
     def export_dialog_charts(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export charts", "bench.png",
-                                              "PNG image (*.png);;SVG drawing (*.svg)")
+        path, _ = self.folders.save_file(self, "export", "Export charts", "bench.png",
+                                         "PNG image (*.png);;SVG drawing (*.svg)")
         if path:
             try:
                 self.export_charts(path)

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
 from ..engine.llama.ggml_types import KV_TYPES as GGML_KV_TYPES
 from ..engine.llama.native import GPU_OFFLOAD_MISSING
 from ..engine.session import Options, Session
+from .file_folders import documents_dir
 from .session_edits import OptionPath, SessionEdits, option_at
 
 NGL_UNKNOWN = "Layers offloaded to the GPU (llama.cpp's -ngl): known once a model is loaded"
@@ -217,7 +218,8 @@ class EngineSettingsForm(QWidget):
         self.recent.setCurrentIndex(-1)
 
     def open_dialog(self) -> None:
-        start = str(Path(self.path.text()).parent) if self.path.text() else ""
+        # the model's own folder, else Documents: never the folder the app was started from
+        start = str(Path(self.path.text()).parent) if self.path.text() else str(documents_dir())
         path, _ = QFileDialog.getOpenFileName(self, "Open model", start,
                                               "GGUF models (*.gguf);;All files (*)")
         if path:

@@ -7,14 +7,17 @@ back through SessionEdits, so each can be undone.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QItemSelection, QItemSelectionModel, Qt, Signal
+from pathlib import Path
+
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, QSettings, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QHBoxLayout,
+from PySide6.QtWidgets import (QAbstractItemView, QFormLayout, QHBoxLayout,
                                QHeaderView, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
                                QSplitter, QTableView, QVBoxLayout, QWidget)
 
 from ..engine import KvPrimerError, read_rows
 from ..engine.session import RowsChange, Session
+from .file_folders import FileFolders
 from .rows_model import RowsModel
 from .session_edits import SessionEdits
 
@@ -23,10 +26,11 @@ class FillingsPanel(QWidget):
     error = Signal(str)
 
     def __init__(self, session: Session, edits: SessionEdits | None = None,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, folders: FileFolders | None = None):
         super().__init__(parent)
         self.session = session
         self.edits = edits or SessionEdits(session, self)
+        self.folders = folders or FileFolders(QSettings("kvprimer", "KV Primer"))
         self.placeholders: list[str] = []
         self.fields: dict[str, QPlainTextEdit] = {}
         self._syncing = False
@@ -184,14 +188,14 @@ class FillingsPanel(QWidget):
             self.error.emit(str(e))
             return 0
         values = [r.values for r in rows]
-        if undoable:
-            self.edits.replace_rows(values, "import rows")
+        if undoable:  # the rows it replaces come back with Undo
+            self.edits.replace_rows(values, f"import rows from {Path(path).name}")
         else:
             self.session.set_rows(values)
         return len(rows)
 
     def import_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import rows", "",
-                                              "Rows (*.csv *.tsv *.jsonl *.ndjson);;All files (*)")
+        path = self.folders.open_file(self, "rows", "Import rows",
+                                      "Rows (*.csv *.tsv *.jsonl *.ndjson);;All files (*)")
         if path:
             self.import_file(path)

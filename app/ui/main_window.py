@@ -28,6 +28,7 @@ from .bench_view import BenchView
 from .cache_panel import CachePanel
 from .engine_worker import EngineWorker, Job, JobKind
 from .error_panel import ErrorPanel
+from .file_folders import FileFolders
 from .fillings_panel import FillingsPanel
 from .help_dialogs import ask_dialog, show_about, show_shortcuts
 from .kv_dock import KvCacheDock
@@ -63,7 +64,7 @@ class MainWindow(QMainWindow):
     def __init__(self, config: EngineConfig | None = None, *, settings: QSettings | None = None,
                  states_dir: Path | None = None, autosave_dir: Path | None = None,
                  log_path: Path | None = None, ask=None, load_model: bool = True,
-                 open_example: bool = True, offer_restore: bool = True):
+                 open_example: bool = True, offer_restore: bool = True, open_last: bool = True):
         super().__init__()
         self.setWindowTitle("KV Primer")
         self.setAcceptDrops(True)
@@ -74,15 +75,16 @@ class MainWindow(QMainWindow):
         self.closing = False
         self.session = Session(Options(engine=config))
         self.edits = SessionEdits(self.session, self)
+        self.folders = FileFolders(self.settings)  # where file dialogs start
         # the File menu's projects, templates and examples, drops and autosave
         self.project = ProjectActions(self, Autosaver(autosave_path(autosave_dir)))
         self.worker = EngineWorker(self)
         self.engine_status = self.worker.engine_status  # what the window shows of the engine
 
         self.editor = TemplateEditor(self.worker, self.session)
-        self.fillings = FillingsPanel(self.session, self.edits)
+        self.fillings = FillingsPanel(self.session, self.edits, folders=self.folders)
         self.run_panel = RunPanel(self.session, self.edits)
-        self.bench = BenchView(self.session, self.edits)
+        self.bench = BenchView(self.session, self.edits, folders=self.folders, worker=self.worker)
         self.server_view = ServerView(self.worker, self.session, self.settings)
         self.errors = ErrorPanel(self, log_path)
         self.errors.install_excepthook()
@@ -91,7 +93,7 @@ class MainWindow(QMainWindow):
                                      confirm=lambda text: self.ask("delete", text) == "yes")
         self.kv_dock = KvCacheDock(self.worker, self)
         self.cache_panel = CachePanel(self.worker, self)
-        self.jobs = PromptJobs(self.worker, self.session, self)
+        self.jobs = PromptJobs(self.worker, self.session, self, edits=self.edits)
         self._build_layout()
         self.status = StatusBar(self.worker, self)
         self.setStatusBar(self.status)
@@ -102,9 +104,12 @@ class MainWindow(QMainWindow):
         self._autosave_timer.timeout.connect(self.project.autosave)
         self._autosave_timer.start()
         self._restore_layout()
+        # what the user last had: unsaved work after a crash, else the project open at exit
         restored = offer_restore and self.project.offer_restore()
-        if open_example and not restored:
+        reopened = not restored and open_last and self.project.open_last()
+        if open_example and not restored and not reopened:
             self.project.open_example("rag")
+        self.edits.forget()  # what the window starts with is not an edit to undo
         self.session.mark_clean()
         self._update_actions()
         if load_model:
@@ -170,6 +175,8 @@ class MainWindow(QMainWindow):
         A(f, "&Open project…", pr.open_dialog, "Ctrl+O")
         A(f, "&Save project", pr.save, "Ctrl+S")
         A(f, "Save project &as…", pr.save_as, "Ctrl+Shift+S")
+        pr.recent_menu = f.addMenu("Recent &projects")
+        pr.fill_recent_menu()
         f.addSeparator()
         A(f, "Open &template…", pr.open_template_dialog, "Ctrl+T", toolbar=True)
         A(f, "Save template as…", pr.save_template_dialog)
@@ -183,9 +190,12 @@ class MainWindow(QMainWindow):
         f.addSeparator()
         A(f, "&Quit", self.close, "Ctrl+Q")
         e = mb.addMenu("&Edit")
-        self.undo_actions = UndoActions(self.edits.stack, self.editor.edit,
-                                A(e, "&Undo", lambda: self.undo_actions.undo(), "Ctrl+Z"),
-                                A(e, "&Redo", lambda: self.undo_actions.redo(), "Ctrl+Shift+Z"))
+        undo = A(e, "&Undo", lambda: self.undo_actions.undo(), "Ctrl+Z")
+        redo = A(e, "&Redo", lambda: self.undo_actions.redo(), "Ctrl+Shift+Z")
+        undo.setObjectName("Undo")  # their text names the step ("Undo open template x.tmpl")
+        redo.setObjectName("Redo")
+        self.undo_actions = UndoActions(self.edits.stack, self.editor.edit, undo, redo,
+                                        said=self.show_status)
         p = mb.addMenu("&Prompt")
         self.toolbar.addSeparator()
         A(p, "&Prime prefix", self.jobs.prime, "Ctrl+P", "Evaluate the static prefix once", True)
@@ -222,7 +232,7 @@ class MainWindow(QMainWindow):
         for event in (events.info, events.working, events.closed):  # what ready depends on
             follow(self, event, lambda _value: self._update_actions())
         w.job_started.connect(self._job_started)
-        follow(self, events.kernel_measurement, self._kernel_news)
+        self.status.kernel_news.connect(self.errors.info)  # to the Log, once each
         s.events.state.connect(lambda _ref: self._update_actions())
         s.events.file.connect(self.project.update_title)
         jobs.status.connect(self.show_status)
@@ -256,13 +266,6 @@ class MainWindow(QMainWindow):
         self.run_panel.set_can_run(ready)
         self.bench.set_can_run(ready)
         self.library.set_can(load=ready, save=can_save)
-
-    def _kernel_news(self, m) -> None:
-        """The kernel measurement's news (why it measures, a switch and what it dropped) goes to
-        the Log once each; the status bar shows the latest."""
-        if m is not None and m.note and m.note != getattr(self, "_kernel_note", None):
-            self._kernel_note = m.note
-            self.errors.info(m.note)
 
     def _job_started(self, job: Job) -> None:
         if job.kind in (JobKind.BENCH, JobKind.SWEEP) and not self.closing:

@@ -1,16 +1,21 @@
 """The files the window opens and saves: projects, templates, examples, dropped files; unsaved
-changes and autosave.
+changes and autosave; the recent projects and the one that reopens at start.
 
 ``window.project``: the window's File menu, drops and autosave call it. The project is the
 session; its file form is the Qt-free app.engine.files.project_file, so nothing here reads a
 panel's widgets: it asks the window only for its dialogs, messages and the panels that import.
+
+Nothing the user made is replaced without a way back: a project is replaced only after unsaved
+changes are saved or discarded (asked), and a template or example opened over the one shown is
+an undoable step (asked first when the template has edits saved nowhere). Dialogs start in the
+folder last used (file_folders.py).
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QMenu
 
 from ..engine import TemplateError
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_STATE_SUFFIX
@@ -22,6 +27,9 @@ from ..resources_path import examples_dir
 
 log = logging.getLogger("kvprimer.ui")
 ROWS_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
+PROJECT_FILTER = f"KV Primer projects (*{PROJECT_SUFFIX})"
+MAX_RECENT = 8
+RECENT_KEY, LAST_KEY = "recentProjects", "lastProject"
 
 
 class ProjectActions:
@@ -29,12 +37,17 @@ class ProjectActions:
         self.w = window
         self.session = window.session
         self.autosaver = autosaver
+        self.settings = window.settings
+        self.folders = window.folders
+        self.recent_menu: QMenu | None = None  # File ▸ Recent projects, filled from the settings
 
     # ---- unsaved changes
     def update_title(self) -> None:
         name = Path(self.session.path).name if self.session.path else "untitled"
         self.w.setWindowTitle(f"{name}[*] — KV Primer")
         self.w.setWindowModified(self.session.dirty)
+        if not self.w.closing:  # the project open now is the one the next start reopens
+            self.settings.setValue(LAST_KEY, self.session.path)
 
     def settle_unsaved(self) -> bool:
         """True when the caller may go on (saved, discarded or nothing to save)."""
@@ -69,14 +82,61 @@ class ProjectActions:
             self.w.show_error(str(e))
             return False
         self.apply(project, str(path))
+        self.add_recent(str(path))
         return True
 
     def open_dialog(self) -> None:
         if not self.settle_unsaved():
             return
-        path, _ = QFileDialog.getOpenFileName(self.w, "Open project", "", f"KV Primer projects (*{PROJECT_SUFFIX})")
+        path = self.folders.open_file(self.w, "project", "Open project", PROJECT_FILTER)
         if path:
             self.open(path)
+
+    def open_recent(self, path: str) -> bool:
+        if not self.settle_unsaved():
+            return False
+        if not Path(path).is_file():
+            self.w.show_error(f"the project {path} is no longer there; it is taken off the "
+                              "recent projects")
+            self._set_recent([p for p in self.recent() if p != path])
+            return False
+        return self.open(path)
+
+    def open_last(self) -> bool:
+        """At start: reopen the project that was open when the app last closed, if any."""
+        path = str(self.settings.value(LAST_KEY, "") or "")
+        if not path:
+            return False
+        if not Path(path).is_file():
+            self.w.show_status(f"the last project, {path}, is no longer there; starting with "
+                               "the example")
+            return False
+        return self.open(path)
+
+    # ---- recent projects (the window's settings)
+    def recent(self) -> list[str]:
+        v = self.settings.value(RECENT_KEY, [])
+        return [v] if isinstance(v, str) else [str(p) for p in (v or [])]
+
+    def add_recent(self, path: str) -> None:
+        path = str(Path(path).resolve())
+        self._set_recent([path] + [p for p in self.recent() if p != path])
+
+    def _set_recent(self, paths: list[str]) -> None:
+        self.settings.setValue(RECENT_KEY, paths[:MAX_RECENT])
+        self.fill_recent_menu()
+
+    def fill_recent_menu(self) -> None:
+        menu = self.recent_menu
+        if menu is None:
+            return
+        menu.clear()
+        for p in self.recent():
+            a = menu.addAction(Path(p).name)
+            a.setToolTip(p)
+            a.setStatusTip(p)
+            a.triggered.connect(lambda _=False, p=p: self.open_recent(p))
+        menu.setEnabled(bool(self.recent()))
 
     def save(self, path: str | Path | None = None) -> bool:
         path = str(path or self.session.path)
@@ -89,12 +149,13 @@ class ProjectActions:
             self.w.show_error(str(e))
             return False
         self.session.mark_clean(path)
+        self.add_recent(path)
         self.w.show_status(f"saved the project to {path}")
         return True
 
     def save_as(self) -> bool:
-        path, _ = QFileDialog.getSaveFileName(self.w, "Save project", f"project{PROJECT_SUFFIX}",
-                                              f"KV Primer projects (*{PROJECT_SUFFIX})")
+        name = Path(self.session.path).name if self.session.path else f"project{PROJECT_SUFFIX}"
+        path, _ = self.folders.save_file(self.w, "project", "Save project", name, PROJECT_FILTER)
         return bool(path) and self.save(path if path.endswith(PROJECT_SUFFIX)
                                                 else path + PROJECT_SUFFIX)
 
@@ -118,34 +179,72 @@ class ProjectActions:
         return False
 
     # ---- templates and examples
-    def open_template(self, path: str | Path) -> bool:
+    def _read_template(self, path: str | Path) -> str | None:
         try:  # syntax errors are not refused here: the editor marks them where they are
-            text = read_user_text(path, TemplateError, "template file")
+            return read_user_text(path, TemplateError, "template file")
         except TemplateError as e:
             self.w.show_error(str(e))
+            return None
+
+    def template_edited(self) -> bool:
+        """Does the template shown have edits saved nowhere (not in a project, not in its file)?"""
+        self.w.editor.flush()
+        s = self.session
+        if not s.dirty or not s.template_text.strip():
             return False
-        self.session.set_template(text, str(path))
+        try:
+            saved = Path(s.template_path).read_text(encoding="utf-8") if s.template_path else None
+        except (OSError, UnicodeDecodeError):
+            saved = None
+        return s.template_text != saved
+
+    def _may_replace_template(self, name: str) -> bool:
+        return not self.template_edited() or self.w.ask(
+            "replace", f"The template has edits that are saved nowhere. Open {name} in its "
+                       "place? (Edit ▸ Undo brings them back.)") == "yes"
+
+    def open_template(self, path: str | Path) -> bool:
+        """Open a template file in place of the one shown: asked over unsaved edits, undoable."""
+        text = self._read_template(path)
+        if text is None or not self._may_replace_template(Path(path).name):
+            return False
+        had = bool(self.session.template_text.strip())
+        self.w.edits.replace_template(text, str(path), f"open template {Path(path).name}")
+        if had:
+            self.w.show_status(f"opened {path}; Edit ▸ Undo (Ctrl+Z) brings the previous "
+                               "template back")
         return True
 
-    def open_example(self, stem: str) -> None:
+    def open_example(self, stem: str) -> bool:
+        """The example's template and rows, as one undoable step."""
         d = examples_dir()
-        if self.open_template(d / f"{stem}.tmpl"):
-            for rows in (d / f"{stem}-rows.csv", d / f"{stem}-rows.jsonl"):
-                if rows.is_file():
-                    self.w.edits.forget()  # an example is opened, not edited
-                    self.w.fillings.import_file(str(rows), undoable=False)
-                    break
+        tpl = d / f"{stem}.tmpl"
+        text = self._read_template(tpl)
+        if text is None or not self._may_replace_template(tpl.name):
+            return False
+        rows = next((p for p in (d / f"{stem}-rows.csv", d / f"{stem}-rows.jsonl") if p.is_file()),
+                    None)
+        stack = self.w.edits.stack
+        stack.beginMacro(f"open example {stem}")
+        try:
+            self.w.edits.replace_template(text, str(tpl), f"open template {tpl.name}")
+            if rows is not None:
+                self.w.fillings.import_file(str(rows))
+        finally:
+            stack.endMacro()
+        return True
 
     def open_template_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.w, "Open template", str(examples_dir()),
-                                              "Templates (*.tmpl *.txt);;All files (*)")
+        # the examples are in File ▸ Examples; the dialog starts where the user keeps files
+        path = self.folders.open_file(self.w, "template", "Open template",
+                                      "Templates (*.tmpl *.txt);;All files (*)")
         if path:
             self.open_template(path)
 
     def save_template_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self.w, "Save template",
-                                              self.session.template_path or "prompt.tmpl",
-                                              "Templates (*.tmpl)")
+        name = Path(self.session.template_path).name if self.session.template_path else "prompt.tmpl"
+        path, _ = self.folders.save_file(self.w, "template", "Save template", name,
+                                         "Templates (*.tmpl)")
         if path:
             try:
                 Path(path).write_text(self.session.template_text, encoding="utf-8")
@@ -161,7 +260,8 @@ class ProjectActions:
         elif suffix in (STATE_SUFFIX, LLAMA_STATE_SUFFIX):
             self.w.jobs.load_state(path)
         elif suffix == PROJECT_SUFFIX:
-            self.open(path)
+            if self.settle_unsaved():  # a drop replaces unsaved work no more than Open does
+                self.open(path)
         elif suffix in ROWS_SUFFIXES:
             self.w.fillings.import_file(path)
         else:

@@ -20,6 +20,7 @@ from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import load_any_state, save_state
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind
+from .session_edits import SessionEdits
 
 RowStarted = flows.RowStarted  # a run's partial result: this row starts now
 
@@ -41,11 +42,13 @@ class PromptJobs(QObject):
     state_loaded = Signal(str, object)  # path, PrefixState (its .warning may say how little was checked)
     state_load_failed = Signal(str)  # the reason
 
-    def __init__(self, worker: EngineWorker, session: Session, parent: QObject | None = None):
+    def __init__(self, worker: EngineWorker, session: Session, parent: QObject | None = None,
+                 edits: SessionEdits | None = None):
         super().__init__(parent)
         self.worker = worker
         self.engine_status = worker.engine_status
         self.session = session
+        self.edits = edits or SessionEdits(session, self)  # a loaded state can be undone
         worker.partial.connect(self._on_partial)
 
     # ---- helpers
@@ -147,7 +150,8 @@ class PromptJobs(QObject):
             return state
 
         def done(state):
-            self.session.set_state(state, path)
+            # the state it replaces (primed, or loaded before) comes back with Undo
+            self.edits.state_loaded(state, path, f"load state {Path(path).name}")
             self.state_loaded.emit(path, state)
             note = f" ({state.warning})" if state.warning else ""
             self.status.emit(f"loaded the state {path}{note}")
@@ -181,8 +185,14 @@ class PromptJobs(QObject):
 
         def done(outcome: flows.BenchOutcome):
             self._keep_state(outcome.state)
-            self.session.set_bench(outcome.result)
-            self.status.emit("benchmark done: " + bench_summary(outcome.result))
+            res = outcome.result
+            self.session.set_bench(res)
+            if res.cancelled:  # the rows finished are kept, and saved with the project
+                n = len(res.rows)
+                self.status.emit(f"benchmark cancelled; the {n} finished row{'s' if n != 1 else ''}"
+                                 " are kept: " + bench_summary(res))
+            else:
+                self.status.emit("benchmark done: " + bench_summary(res))
 
         return self._submit(JobKind.BENCH, lambda e, t: flows.bench(e, plan, t), done)
 

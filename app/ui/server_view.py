@@ -4,7 +4,10 @@ the server and compare them with KV Primer's local cold runs (charts: time to fi
 the tokens the server reused per row).
 
 It only shows and forwards: the work is app.servers' deploy and bench_on_server, run on the
-engine worker (they need the engine to prime, tokenize and run the local cold reference).
+engine worker (they need the engine to prime, tokenize and run the local cold reference). Their
+results are the session's (``session.server``, ``session.deployed``), saved in the project like
+benchmark results: rows arrive there as they finish, and this view shows whatever the session
+holds, a reopened project's too.
 """
 from __future__ import annotations
 
@@ -15,6 +18,10 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from ..optional_extras import require_server_clients
+from ..engine import KvPrimerError
+from ..engine import session_flows as flows
+from ..engine.errors import RowsError
+from ..engine.runs.server_results import ServerBench
 from ..engine.session import Session
 from .charts import COLD, WARM, BarSeries, TtftChart
 from .engine_worker import EngineWorker, JobKind
@@ -37,7 +44,6 @@ class ServerView(QWidget):
         super().__init__(parent)
         self.worker, self.session = worker, session
         self.settings = settings or QSettings("kvprimer", "KV Primer")
-        self.results: list = []
         self.url = QLineEdit(str(self.settings.value("server/url", "http://127.0.0.1:8080")))
         self.url.setObjectName("serverUrl")
         self.api = QComboBox()
@@ -57,7 +63,8 @@ class ServerView(QWidget):
         self.deploy_button = QPushButton("Deploy prefix")
         self.deploy_button.setToolTip("Prime the template's static prefix, restore it into the "
                                       "slot and check the server reuses it")
-        self.max_tokens = QSpinBox(minimum=1, maximum=512, value=8)
+        # the runs' own new-token count (the CLI's default too)
+        self.max_tokens = QSpinBox(minimum=1, maximum=512, value=session.options.max_tokens)
         self.bench_button = QPushButton("Run rows on server")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels([h for _, h in COLUMNS])
@@ -109,7 +116,9 @@ class ServerView(QWidget):
             follow(self, event, self.update_actions)
         self.worker.partial.connect(self._on_partial)
         self._bench_job = None
+        session.events.server.connect(self._show)
         self.update_actions()
+        self._show()
 
     # ---- state
     def _remember(self) -> None:
@@ -170,21 +179,28 @@ class ServerView(QWidget):
             with LlamaServer(url) as server:
                 return deploy(engine, tpl, server, slot, slot_dir, task)
 
-        return self.worker.submit(JobKind.SERVER, job, label="deploy",
-                                  on_done=lambda r: self._checked(r.describe()),
+        def done(result):
+            self.session.set_deployed(result)
+            self._checked(result.describe())
+
+        return self.worker.submit(JobKind.SERVER, job, label="deploy", on_done=done,
                                   on_error=self._failed)
 
     def bench(self):
-        tpl = self.session.template
-        rows = [r for r in self.session.all_rows() if tpl is not None and not tpl.blank(r.values)]
-        if tpl is None or not rows:
-            self._failed("no filled rows to run; fill at least one row")
+        try:  # the rows a local benchmark would run, refused as it refuses them (a blank row)
+            tpl = flows.session_template(self.session)
+            rows = self.session.all_rows()
+            if not rows:
+                raise RowsError("there are no rows to run on the server; import or add rows first")
+            flows.check_filled(tpl, rows)
+        except KvPrimerError as e:
+            self._failed(str(e))
             return None
         url, api, n = self.url.text(), self.api.currentText(), self.max_tokens.value()
         slot = self.slot.value() if api == "llama" else None
         self._remember()
-        self.results = []
-        self._show()
+        # the rows so far are the session's as they finish, so a cancel keeps them
+        self.session.set_server_bench(ServerBench(url, api, "", "", None, []))
 
         def job(engine, task):
             require_server_clients()
@@ -199,12 +215,10 @@ class ServerView(QWidget):
 
     def _on_partial(self, job, item) -> None:
         if job is self._bench_job and hasattr(item, "server_cached_tokens"):
-            self.results.append(item)
-            self._show()
+            self.session.add_server_row(item)
 
     def _benched(self, res) -> None:
-        self.results = list(res.rows)
-        self._show()
+        self.session.set_server_bench(res)
         s = res.summary()
         self._checked(f"{s['rows']} rows on {res.url}: median warm {s.get('median_warm_ms', 0):.0f} ms, "
                       f"cold {s.get('median_cold_ms', 0):.0f} ms; {s.get('misses', 0)} missed the "
@@ -212,8 +226,16 @@ class ServerView(QWidget):
                       "the local cold tokens")
 
     # ---- view
+    @property
+    def results(self) -> list:
+        """The server rows the session holds."""
+        return list(self.session.server.rows) if self.session.server else []
+
     def _show(self) -> None:
         rs = self.results
+        deployed = self.session.deployed
+        if deployed is not None and self.status.text() == "not checked":
+            self.status.setText(deployed.describe())  # a reopened project's last deployment
         self.table.setRowCount(len(rs))
         for i, r in enumerate(rs):
             for j, (key, _) in enumerate(COLUMNS):

@@ -2,8 +2,10 @@
 
 Panels write the user's changes to rows and settings through ``SessionEdits``; each change is a
 ``QUndoCommand`` whose redo and undo call the session's own methods, so the session stays the
-owner of the data and every panel follows its events as it does for any other change. Changes
-the program makes (a project opened, a model loaded) go to the session directly and clear the
+owner of the data and every panel follows its events as it does for any other change. Actions
+that replace what the user made are commands too (a template opened, rows imported, a state
+loaded), so Undo gives it back; Edit ▸ Undo and Redo name the step they take. Changes the
+program makes (a project opened, a model loaded) go to the session directly and clear the
 stack where they replace what the commands refer to.
 
 A setting is named by its path in the session's ``Options``: ``("reuse_mode",)``,
@@ -13,13 +15,14 @@ that path, so undoing one setting never puts back another that changed since.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction, QUndoCommand, QUndoStack
 from PySide6.QtWidgets import QApplication, QPlainTextEdit
 from shiboken6 import isValid
 
+from ..engine.files.prefix_state import PrefixState
 from ..engine.session import Options, Session
 
 OptionPath = tuple[str, ...]
@@ -134,6 +137,46 @@ class ReplaceRows(QUndoCommand):
         self.session.set_rows(self.old)
 
 
+class ReplaceTemplate(QUndoCommand):
+    """A template opened over the one shown (its text is otherwise only in the editor's own
+    history, which a new text resets)."""
+
+    def __init__(self, session: Session, text: str, path: str, label: str):
+        super().__init__(label)
+        self.session, self.new = session, (text, path)
+        self.old = (session.template_text, session.template_path)
+
+    def redo(self) -> None:
+        self.session.set_template(*self.new)
+
+    def undo(self) -> None:
+        # what was typed into the opened template since is what Redo brings back
+        self.new = (self.session.template_text, self.session.template_path)
+        self.session.set_template(*self.old)
+
+
+class SetState(QUndoCommand):
+    """A state loaded in place of the one in use (primed, or loaded before)."""
+
+    def __init__(self, session: Session, state: PrefixState, path: str, label: str):
+        super().__init__(label)
+        self.session, self.new = session, (state, path)
+        self.old = (session.state, session.state_ref.path)
+
+    def _swap(self, have: tuple, want: tuple) -> None:
+        if self.session.state is not have[0]:
+            # a model loaded since drops every state: there is nothing to swap back
+            self.setObsolete(True)
+            return
+        self.session.set_state(*want)
+
+    def redo(self) -> None:
+        self._swap(self.old, self.new)
+
+    def undo(self) -> None:
+        self._swap(self.new, self.old)
+
+
 class SessionEdits(QObject):
     """Where panels send the user's edits; ``stack`` backs the window's Undo and Redo."""
 
@@ -170,6 +213,18 @@ class SessionEdits(QObject):
     def replace_rows(self, rows: list[dict[str, str]], text: str = "import rows") -> None:
         self.stack.push(ReplaceRows(self.session, rows, text))
 
+    # ---- what replaces the user's work
+    def replace_template(self, text: str, path: str, label: str = "open template") -> None:
+        if (text, path) != (self.session.template_text, self.session.template_path):
+            self.stack.push(ReplaceTemplate(self.session, text, path, label))
+
+    def state_loaded(self, state: PrefixState, path: str, label: str = "load state") -> None:
+        """A load job put ``state`` in use: Undo goes back to the state used before."""
+        if self.session.state is None or self.session.state is state:  # nothing replaced
+            self.session.set_state(state, path)
+        else:
+            self.stack.push(SetState(self.session, state, path, label))
+
     def forget(self) -> None:
         """The project was replaced: earlier commands no longer describe what is shown."""
         self.stack.clear()
@@ -177,28 +232,59 @@ class SessionEdits(QObject):
 
 class UndoActions:
     """Edit ▸ Undo and Redo: the template editor's own history while typing in it (its text is
-    not in the stack), else the window's stack of row and setting edits."""
+    not in the stack), else the window's stack of commands. The actions say which step they
+    take ("Undo open template rag.tmpl"), and ``said`` tells the status line what was undone."""
 
-    def __init__(self, stack: QUndoStack, editor: QPlainTextEdit, undo: QAction, redo: QAction):
+    TYPING = "typing in the template"
+
+    def __init__(self, stack: QUndoStack, editor: QPlainTextEdit, undo: QAction, redo: QAction,
+                 said: Callable[[str], None] | None = None):
         self.stack, self.editor, self.undo_action, self.redo_action = stack, editor, undo, redo
+        self.said = said or (lambda _text: None)
         doc = editor.document()
-        for sig in (stack.canUndoChanged, stack.canRedoChanged, doc.undoAvailable,
+        for sig in (stack.indexChanged, stack.cleanChanged, doc.undoAvailable,
                     doc.redoAvailable):
-            sig.connect(lambda _on: self.show())
+            sig.connect(lambda *_: self.show())
+        QApplication.instance().focusChanged.connect(self._focus_changed)
         self.show()
 
-    def show(self) -> None:
+    def _focus_changed(self, *_):
+        self.show()
+
+    def _steps(self) -> tuple[str | None, str | None]:
+        """What Undo and Redo would do now (None: nothing)."""
         stack, doc = self.stack, self.editor.document()
-        if not (isValid(stack) and isValid(doc)):  # the window is being torn down
-            return
-        self.undo_action.setEnabled(stack.canUndo() or doc.isUndoAvailable())
-        self.redo_action.setEnabled(stack.canRedo() or doc.isRedoAvailable())
+        in_editor = self._in_editor()
+        undo = (self.TYPING if in_editor and doc.isUndoAvailable()
+                else stack.undoText() or "edit" if stack.canUndo() else None)
+        redo = (self.TYPING if in_editor and doc.isRedoAvailable()
+                else stack.redoText() or "edit" if stack.canRedo() else None)
+        return undo, redo
+
+    def show(self) -> None:
+        if not (isValid(self.stack) and isValid(self.editor) and isValid(self.undo_action)):
+            return  # the window is being torn down
+        undo, redo = self._steps()
+        for action, word, step in ((self.undo_action, "&Undo", undo),
+                                   (self.redo_action, "&Redo", redo)):
+            action.setEnabled(step is not None)
+            action.setText(f"{word} {step}" if step else word)
 
     def _in_editor(self) -> bool:
         return QApplication.focusWidget() is self.editor
 
     def undo(self) -> None:
-        self.editor.undo() if self._in_editor() else self.stack.undo()
+        step, _ = self._steps()
+        if step == self.TYPING:
+            self.editor.undo()
+        elif step is not None:
+            self.stack.undo()
+            self.said(f"undid {step}; Redo (Ctrl+Shift+Z) does it again")
 
     def redo(self) -> None:
-        self.editor.redo() if self._in_editor() else self.stack.redo()
+        _, step = self._steps()
+        if step == self.TYPING:
+            self.editor.redo()
+        elif step is not None:
+            self.stack.redo()
+            self.said(f"redid {step}")

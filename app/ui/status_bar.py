@@ -3,17 +3,19 @@ and the attention-kernel measurement that runs between jobs ("measuring attentio
 left (flash attention off until measured)"), or its latest news.
 
 The model and the job shown come from the engine status (app/engine/engine_status.py), which
-the bar observes; the progress of that job from the worker's progress signal."""
+the bar observes; the progress of that job from the worker's progress signal, in the words of
+the engine's ``progress_line`` (the CLI's too): the whole job, the current pass, the time left."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWidget
 
 from ..engine import ModelInfo, Progress
 from ..engine.engine_kernels import KernelStatus
+from ..engine.task_state import progress_line
 from .engine_worker import EngineWorker, Job
 from .model_events import follow
 
@@ -34,18 +36,11 @@ def rss_bytes() -> int | None:
             return None
 
 
-def progress_text(label: str, p: Progress) -> str:
-    if p.stage == "load":
-        return f"{label}…"
-    text = f"{label}: {p.stage} {p.done:,}/{p.total:,}"
-    if p.rate > 0 and p.stage not in ("bench", "sweep"):
-        text += f" · {p.rate:,.0f} tok/s"
-    if p.eta_s is not None and p.done < p.total:
-        text += f" · {p.eta_s:,.0f} s left" if p.eta_s >= 1 else " · <1 s left"
-    return text
-
-
 class StatusBar(QStatusBar):
+    # the kernel measurement's news (why it measures, a switch and what it dropped), once each,
+    # for the Log
+    kernel_news = Signal(str)
+
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__(parent)
         self.engine_status = worker.engine_status
@@ -56,9 +51,10 @@ class StatusBar(QStatusBar):
         self.kernels = QLabel("")
         self.kernels.setObjectName("kernelStatus")
         self.kernels.hide()
+        self._kernel_note = ""
         self.bar = QProgressBar()
         self.bar.setObjectName("jobProgress")
-        self.bar.setFixedWidth(360)
+        self.bar.setFixedWidth(520)  # "row 7 of 10 · chain · warm 1,280/1,836 · 3 min 10 s left"
         self.bar.setTextVisible(True)
         self.bar.setFormat("")
         self.cancel = QPushButton("Cancel (Esc)")
@@ -94,6 +90,9 @@ class StatusBar(QStatusBar):
 
     def show_kernels(self, m: KernelStatus | None) -> None:
         """The measurement between jobs, paused while the user's job runs; then its news."""
+        if m is not None and m.note and m.note != self._kernel_note:
+            self._kernel_note = m.note
+            self.kernel_news.emit(m.note)
         text = "" if m is None else m.text()
         if m is not None and m.active and self.engine_status.working:
             text = text.replace("measuring attention kernels:", "attention kernels: measuring "
@@ -109,10 +108,14 @@ class StatusBar(QStatusBar):
         self.cancel.show()
         if p.stage == "load":
             self.bar.setRange(0, 0)
+        elif p.job is not None:  # the bar fills with the whole job, the text names the pass
+            self.bar.setRange(0, max(p.job.total, 1))
+            self.bar.setValue(p.job.done)
         else:
             self.bar.setRange(0, max(p.total, 1))
             self.bar.setValue(p.done)
-        self.last_text = progress_text(job.label, p)
+        self.last_text = progress_line(job.label, p)
+        self.bar.setToolTip(self.last_text)
         self.bar.setFormat(self.last_text)
 
     def show_model(self, info: ModelInfo | None) -> None:

@@ -6,8 +6,9 @@ writes the same format to one file in the user's data folder; a clean exit delet
 finding it at start means the last session ended badly and its work can be offered back.
 
 Results are stored as plain dicts: a run as the engine's ``report_dict``, a benchmark as
-``BenchResult.as_dict()``, a sweep as its points. Files whose run entries hold only a summary
-(no ``report``) still open; those runs are skipped.
+``BenchResult.as_dict()``, a sweep as its points, a benchmark on a server as
+``ServerBench.as_dict()`` and the last deployment to a server as its fields. Files whose run
+entries hold only a summary (no ``report``) still open; those runs are skipped.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import numpy as np
 
 from ..runs.bench_rows import BenchResult, BenchRow
 from ..errors import KvPrimerError
-from ..runs.prompt_runs import PathResult, RunReport
+from ..runs.prefix_sweep import SweepPoint
+from ..runs.prompt_runs import PathResult, RunReport, report_dict
+from ..runs.server_results import DeployResult, ServerBench, ServerRow
 from .user_files import atomic_write
 
 FORMAT = 1
@@ -122,6 +125,60 @@ def bench_from_dict(d: dict) -> BenchResult:
     return BenchResult(model=d.get("model", {}), repeat=s["repeat"], rows=rows, modes=modes,
                        recompute=int(s.get("recompute", 0)),
                        cancelled=bool(s.get("cancelled", False)))
+
+
+def server_from_dict(d: dict) -> ServerBench:
+    return ServerBench(url=str(d.get("server", "")), api=str(d.get("api", "")),
+                       flavor=str(d.get("flavor", "")), model=str(d.get("model", "")),
+                       same_model=d.get("same_model"),
+                       rows=[_build(ServerRow, r) for r in d["rows"]])
+
+
+@dataclass
+class SavedResults:
+    """A project's results, rebuilt: runs as (row, report), the rest as the session keeps them."""
+    runs: list[tuple[int, RunReport]] = field(default_factory=list)
+    bench: BenchResult | None = None
+    sweep: list[SweepPoint] = field(default_factory=list)
+    server: ServerBench | None = None
+    deployed: DeployResult | None = None
+    unreadable: bool = False  # some entry could not be read (it is left out)
+
+
+def result_dicts(saved: SavedResults) -> list[dict]:
+    """The ``results`` list of a project file."""
+    out: list[dict] = [{"kind": "run", "row": row, "report": report_dict(rep)}
+                       for row, rep in saved.runs]
+    if saved.bench:
+        out.append({"kind": "benchmark", **saved.bench.as_dict()})
+    if saved.sweep:
+        out.append({"kind": "sweep", "points": [p.as_dict() for p in saved.sweep]})
+    if saved.server:
+        out.append({"kind": "server", **saved.server.as_dict()})
+    if saved.deployed:
+        out.append({"kind": "deploy", **asdict(saved.deployed)})
+    return out
+
+
+def read_results(results: list[dict]) -> SavedResults:
+    """What ``result_dicts`` wrote; an entry that cannot be read is left out and flagged."""
+    saved = SavedResults()
+    for r in results:
+        try:
+            kind = r.get("kind")
+            if kind == "run" and "report" in r:
+                saved.runs.append((int(r["row"]), report_from_dict(r["report"])))
+            elif kind == "benchmark":
+                saved.bench = bench_from_dict(r)
+            elif kind == "sweep":
+                saved.sweep = [SweepPoint(**p) for p in r["points"]]
+            elif kind == "server":
+                saved.server = server_from_dict(r)
+            elif kind == "deploy":
+                saved.deployed = _build(DeployResult, r)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            saved.unreadable = True
+    return saved
 
 
 # ---- autosave

@@ -120,6 +120,9 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
 def build_facts() -> BuildFacts:
     import llama_cpp as L
 
+    from .llama_backend import ensure_backend
+
+    ensure_backend()  # with CPU levels built apart, the system info names the loaded one's features
     info = parse_system_info(L.llama_print_system_info().decode("utf-8", "replace"))
     cpu = info.get("CPU", {})
     lib_dir = library_dir()

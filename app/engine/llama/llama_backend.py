@@ -55,16 +55,30 @@ def remove_log_listener(fn: Callable[[int, str], None]) -> None:
 
 def ensure_backend() -> None:
     global _backend_ready
+    L.llama_log_set(_on_llama_log, ctypes.c_void_p(0))  # first: loading a CPU level logs
     if not _backend_ready:
+        cpu_backend()  # a build of several CPU levels registers none until asked
         L.llama_backend_init()
         _backend_ready = True
-    L.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
+
+
+def cpu_backend():
+    """The CPU level llama.cpp runs (app/cpu_backends.py): loaded on first use."""
+    from ...cpu_backends import NoCpuBackendError, load_cpu_backend
+    from ..errors import ModelError
+    from .cpu_kernels import library_dir
+
+    try:
+        return load_cpu_backend(library_dir())
+    except NoCpuBackendError as e:
+        raise ModelError(str(e)) from None
 
 
 def versions() -> dict[str, str]:
+    ensure_backend()  # the CPU level's features are in the system info once it is loaded
     info = L.llama_print_system_info().decode("utf-8", "replace").strip()
     return {"llama_cpp_python": L.__version__, "llama_cpp_build": _llama_build(),
-            "system": info}
+            "cpu_backend": cpu_backend().describe(), "system": info}
 
 
 def _llama_build() -> str:

@@ -152,17 +152,15 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                          recompute=recompute)
     prefix = engine.adopt(state) if state else engine.prime_node(template, task)
     colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by the modes
-    total = len(rows) * repeat * len(modes)
-    task.report("bench", 0, total)
-    done = 0
+    task.begin_job("bench", len(rows) * len(modes))  # "row 7 of 10 · chain", time left
     try:
         for mode in modes:
             engine.cache.retain(prefix)
-            for row in rows:
+            for i, row in enumerate(rows):
+                task.begin_item(i + 1, len(rows), number=row.number, part=mode)
                 result.rows.append(_bench_one(engine, template, row, mode, repeat, state,
                                               recompute, gen, task, colds.setdefault(row.number, {})))
-                done += repeat
-                task.report("bench", done, total)
+                task.end_item()
                 task.partial(result)
     except Cancelled:
         result.cancelled = True

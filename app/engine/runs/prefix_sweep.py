@@ -66,8 +66,9 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False)
     states = {n: work.cells(0, n) for n in lengths}
     points = []
+    task.begin_job("sweep", len(lengths), unit="prefix length")  # "prefix length 3 of 8"
     for k, n in enumerate(lengths):
-        task.report("sweep", k, len(lengths))
+        task.begin_item(k + 1, len(lengths))
         run = prefix[:n] + suffix
         cuts = [c for c in plan if c < n]
         work.reset()  # as a run from a saved state finds it: nothing to keep
@@ -78,7 +79,7 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
         cold = engine.cold.run(run, warm.starts, _FIRST_TOKEN, 1, task, "cold", 1)
         floor = engine.cold.run(suffix, [], _FIRST_TOKEN, 1, task, "floor", 1)
         points.append(SweepPoint(n, len(suffix), cold.ttft_ms, warm.ttft_ms, floor.ttft_ms))
+        task.end_item()
         task.partial(list(points))
     work.reset()
-    task.report("sweep", len(lengths), len(lengths))
     return points
