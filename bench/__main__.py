@@ -34,6 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-kernel-table", action="store_true",
                     help="skip the kernel table (flash attention on/off x batches of 256/63)")
     ap.add_argument("--no-soak", action="store_true", help="skip the 1,000-run memory soak")
+    ap.add_argument("--no-first-start", action="store_true",
+                    help="skip timing the engine's first start against a plain Llama load")
     ap.add_argument("--no-stalls", action="store_true",
                     help="skip the GUI responsiveness measure (event-loop stalls while priming)")
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
@@ -87,6 +89,25 @@ def kernel_table(results: dict, args) -> None:
         return
     _write(results, args.out)
     print("\n" + format_table(t), flush=True)
+
+
+def first_start(results: dict, args) -> None:
+    """The engine's first start (nothing cached) and a later one against a plain
+    llama_cpp.Llama load (bench/first_start.py): first_start_s and its ratio join the ratios."""
+    if args.no_first_start:
+        return
+    from .first_start import format_line, run
+
+    try:
+        results["first_start"] = r = run(repeats=1 if args.quick else 3)
+    except Exception as e:  # its failure must not lose the figures already written
+        results["first_start"] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"bench: the first-start timing failed: {e}", file=sys.stderr)
+        return
+    results["ratios"].update(first_start_s=r["first_start_s"],
+                             first_start_vs_llamacpp_load=r["first_start_vs_llamacpp_load"])
+    _write(results, args.out)
+    print("\n" + format_line(r), flush=True)
 
 
 def reuse_figures(results: dict, args) -> None:
@@ -157,6 +178,7 @@ def main(argv=None) -> int:
         print("\nKV view cost and forked batches (bench/kv_bench.py):\n"
               + json.dumps(results["kv_bench"], indent=1, default=_json_default))
     kernel_table(results, args)
+    first_start(results, args)
     reuse_figures(results, args)
     if "reuse" in results:
         render_chart(results, args.chart)

@@ -105,7 +105,26 @@ def engine_config(args) -> EngineConfig:
 
 
 def open_engine(args) -> Engine:
-    return Engine(engine_config(args))
+    """The engine the options ask for. Without a trusted kernel measurement (none yet, or a
+    provisional one) it measures first, in the foreground, and says so on stderr: a command's
+    timings should be taken with the faster kernel, and the measurement is what `info` is for."""
+    eng = Engine(engine_config(args), measure_kernels_later=True)
+    try:
+        k = eng.kernel_state
+        if k.wanted and (k.urgent or getattr(args, "remeasure", False)):
+            why = k.note or "no trusted measurement yet"
+            print(f"kvprimer: measuring the attention kernels first ({why})…", file=sys.stderr,
+                  flush=True)
+            tty = sys.stderr.isatty()
+            status = eng.measure_kernels(on_status=lambda st: tty and print(
+                f"\r{st.text()}   ", end="", file=sys.stderr, flush=True))
+            print(f"{chr(13) if tty else ''}kvprimer: {status.text()}", file=sys.stderr)
+        elif k.wanted:  # provisional, measured a short while ago: not again on every command
+            print(f"kvprimer: note: {k.choice.describe()}", file=sys.stderr)
+    except BaseException:
+        eng.close()
+        raise
+    return eng
 
 
 def session_options(args, base: Options | None = None, **given) -> Options:

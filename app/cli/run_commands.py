@@ -114,8 +114,10 @@ def cmd_info(args) -> int:
             print(f"  - {line}")
         if kernels:  # flash attention on or off: measured here, or why there was no choice
             state = {True: "on", False: "off", None: "not used"}[kernels["flash_attn"]]
-            print(f"attention kernel: flash attention {state} ({kernels['how']})")
-            print(f"  - {kernels['reason']}")
+            how = f"{kernels['how']}, provisional" if kernels["provisional"] else kernels["how"]
+            print(f"attention kernel: flash attention {state} ({how})")
+            for line in [kernels["reason"], *kernels["figures"]]:  # timings, spread, load, when
+                print(f"  - {line}")
         if cpu:  # AMX / repacked weights: what llama.cpp runs here, and why (cpu_kernels.py)
             print(f"cpu kernels: {cpu['summary']}")
             print(f"  - {cpu['reason']}")

@@ -9,7 +9,9 @@ from .cache.cache_tiers import CacheLimits
 from .llama.crash_probe import CpuKernels
 from .llama.kernel_choice import KernelChoice
 from .llama.model_traits import ModelTraits
-from .llama.native import ContextParams
+from .llama.ggml_types import kv_bytes_per_token
+from .llama.llama_backend import cpu_backend
+from .llama.native import ContextParams, gpu_offload_supported
 
 
 _CTX = ContextParams  # the context settings' defaults are defined once, there
@@ -74,3 +76,18 @@ class ModelInfo:
         return {**self.__dict__, "traits": self.traits.as_dict(),
                 "kernels": self.kernels.as_dict() if self.kernels else None,
                 "cpu_kernels": self.cpu_kernels.as_dict() if self.cpu_kernels else None}
+
+
+def model_info(model, ctx, config: EngineConfig, path, sha256: str, traits: ModelTraits,
+               kernels: KernelChoice, cpu_kernels: CpuKernels) -> ModelInfo:
+    """What an engine reports about the model it loaded and the context it opened."""
+    facts = model.facts()
+    return ModelInfo(
+        path=str(path), sha256=sha256, n_ctx=ctx.n_ctx, kernels=kernels, cpu_kernels=cpu_kernels,
+        n_batch=config.n_batch, n_ubatch=ctx.n_ubatch, n_seq_max=config.n_seq_max,
+        type_k=config.type_k, type_v=config.type_v,
+        kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
+        traits=traits, gpu_offload=gpu_offload_supported(), cpu_backend=cpu_backend().describe(),
+        **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
+                                 "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
+                                 "file_bytes")})

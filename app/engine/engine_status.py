@@ -18,6 +18,7 @@ from typing import Any
 
 from .engine_config import EngineConfig, ModelInfo
 from .events import Event
+from .engine_kernels import KernelStatus
 from .llama.kernel_choice import KernelChoice
 
 
@@ -31,6 +32,7 @@ class EngineStatusEvents:
     working: Event = field(default_factory=Event)  # (bool)
     loading: Event = field(default_factory=Event)  # (bool)
     job: Event = field(default_factory=Event)  # (str)
+    kernel_measurement: Event = field(default_factory=Event)  # (KernelStatus | None)
     closed: Event = field(default_factory=Event)  # (bool)
 
 
@@ -54,6 +56,9 @@ class EngineStatus:
     working: bool = False  # a job the user started (not a background read) queued or running
     loading: bool = False  # a model load queued or running
     job: str = ""  # the label of the user's job that runs ("run both", "prime"), "" when none
+    # the attention-kernel measurement: wanted, running (steps, time left) or done, and its
+    # latest news ("switched to flash attention on…"); None before a model loads
+    kernel_measurement: KernelStatus | None = None
     closed: bool = False  # the worker is shut down: nothing more will run
     events: EngineStatusEvents = field(default_factory=EngineStatusEvents, init=False,
                                        repr=False)

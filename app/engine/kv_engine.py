@@ -15,18 +15,17 @@ from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
 from .runs.cold_reference import ColdReference
-from .engine_config import EngineConfig, ModelInfo
+from .engine_config import EngineConfig, model_info
 from .llama.crash_probe import checked_cpu_kernels
-from .llama.kernel_choice import choose_kernels
+from .engine_kernels import EngineKernels, KernelStatus
+from .llama.kernel_choice import KernelChoice
 from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
 from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
-from .llama.ggml_types import kv_bytes_per_token
-from .llama.llama_backend import cpu_backend
-from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel, gpu_offload_supported
+from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
 from .llama.recurrent_state import recurrent_bytes
 from .files.prefix_state import PrefixState
 from .cache.cache_parts import CacheParts
@@ -42,46 +41,48 @@ from .cache.work_context import WorkContext
 
 
 class Engine:
-    def __init__(self, config: EngineConfig = EngineConfig()):
+    def __init__(self, config: EngineConfig = EngineConfig(), *, measure_kernels_later: bool = False,
+                 task: TaskState | None = None):
+        """Load the model and open its contexts. With flash attention "auto" and no measurement
+        to go on, the attention kernels are measured first (``task`` can cancel it), or, with
+        ``measure_kernels_later``, the engine opens on the safe default and ``measure_kernels``
+        measures when the caller has time (engine_kernels.py)."""
         self.config = config
-        path = check_gguf_file(config.model_path) if config.model_path else check_gguf_file(default_model_path())
+        path = check_gguf_file(config.model_path or default_model_path())
         self.cpu_kernels = checked_cpu_kernels(path)  # crash-checked in a child process, cached
         self.model = NativeModel(path, config.n_gpu_layers, self.cpu_kernels.use_extra_bufts)
-        sha256 = model_fingerprint(path)
-        try:
-            params = config.context_params(config.n_seq_max)
-            early = read_traits(self.model, None, path)
-            # every context of the engine runs the same kernel: states move between them, and
-            # flash attention decides V's layout
-            self.kernels = choose_kernels(
-                self.model, params, sha256, config.flash_attn, windowed=early.n_swa > 0,
-                quantized_v=config.type_v not in ("f16", "f32", "bf16"),
-                no_attention=early.recurrent and not early.hybrid,
-                remeasure=config.remeasure_kernels)
-            self.ctx = TrackedContext(self.model, replace(params, flash_attn=self.kernels.flash_attn),
-                                      config.kv_debug_log)
-        except Exception:
-            self.model.close()
-            raise
-        facts = self.model.facts()
-        self.info = ModelInfo(
-            path=str(path), sha256=sha256, n_ctx=self.ctx.n_ctx, kernels=self.kernels,
-            cpu_kernels=self.cpu_kernels,
-            n_batch=config.n_batch, n_ubatch=self.ctx.n_ubatch, n_seq_max=config.n_seq_max, type_k=config.type_k,
-            type_v=config.type_v, kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
-            traits=with_context(early, self.ctx), gpu_offload=gpu_offload_supported(),
-            cpu_backend=cpu_backend().describe(),
-            **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
-                                     "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
-                                     "file_bytes")})
-        self.tokenizer = PromptTokenizer(self.model)
-        # token ids resident in each sequence, position i holding resident[seq][i], and the
-        # sequences that also hold shifted cells: changed only through its methods
-        self.resident = SequenceTokens(config.n_seq_max)
-        # clear, trim, fork, shift… of what sequences hold
-        self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
         self._kv_listeners: list = []
         self._kv_published = 0.0
+        try:
+            self._path, self._sha256 = path, model_fingerprint(path)
+            self._early = read_traits(self.model, None, path)
+            # every context of the engine runs the same kernel: states move between them, and
+            # flash attention decides V's layout
+            self.kernel_state = EngineKernels.of(self.model, config, self._sha256, self._early)
+            if not measure_kernels_later and self.kernel_state.urgent:
+                task = task or TaskState()
+                if self.kernel_state.measure(lambda: task.cancelled, task=task) is None:
+                    task.check()
+            self.tokenizer = PromptTokenizer(self.model)
+            self._open_contexts()
+        except BaseException:
+            self.kernel_state.close() if hasattr(self, "kernel_state") else None
+            self.model.close()
+            raise
+
+    def _open_contexts(self) -> None:
+        """The KV context, the work context, the cold reference and an empty radix cache, all
+        with the kernel of the current choice."""
+        config = self.config
+        self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
+        self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
+                                  config.kv_debug_log)
+        self.info = model_info(self.model, self.ctx, config, self._path, self._sha256,
+                               with_context(self._early, self.ctx), self.kernels, self.cpu_kernels)
+        # token ids resident in each sequence (position i holds resident[seq][i]) and the
+        # sequences that also hold shifted cells; seqs: clear, trim, fork, shift… of them
+        self.resident = SequenceTokens(config.n_seq_max)
+        self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self._kv_changed
         self.cold = ColdReference(self)
         # the run's sequence, staging
@@ -91,9 +92,40 @@ class Engine:
             self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0,
             self.family), config.cache)
 
+    # ---- the attention kernel (engine_kernels.py)
+    @property
+    def kernels(self) -> KernelChoice:
+        """The attention kernel chosen for this model, and why (measured, set, required…)."""
+        return self.kernel_state.choice
+
+    def measure_kernels(self, task: TaskState | None = None, on_status=None) -> KernelStatus:
+        """Measure the kernels until done or ``task`` is cancelled (the next call resumes).
+        Between jobs only: the other kernel reopens every context, the radix cache empty."""
+        task = task or TaskState()
+        step = (lambda _p: on_status(self.kernel_state.status())) if on_status else None
+        new = self.kernel_state.measure(lambda: task.cancelled, step, task)
+        if new is not None:
+            if new.flash_attn != self._flash_attn:
+                self._switch_kernels()
+            self.info = replace(self.info, kernels=new)
+        return self.kernel_state.status()
+
+    def _switch_kernels(self) -> None:
+        dropped, user = len(self.cache.nodes()), self.resident.count(0)
+        for part in (self.cache, self.work, self.cold, self.ctx):
+            part.close()
+        self._open_contexts()
+        self.kernel_state.switched(dropped, user)
+
+    def note_run(self, warm) -> str | None:
+        """Compare a warm run with the kernel measurement (kernel_watch.py); news or None."""
+        msg = self.kernel_state.observe_warm(warm)
+        self.info = replace(self.info, kernels=self.kernels)  # provisional now, if msg
+        return msg
+
     def context_params(self, n_seq_max: int) -> ContextParams:
         """The engine's context settings and attention kernel, for a context of its own."""
-        return self.config.context_params(n_seq_max, self.kernels.flash_attn)
+        return self.config.context_params(n_seq_max, self._flash_attn)
 
     @property
     def runs_in_work_context(self) -> bool:
@@ -130,6 +162,7 @@ class Engine:
         self.work.close()
         self.cold.close()
         self.ctx.close()
+        self.kernel_state.close()
         self.model.close()
 
     def __enter__(self) -> "Engine":
@@ -293,8 +326,7 @@ class Engine:
             # (a hybrid's attention layers are a subset: llama.cpp checks those rows itself)
             check_rows_fit(state, self.info.n_layer, self.info.kv_bytes_per_token)
         trans = v_transposed(state.data) if self.family != "recurrent" else None
-        if trans is not None and self.kernels.flash_attn is not None \
-                and trans == bool(self.kernels.flash_attn):
+        if trans is not None and self._flash_attn is not None and trans == bool(self._flash_attn):
             # llama.cpp stores V transposed without flash attention and would refuse the rows
             had, now = ("off", "on") if trans else ("on", "off")
             raise StateFileError(f"this state was saved with flash attention {had}, and this "

@@ -9,6 +9,13 @@ running one unless asked not to; the new one starts when it has stopped, since t
 thread. Background kinds (token counts, the KV dock's and Cache panel's views) never make the worker "working",
 so the window's actions stay enabled while they run.
 
+Idle work: a model loads without waiting for its attention kernels to be measured (the engine
+opens on a safe default, engine_kernels.py). Whenever the worker has nothing else to do and the
+engine wants a measurement, it submits one as a MEASURE_KERNELS job; every other job submitted
+stops it between two of its steps, and it resumes, where it stopped, once the worker is idle
+again. Its progress and news go to ``engine_status.kernel_measurement``; it never counts as
+busy. When it picks the other kernel, the engine switches between jobs (the job itself).
+
 What front ends show about the engine (the loaded model, what runs, the cache's revision) is
 the worker's ``engine_status`` (app/engine/engine_status.py): written here, on the GUI thread
 only (after each submit and in ``_deliver``), so its subscribers always run on the GUI thread.
@@ -51,18 +58,19 @@ class JobKind(Enum):
     SERVER = "server"  # deploy to a server, run rows on it (primes and runs locally too)
     SERVER_CHECK = "server check"  # a server's health, model and slots
     TASK = "task"  # any other work (tools, tests)
+    MEASURE_KERNELS = "measure kernels"  # idle work: yields to every other job
 
     @property
     def background(self) -> bool:
         """Bookkeeping: no progress bar, and the user's actions stay enabled while it runs."""
         return self in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.KV_OP, JobKind.CACHE_VIEW,
-                        JobKind.CACHE_OP, JobKind.SERVER_CHECK)
+                        JobKind.CACHE_OP, JobKind.SERVER_CHECK, JobKind.MEASURE_KERNELS)
 
     @property
     def changes_cache(self) -> bool:
         """Can it change the KV cells or the radix cache (so views of them need refreshing)?"""
         return self not in (JobKind.COUNT_TOKENS, JobKind.KV_VIEW, JobKind.CACHE_VIEW,
-                            JobKind.SERVER_CHECK)
+                            JobKind.SERVER_CHECK, JobKind.MEASURE_KERNELS)
 
 
 @dataclass
@@ -79,6 +87,9 @@ class Job:
     on_done: Callable[[Any], None] | None = field(default=None, repr=False)
     on_error: Callable[[str], None] | None = field(default=None, repr=False)
     on_cancelled: Callable[["Job"], None] | None = field(default=None, repr=False)
+    # read on the worker thread after the job, for the GUI thread to publish
+    kernel_status: Any = field(default=None, repr=False)
+    info: Any = field(default=None, repr=False)  # the engine's ModelInfo (kernels may change)
 
     def __post_init__(self) -> None:
         self.label = self.label or self.kind.value
@@ -102,13 +113,15 @@ class EngineWorker(QObject):
         self._load_configs: dict[int, EngineConfig] = {}  # a load job's id: what it opens
         self.engine_status = EngineStatus()  # what front ends observe; written on this thread
         self.job_finished.connect(self._deliver)
+        self.partial.connect(self._measure_partial)
 
     def _publish(self, **changes) -> None:
         """Put what the job list means into the status, with ``changes`` (one update, so a
         subscriber reads the model loaded, the revision and the activity together)."""
         user = [j for j in self._jobs if not j.kind.background]
+        busy = [j for j in self._jobs if j.kind is not JobKind.MEASURE_KERNELS]
         self.engine_status.update(
-            **changes, busy=bool(self._jobs), working=bool(user),
+            **changes, busy=bool(busy), working=bool(user),
             loading=any(j.kind is JobKind.LOAD_MODEL for j in self._jobs),
             job=user[0].label if user else "")
 
@@ -118,10 +131,10 @@ class EngineWorker(QObject):
         """Run ``fn(engine, task)`` on the worker thread. Callbacks run on the GUI thread."""
         if self.engine_status.closed:
             raise RuntimeError("the worker is shut down")
-        if cancel_running:  # the user's new job replaces their old one, not background work
-            for j in self._jobs:
-                if not j.kind.background:
-                    j.task.cancel()
+        for j in self._jobs:
+            # the user's new job replaces their old one, not background work; idle work yields
+            if j.kind is JobKind.MEASURE_KERNELS or (cancel_running and not j.kind.background):
+                j.task.cancel()
         job = Job(kind, fn, label, on_done=on_done, on_error=on_error, on_cancelled=on_cancelled)
         job.task.on_progress = lambda p, j=job: self.progress.emit(j, p)
         job.task.on_partial = lambda r, j=job: self.partial.emit(j, r)
@@ -143,7 +156,7 @@ class EngineWorker(QObject):
 
         def load_job(_engine, task):
             task.report("load", 0, 1)
-            new = Engine(config)
+            new = Engine(config, measure_kernels_later=True, task=task)
             old, self._engine = self._engine, new
             if old is not None:
                 old.close()
@@ -162,6 +175,8 @@ class EngineWorker(QObject):
             return
         self.engine_status.closed = True  # first: a subscriber's submit now raises
         self.cancel()
+        for j in self._jobs:  # idle work too
+            j.task.cancel()
 
         def close():
             if self._engine is not None:
@@ -186,6 +201,9 @@ class EngineWorker(QObject):
         except Exception as e:  # a bug: the user sees a message, the log gets the traceback
             log.error("job %r failed:\n%s", job.label, traceback.format_exc())
             job.error = f"internal error in {job.label}: {type(e).__name__}: {e} (details in the log)"
+        if self._engine is not None:  # cheap reads, here where the engine lives
+            job.kernel_status = self._engine.kernel_state.status()
+            job.info = self._engine.info
         self.job_finished.emit(job)
 
     # ---- GUI thread
@@ -198,15 +216,49 @@ class EngineWorker(QObject):
         changes = {}
         if job.kind is JobKind.LOAD_MODEL and job.outcome == "done":  # a failed one changed nothing
             changes.update(info=job.result, config=config)
-        if job.kind.changes_cache:
+        if job.kernel_status is not None:
+            changes["kernel_measurement"] = job.kernel_status
+        old, switched = self.engine_status.info, False
+        if job.kind is not JobKind.LOAD_MODEL and job.info is not None and old is not None \
+                and job.info != old:  # a new kernel choice (measured, or distrusted after runs)
+            changes["info"] = job.info
+            # another kernel: the engine opened its contexts again, with an empty cache
+            switched = job.info.kernels.flash_attn != old.kernels.flash_attn
+        if job.kind.changes_cache or switched:
             changes["cache_revision"] = self.engine_status.cache_revision + 1
         self._publish(**changes)
-        if job.cancelled and job.on_cancelled:
-            job.on_cancelled(job)
-        elif job.error and job.on_error:
-            job.on_error(job.error)
-        elif not job.cancelled and not job.error and job.on_done:
-            job.on_done(job.result)
+        try:
+            if job.cancelled and job.on_cancelled:
+                job.on_cancelled(job)
+            elif job.error and job.on_error:
+                job.on_error(job.error)
+            elif not job.cancelled and not job.error and job.on_done:
+                job.on_done(job.result)
+        finally:  # after the callbacks: a job they submit goes first
+            self._measure_when_idle()
+
+    # ---- idle work: the attention-kernel measurement
+    def _measure_when_idle(self) -> None:
+        m = self.engine_status.kernel_measurement
+        if self.engine_status.closed or self._jobs or m is None or not m.active:
+            return
+
+        def measure(engine, task):
+            if engine is None:
+                return None
+            try:
+                return engine.measure_kernels(task, on_status=task.partial)
+            except Exception as e:  # never retried in a loop: the engine stops wanting it
+                log.error("measuring the attention kernels failed:\n%s", traceback.format_exc())
+                engine.kernel_state.give_up(str(e) if isinstance(e, KvPrimerError)
+                                            else f"{type(e).__name__}: {e}")
+                return engine.kernel_state.status()
+
+        self.submit(JobKind.MEASURE_KERNELS, measure, cancel_running=False)
+
+    def _measure_partial(self, job: Job, status) -> None:
+        if job.kind is JobKind.MEASURE_KERNELS and not self.engine_status.closed:
+            self.engine_status.update(kernel_measurement=status)
 
     def engine_for_tests(self) -> Engine | None:
         """The engine object, for assertions in tests only (never call it from the GUI thread)."""

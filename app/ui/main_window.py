@@ -232,6 +232,7 @@ class MainWindow(QMainWindow):
         for event in (events.info, events.working, events.closed):  # what ready depends on
             follow(self, event, lambda _value: self._update_actions())
         w.job_started.connect(self._job_started)
+        self.status.kernel_news.connect(self.errors.info)  # to the Log, once each
         s.events.state.connect(lambda _ref: self._update_actions())
         s.events.file.connect(self.project.update_title)
         jobs.status.connect(self.show_status)

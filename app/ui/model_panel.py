@@ -88,6 +88,7 @@ class ModelPanel(QDockWidget):
         session.events.options.connect(lambda _o: self._show_pending())
         follow(self, engine_status.events.info, self.show_info)
         follow(self, engine_status.events.config, lambda _config: self._show_pending())
+        follow(self, engine_status.events.kernel_measurement, lambda _m: self._show_kernels())
         self.show_info(engine_status.info)
         self._show_pending()
 
@@ -108,6 +109,18 @@ class ModelPanel(QDockWidget):
     def open_dialog(self) -> None:
         self.form.open_dialog()
 
+    def _show_kernels(self) -> None:
+        """Flash attention on or off: the choice, the figures behind it (spread, the machine's
+        load, when; provisional or not) and the measurement between jobs, if one is wanted."""
+        info, m = self.engine_status.info, self.engine_status.kernel_measurement
+        if info is None:
+            return
+        a = info.kernels
+        lines = [a.describe()] + a.figure_lines() if a else ["—"]
+        if m is not None and (m.active or m.note):
+            lines.append(m.text())
+        self.fact_labels["attention"].setText("\n".join(lines))
+
     def show_info(self, info: ModelInfo | None) -> None:
         f = self.fact_labels
         if info is None:
@@ -126,9 +139,7 @@ class ModelPanel(QDockWidget):
         f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
                              f"full KV {size_text(info.n_ctx * info.kv_bytes_per_token)}")
         f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences")
-        # flash attention on or off: the measured choice and the times behind it
-        a = info.kernels
-        f["attention"].setText(a.describe() if a else "—")
+        self._show_kernels()
         # AMX / repacked weights: what llama.cpp runs this model with, why, and the crash check
         k = info.cpu_kernels
         f["cpu kernels"].setText(f"{k.summary()}\n{k.reason}\nCrash check: {k.probe}" if k else "—")

@@ -1,4 +1,6 @@
-"""The status bar: the loaded model, context use, memory, and the running job's progress + Cancel.
+"""The status bar: the loaded model, context use, memory, the running job's progress + Cancel,
+and the attention-kernel measurement that runs between jobs ("measuring attention kernels: 6 s
+left (flash attention off until measured)"), or its latest news.
 
 The model and the job shown come from the engine status (app/engine/engine_status.py), which
 the bar observes; the progress of that job from the worker's progress signal, in the words of
@@ -8,10 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWidget
 
 from ..engine import ModelInfo, Progress
+from ..engine.engine_kernels import KernelStatus
 from ..engine.task_state import progress_line
 from .engine_worker import EngineWorker, Job
 from .model_events import follow
@@ -34,6 +37,10 @@ def rss_bytes() -> int | None:
 
 
 class StatusBar(QStatusBar):
+    # the kernel measurement's news (why it measures, a switch and what it dropped), once each,
+    # for the Log
+    kernel_news = Signal(str)
+
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__(parent)
         self.engine_status = worker.engine_status
@@ -41,6 +48,10 @@ class StatusBar(QStatusBar):
         self.model.setObjectName("statusModel")
         self.context = QLabel("")
         self.memory = QLabel("")
+        self.kernels = QLabel("")
+        self.kernels.setObjectName("kernelStatus")
+        self.kernels.hide()
+        self._kernel_note = ""
         self.bar = QProgressBar()
         self.bar.setObjectName("jobProgress")
         self.bar.setFixedWidth(520)  # "row 7 of 10 · chain · warm 1,280/1,836 · 3 min 10 s left"
@@ -52,11 +63,14 @@ class StatusBar(QStatusBar):
         for w in (self.bar, self.cancel):
             w.hide()
             self.addPermanentWidget(w)
-        for w in (self.context, self.memory, self.model):
+        for w in (self.kernels, self.context, self.memory, self.model):
             self.addPermanentWidget(w)
         worker.progress.connect(self.on_progress)
         follow(self, self.engine_status.events.info, self.show_model)
         follow(self, self.engine_status.events.job, self.show_job)
+        follow(self, self.engine_status.events.kernel_measurement, self.show_kernels)
+        follow(self, self.engine_status.events.working, lambda _w: self.show_kernels(
+            self.engine_status.kernel_measurement))
         self.last_text = ""
         self._mem = QTimer(self, interval=2000)
         self._mem.timeout.connect(self.update_memory)
@@ -73,6 +87,19 @@ class StatusBar(QStatusBar):
         self.bar.setFormat(label + "…")
         self.bar.show()
         self.cancel.show()
+
+    def show_kernels(self, m: KernelStatus | None) -> None:
+        """The measurement between jobs, paused while the user's job runs; then its news."""
+        if m is not None and m.note and m.note != self._kernel_note:
+            self._kernel_note = m.note
+            self.kernel_news.emit(m.note)
+        text = "" if m is None else m.text()
+        if m is not None and m.active and self.engine_status.working:
+            text = text.replace("measuring attention kernels:", "attention kernels: measuring "
+                                "paused while your job runs,", 1)
+        self.kernels.setText(text)
+        self.kernels.setToolTip(text)
+        self.kernels.setVisible(bool(text))
 
     def on_progress(self, job: Job, p: Progress) -> None:
         if p.stage in QUIET_STAGES or job.kind.background:

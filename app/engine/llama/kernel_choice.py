@@ -6,16 +6,22 @@ a 1,761-token prefix took 125 ms without flash attention and 562 ms with it; on 
 gap was small. Exactness no longer depends on the choice (warm runs lay their cells out as a
 cold run does, work_context.py), so the engine takes the faster one.
 
-The choice is made once per llama.cpp build, CPU, model and context settings, by timing both
-kernels on the model, and cached in the user's cache folder. After a prefix, a suffix is timed
-in the two batch plans warm runs use: one batch (prefix mode) and a batch per segment (chain
-mode, here four of 16 tokens). Flash attention runs batches under 64 tokens on a slower path,
-so a kernel that wins the one-batch suffix can lose the split one by more (seen on this
-project's build: 634 against 645 ms in one batch, 1,074 against 689 ms in four); the kernel
-with the smaller sum of the two wins. ``setting`` overrides it ("on"/"off"); "auto" measures, or
-reads the cached measurement. Some cases leave no choice: a quantized V cache needs flash
-attention, and sliding-window models keep evaluating in the cache's own cells, where only
-flash attention's small-batch path is exact (batch_plan.py).
+kernel_measure.py times both kernels on the model until the figures are stable, noting the
+machine's load. The choice weighs the two batch plans by the reuse mode runs use: chain (the
+default) cuts a row's variable part at every segment, so its split plan weighs most; flash
+attention runs batches under 64 tokens on a slower path, so a kernel that wins the one-batch
+suffix can lose the split one by more (seen on this project's build: 634 against 645 ms in one
+batch, 1,074 against 689 ms in four). ``setting`` overrides it ("on"/"off"); "auto" measures,
+or reads the cached measurement.
+
+A measurement is cached per llama.cpp build, CPU, model and context settings. One made on a busy
+machine, or whose figures did not settle, is *provisional*: it is used until it is measured
+again, at the next start or when the engine is idle, never trusted for good. Until the first
+measurement of a model ends the engine runs ``SAFE_DEFAULT`` (flash attention off, llama.cpp's
+long-standing default and the one whose speed does not depend on batch sizes). Some cases
+leave no choice: a quantized V cache needs flash attention, and sliding-window models keep
+evaluating in the cache's own cells, where only flash attention's small-batch path is exact
+(batch_plan.py).
 """
 from __future__ import annotations
 
@@ -27,53 +33,70 @@ from pathlib import Path
 
 from ..errors import KvPrimerError, ModelError
 from .cpu_kernels import build_facts, cpu_facts
-from .native import ContextParams, NativeContext, NativeModel
+from .kernel_measure import (CALIBRATION_PREFIX, CALIBRATION_SUFFIX, SPLIT, KernelMeasurement,
+                             KernelTiming, Measured)
+from .machine_load import MachineLoad
+from .native import ContextParams, NativeModel
 from ..files.user_files import atomic_write
 
+__all__ = ["CALIBRATION_PREFIX", "CALIBRATION_SUFFIX", "SPLIT", "KernelTiming", "KernelChoice",
+           "choose_kernels", "start_choice", "finish_choice"]
+
 FLASH_ATTN_SETTINGS = ("auto", "on", "off")
-# tokens the timed suffix attends to (shorter for small contexts): flash attention's penalty on
-# small batches grows with the context (seen: 1.16x at 512 tokens, 1.6x at 1,761), so a short
-# prefix would favour it; cached prompts are long
-CALIBRATION_PREFIX = 1024
-CALIBRATION_SUFFIX = 64  # one batch: the size of a typical row's variable part
-SPLIT = 4  # batches the same suffix is cut into, as a chain run cuts it at segments
-
-
-@dataclass(frozen=True)
-class KernelTiming:
-    flash_attn: bool
-    prefix_ms_per_token: float  # evaluating the prefix in n_batch batches
-    suffix_ms: float  # CALIBRATION_SUFFIX tokens after the prefix in one batch (best of two)
-    split_suffix_ms: float = 0.0  # the same tokens in SPLIT batches, one per segment
-    suffix_tokens: int = CALIBRATION_SUFFIX
-
-    @property
-    def score(self) -> float:
-        return self.suffix_ms + self.split_suffix_ms
-
-    def describe(self) -> str:
-        return (f"flash attention {'on' if self.flash_attn else 'off'}: a "
-                f"{self.suffix_tokens}-token suffix {self.suffix_ms:.0f} ms in one batch, "
-                f"{self.split_suffix_ms:.0f} ms in {SPLIT}; prefix "
-                f"{self.prefix_ms_per_token:.2f} ms/token")
+SAFE_DEFAULT = False  # the kernel used until a measurement says otherwise
+# how much each batch plan (one batch, one per segment) counts, by the reuse mode runs use:
+# chain cuts a row's variable part at its segments; prefix and compose evaluate it in one batch
+PLAN_WEIGHTS = {"chain": (0.25, 0.75), "prefix": (1.0, 0.0), "compose": (1.0, 0.0)}
+DEFAULT_MODE = "chain"
 
 
 @dataclass(frozen=True)
 class KernelChoice:
     flash_attn: bool | None  # None: llama.cpp decides (models without attention layers)
-    how: str  # "measured", "measured earlier", "set", "required"
+    # "measured", "measured earlier", "set", "required", "until measured"
+    how: str
     reason: str  # one line for people
     timings: tuple[KernelTiming, ...] = ()
     calibration_ms: float = 0.0  # what measuring cost (0 when read from the cache)
+    provisional: bool = False  # measured on a busy machine or unsettled: measure again
+    load: MachineLoad | None = None  # other processes' CPU use while it was measured
+    measured_at: float = 0.0  # time.time() of the measurement
+    rounds: int = 0
+    mode: str = DEFAULT_MODE  # the reuse mode whose batch plans weighed the choice
+
+    @property
+    def measuring_wanted(self) -> bool:
+        """A measurement should run (none yet, or the last one is not to be trusted)."""
+        return self.how == "until measured" or self.provisional
 
     def describe(self) -> str:
         state = {True: "on", False: "off", None: "not used"}[self.flash_attn]
-        return f"flash attention {state} ({self.how}): {self.reason}"
+        how = f"{self.how}, provisional" if self.provisional else self.how
+        return f"flash attention {state} ({how}): {self.reason}"
+
+    def figure_lines(self) -> list[str]:
+        """The figures behind a measured choice, one line each: timings and their spread, the
+        machine's load, when it was measured and whether it is provisional."""
+        if not self.timings:
+            return []
+        lines = [t.describe() for t in self.timings]
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at)) \
+            if self.measured_at else "at an unknown time"
+        lines.append(f"measured {when}, {self.rounds} round{'s' if self.rounds != 1 else ''}, "
+                     f"weighed for {self.mode} mode; "
+                     f"{self.load.describe() if self.load else 'machine load unknown'}")
+        if self.provisional:
+            lines.append("provisional: it will be measured again when the engine is idle or at "
+                         "the next start")
+        return lines
 
     def as_dict(self) -> dict:
         return {"flash_attn": self.flash_attn, "how": self.how, "reason": self.reason,
                 "timings": [asdict(t) for t in self.timings],
-                "calibration_ms": self.calibration_ms}
+                "calibration_ms": self.calibration_ms, "provisional": self.provisional,
+                "load": self.load.as_dict() if self.load else None,
+                "measured_at": self.measured_at, "rounds": self.rounds, "mode": self.mode,
+                "figures": self.figure_lines()}
 
 
 def check_setting(setting: str) -> str:
@@ -83,10 +106,11 @@ def check_setting(setting: str) -> str:
     return setting
 
 
-def choose_kernels(model: NativeModel, params: ContextParams, model_sha256: str, setting: str,
-                   windowed: bool, quantized_v: bool, no_attention: bool = False,
-                   remeasure: bool = False) -> KernelChoice:
-    """The attention kernel for this model and context (see the module docstring)."""
+def start_choice(params: ContextParams, model_sha256: str, setting: str, windowed: bool,
+                 quantized_v: bool, no_attention: bool = False,
+                 remeasure: bool = False) -> KernelChoice:
+    """The kernel to open the contexts with now: set, required, a cached measurement, or
+    ``SAFE_DEFAULT`` until measured (``measuring_wanted`` then says a measurement should run)."""
     check_setting(setting)
     if no_attention:
         return KernelChoice(None, "required", "this model has no attention layers")
@@ -103,86 +127,77 @@ def choose_kernels(model: NativeModel, params: ContextParams, model_sha256: str,
                             "cells, exact only with flash attention in batches under 64 tokens")
     if setting != "auto":
         return KernelChoice(setting == "on", "set", "chosen in the settings")
-    key = _key(params, model_sha256)
-    if not remeasure:
-        cached = _read_cache().get(key)
-        if cached:
-            try:
-                timings = tuple(KernelTiming(**t) for t in cached["timings"])
-                return _decide(timings, "measured earlier", 0.0)
-            except (KeyError, TypeError, ValueError):
-                pass  # an old or damaged entry: measure again
-    t0 = time.perf_counter()
-    timings = measure(model, params)
-    choice = _decide(timings, "measured", (time.perf_counter() - t0) * 1000)
-    _write_cache(key, choice)
+    cached = None if remeasure else _cached(_key(params, model_sha256))
+    if cached is not None:
+        return cached
+    return KernelChoice(SAFE_DEFAULT, "until measured",
+                        "the safe default until the attention kernels are measured on this model")
+
+
+def new_measurement(model: NativeModel, params: ContextParams,
+                    mode: str = DEFAULT_MODE) -> KernelMeasurement:
+    return KernelMeasurement(model, params, weights=PLAN_WEIGHTS[mode])
+
+
+def finish_choice(measured: Measured, params: ContextParams, model_sha256: str,
+                  mode: str = DEFAULT_MODE) -> KernelChoice:
+    """The choice a finished measurement makes; cached (provisional ones too: they are used
+    until measured again)."""
+    choice = _decide(measured.timings, "measured", measured.cost_ms, mode)
+    choice = replace(choice, provisional=measured.provisional, load=measured.load,
+                     measured_at=measured.at, rounds=measured.rounds)
+    if measured.provisional:
+        choice = replace(choice, reason=f"{choice.reason}; provisional: {measured.why_provisional()}")
+    _write_cache(_key(params, model_sha256), choice)
     return choice
+
+
+def choose_kernels(model: NativeModel, params: ContextParams, model_sha256: str, setting: str,
+                   windowed: bool, quantized_v: bool, no_attention: bool = False,
+                   remeasure: bool = False, task=None) -> KernelChoice:
+    """The attention kernel for this model and context, measured now if it must be (see the
+    module docstring); ``task`` can cancel it between steps (Cancelled)."""
+    choice = start_choice(params, model_sha256, setting, windowed, quantized_v, no_attention,
+                          remeasure)
+    if not choice.measuring_wanted:
+        return choice
+    m = new_measurement(model, params)
+    try:
+        if not m.run(check=(lambda: task.cancelled) if task is not None else (lambda: False),
+                     task=task):
+            task.check()
+    finally:
+        m.close()
+    return finish_choice(m.result, params, model_sha256)
 
 
 TIE = 0.05  # scores closer than this are a tie: the machine's noise can flip them
 
 
-def _decide(timings: tuple[KernelTiming, ...], how: str, cost_ms: float) -> KernelChoice:
-    best = min(timings, key=lambda t: (t.score, t.prefix_ms_per_token))
+def score(t: KernelTiming, mode: str = DEFAULT_MODE) -> float:
+    w_one, w_split = PLAN_WEIGHTS[mode]
+    return w_one * t.suffix_ms + w_split * t.split_suffix_ms
+
+
+def _decide(timings: tuple[KernelTiming, ...], how: str, cost_ms: float,
+            mode: str = DEFAULT_MODE) -> KernelChoice:
+    best = min(timings, key=lambda t: (score(t, mode), t.prefix_ms_per_token))
     other = next(t for t in timings if t is not best)
-    if other.score <= best.score * (1 + TIE) and _batching_cost(other) < _batching_cost(best):
+    if score(other, mode) <= score(best, mode) * (1 + TIE) \
+            and _batching_cost(other) < _batching_cost(best):
         # a tie: keep the kernel whose time depends less on how the suffix is batched (its
         # small-batch penalty grows with the context, which the measurement only samples)
         best, other = other, best
-    ratio = other.score / best.score if best.score > 0 else 1.0
-    verdict = (f"{ratio:.2f}x faster on suffixes in one batch and in {SPLIT} here" if ratio > 1 + TIE
-               else f"as fast within {TIE:.0%} and less slowed by small batches")
-    reason = f"{verdict} ({best.describe()}; {other.describe()})"
-    return KernelChoice(best.flash_attn, how, reason, timings, cost_ms)
+    ratio = score(other, mode) / score(best, mode) if score(best, mode) > 0 else 1.0
+    verdict = (f"{ratio:.2f}x faster on suffixes as {mode} mode batches them here"
+               if ratio > 1 + TIE else f"as fast within {TIE:.0%} and less slowed by small batches")
+    reason = verdict  # the timings themselves: figure_lines
+    return KernelChoice(best.flash_attn, how, reason, timings, cost_ms, mode=mode)
 
 
 def _batching_cost(t: KernelTiming) -> float:
     """How much slower the split suffix is than the one-batch one (1.0: not at all)."""
     return t.split_suffix_ms / t.suffix_ms if t.suffix_ms > 0 else 1.0
-
-
-def measure(model: NativeModel, params: ContextParams,
-            kernels: tuple[bool, ...] = (False, True), rounds: int = 2) -> tuple[KernelTiming, ...]:
-    """Time each kernel on this model: a prefix in n_batch batches, then a one-batch suffix,
-    the suffixes of all kernels in alternation (best of ``rounds``), so that a load that comes
-    and goes on the machine weighs on every kernel alike."""
-    n_prefix = max(8, min(CALIBRATION_PREFIX, params.n_ctx // 2))
-    n_suffix = min(CALIBRATION_SUFFIX, params.n_batch, n_prefix)
-    n_ctx = n_prefix + n_suffix + 1
-    # any ids will do for timing; spread over the vocabulary, never the same twice in a row
-    tokens = [(7919 * i + 13) % model.n_vocab for i in range(n_prefix + n_suffix)]
-    batch = min(params.n_batch, n_ctx)
-    contexts: list[NativeContext] = []
-    prefix_ms: list[float] = []
-    suffix_ms = [float("inf")] * len(kernels)
-    split_ms = [float("inf")] * len(kernels)
-    step = max(1, n_suffix // SPLIT)
-    plans = ((n_suffix,), tuple(min(step, n_suffix - a) for a in range(0, n_suffix, step)))
-    try:
-        for fa in kernels:
-            ctx = NativeContext(model, replace(params, n_ctx=n_ctx, n_seq_max=1, flash_attn=fa))
-            contexts.append(ctx)
-            t0 = time.perf_counter()
-            for a in range(0, n_prefix, batch):
-                ctx.decode([(tokens[i], i, (0,), False) for i in range(a, min(a + batch, n_prefix))])
-            prefix_ms.append((time.perf_counter() - t0) * 1000 / n_prefix)
-        for _ in range(rounds):
-            for k, ctx in enumerate(contexts):
-                for plan, best in zip(plans, (suffix_ms, split_ms)):
-                    ctx.seq_rm(0, n_prefix, -1)
-                    t0 = time.perf_counter()
-                    pos = n_prefix
-                    for n in plan:
-                        ctx.decode([(tokens[i], i, (0,), i == n_prefix + n_suffix - 1)
-                                    for i in range(pos, pos + n)])
-                        pos += n
-                    ctx.logits(-1)
-                    best[k] = min(best[k], (time.perf_counter() - t0) * 1000)
-    finally:
-        for ctx in contexts:
-            ctx.close()
-    return tuple(KernelTiming(fa, p, s, sp, n_suffix)
-                 for fa, p, s, sp in zip(kernels, prefix_ms, suffix_ms, split_ms))
 
 
 # ---- the cache of measurements
@@ -191,7 +206,7 @@ def measure(model: NativeModel, params: ContextParams,
 def _key(params: ContextParams, model_sha256: str) -> str:
     # the build (version and library files) and the CPU (model and flags) as the crash check
     # knows them
-    parts = ["kernel-choice 4", build_facts().identity, cpu_facts().identity, model_sha256,
+    parts = ["kernel-choice 5", build_facts().identity, cpu_facts().identity, model_sha256,
              params.type_k, params.type_v, str(params.n_batch), str(params.n_threads)]
     if params.n_ubatch:  # a micro-batch other than the batch (keys made before it stay valid)
         parts.append(f"ubatch {params.n_ubatch}")
@@ -212,12 +227,43 @@ def _read_cache() -> dict:
         return {}
 
 
-def _write_cache(key: str, choice: KernelChoice) -> None:
+def _cached(key: str) -> KernelChoice | None:
+    """The cached measurement for ``key`` as a choice ("measured earlier"), or None."""
+    entry = _read_cache().get(key)
+    if not entry:
+        return None
+    try:
+        timings = tuple(KernelTiming(**t) for t in entry["timings"])
+        load = MachineLoad(**entry["load"]) if entry.get("load") else None
+        mode = entry.get("mode", DEFAULT_MODE)
+        choice = _decide(timings, "measured earlier", 0.0, mode)
+    except (KeyError, TypeError, ValueError, StopIteration):
+        return None  # an old or damaged entry: measure again
+    why = entry.get("why", "")
+    return replace(choice, provisional=bool(entry.get("provisional")), load=load,
+                   measured_at=float(entry.get("at", 0.0)), rounds=int(entry.get("rounds", 0)),
+                   reason=f"{choice.reason}; provisional: {why}" if why else choice.reason)
+
+
+def _write_cache(key: str, choice: KernelChoice, why: str = "") -> None:
     data = _read_cache()
-    data[key] = {"timings": [asdict(t) for t in choice.timings], "at": time.time()}
+    why = why or (choice.reason.partition("; provisional: ")[2] if choice.provisional else "")
+    data[key] = {"timings": [asdict(t) for t in choice.timings], "at": choice.measured_at or time.time(),
+                 "load": choice.load.as_dict() if choice.load else None, "rounds": choice.rounds,
+                 "mode": choice.mode, "provisional": choice.provisional, "why": why}
     try:
         _cache_path().parent.mkdir(parents=True, exist_ok=True)
         atomic_write(_cache_path(), (json.dumps(data, indent=1).encode(),), ModelError,
                      "kernel measurement")
     except (OSError, ModelError):
         pass  # a cache we cannot write only costs the measurement again next time
+
+
+def distrust(params: ContextParams, model_sha256: str, choice: KernelChoice, why: str) -> KernelChoice:
+    """Mark a cached measurement provisional (runs departed from it): the next start, or the
+    engine's next idle time, measures again."""
+    choice = replace(choice, provisional=True,
+                     reason=f"{choice.reason.partition('; provisional: ')[0]}; provisional: {why}")
+    if choice.timings:
+        _write_cache(_key(params, model_sha256), choice, why)
+    return choice

@@ -10,14 +10,14 @@ be stored for later rows; prefix mode evaluates the same tokens in as few batche
 allows. Small batches cost more per token (flash attention runs batches under 64 tokens on its
 slower path), so the cuts pay off only when later rows reuse the stored segments.
 ``batching_note`` estimates both sides from the engine's kernel measurement (a suffix in one
-batch and in several, kernel_choice.py) and says so when the cuts cost more than one reuse of
+batch and in several, kernel_measure.py) and says so when the cuts cost more than one reuse of
 the segments they store can save.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..llama import kernel_choice
+from ..llama.kernel_measure import SPLIT
 from .batch_plan import batch_starts
 
 
@@ -89,16 +89,12 @@ class BatchCost:
 
 
 def measured_batch_cost(kernels) -> BatchCost | None:
-    """The engine's kernel measurement for the kernel in use, or None when nothing was measured
-    (a kernel set by hand or required by the model)."""
-    split = getattr(kernel_choice, "SPLIT", 0)
-    for t in getattr(kernels, "timings", ()) or ():
-        if getattr(t, "flash_attn", None) != getattr(kernels, "flash_attn", None):
-            continue
-        one, cut = getattr(t, "suffix_ms", 0.0), getattr(t, "split_suffix_ms", 0.0)
-        n = getattr(t, "suffix_tokens", 0)
-        if split > 1 and n > 0 and one > 0 and cut > 0:
-            return BatchCost(n, one, split, cut)
+    """The engine's kernel measurement for the kernel in use (a KernelChoice), or None when
+    nothing was measured (a kernel set by hand or required by the model)."""
+    for t in kernels.timings if kernels is not None else ():
+        if t.flash_attn == kernels.flash_attn and t.suffix_tokens > 0 and t.suffix_ms > 0 \
+                and t.split_suffix_ms > 0:
+            return BatchCost(t.suffix_tokens, t.suffix_ms, SPLIT, t.split_suffix_ms)
     return None
 
 
@@ -133,5 +129,5 @@ def run_breakdown(engine, report, n_tokens: int, segments) -> WarmBreakdown:
     # a later row repeating the values before the last one reuses up to the last segment
     storable = max(0, segments[-1].start - warm.reused_tokens) if len(segments) > 1 else 0
     note = batching_note(out.batches, plain, storable,
-                         measured_batch_cost(getattr(engine, "kernels", None)))
+                         measured_batch_cost(engine.kernels))
     return replace(out, batching_note=note)

@@ -1,0 +1,299 @@
+"""Timing the attention kernels on a model, in steps that can stop and resume, until the figures
+are stable, and noting how busy the machine was meanwhile.
+
+For each kernel (flash attention off and on) a small context of its own evaluates a prefix in
+n_batch batches and saves the sequence's state. Then, round after round, each kernel times a
+suffix in the two batch plans warm runs use: one batch (prefix mode) and one batch per segment
+(chain mode, ``SPLIT`` batches). Before every timing the prefix is put back from the saved
+state (``state_set``): trimming the suffix with ``seq_rm`` fails on recurrent and hybrid models,
+whose state cannot be cut back (llama.cpp returns false and the next decode fails).
+
+Kernels and plans alternate within a round, and the order turns round by round, so that a load
+that comes and goes weighs on every series alike. After ``MIN_ROUNDS`` the measurement stops as
+soon as every series' relative spread is under ``SPREAD_OK`` or the winner cannot be in doubt
+(its slowest quartile beats the other's fastest), and after ``MAX_ROUNDS`` in any case, saying
+that the figures did not settle. Other processes' CPU use over the timed spans is recorded
+(machine_load.py); a busy machine or unsettled figures make the result provisional, and a busy
+machine also ends it at ``MIN_ROUNDS`` (more rounds would not make it trusted).
+
+Every step is short (one batch of the prefix, or one timed suffix), so a job that runs the
+measurement between the user's jobs can stop between any two steps and resume later where it
+stopped: ``run(task)`` raises nothing on cancel, it just returns.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from .machine_load import LoadMeter, MachineLoad
+from .native import ContextParams, NativeContext, NativeModel
+
+# tokens the timed suffix attends to (shorter for small contexts): flash attention's penalty on
+# small batches grows with the context (seen: 1.16x at 512 tokens, 1.6x at 1,761), so a short
+# prefix would favour it; cached prompts are long
+CALIBRATION_PREFIX = 1024
+CALIBRATION_SUFFIX = 64  # one batch: the size of a typical row's variable part
+SPLIT = 4  # batches the same suffix is cut into, as a chain run cuts it at segments
+MIN_ROUNDS = 3
+MAX_ROUNDS = 8
+SPREAD_OK = 0.10  # (p75 - p25) / median of a series' repeats under which it counts as stable
+PLANS = ("one", "split")
+
+# tests: called before every step with (measurement, task); may wait (checking task.cancelled)
+before_step: Callable | None = None
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    flash_attn: bool
+    prefix_ms_per_token: float  # evaluating the prefix in n_batch batches
+    suffix_ms: float  # CALIBRATION_SUFFIX tokens after the prefix in one batch (median)
+    split_suffix_ms: float = 0.0  # the same tokens in SPLIT batches, one per segment (median)
+    suffix_tokens: int = CALIBRATION_SUFFIX
+    suffix_spread: float = 0.0  # relative spread of the one-batch repeats
+    split_spread: float = 0.0  # relative spread of the split repeats
+    repeats: int = 1
+
+    @property
+    def spread(self) -> float:
+        return max(self.suffix_spread, self.split_spread)
+
+    def describe(self) -> str:
+        return (f"flash attention {'on' if self.flash_attn else 'off'}: a "
+                f"{self.suffix_tokens}-token suffix {self.suffix_ms:.0f} ms in one batch, "
+                f"{self.split_suffix_ms:.0f} ms in {SPLIT} (±{self.spread:.0%} over "
+                f"{self.repeats}); prefix {self.prefix_ms_per_token:.2f} ms/token")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a finished measurement found."""
+    timings: tuple[KernelTiming, ...]
+    load: MachineLoad
+    settled: bool  # the figures met the spread test (or the winner was never in doubt)
+    rounds: int
+    cost_ms: float  # wall time of the timed work (pauses for the user's jobs not counted)
+    at: float  # time.time() when it finished
+
+    @property
+    def provisional(self) -> bool:
+        """Made on a busy machine or with figures that did not settle: not to be kept forever."""
+        return self.load.busy or not self.settled
+
+    def why_provisional(self) -> str:
+        why = []
+        if self.load.busy:
+            why.append(f"the machine was busy: {self.load.describe()}")
+        if not self.settled:
+            why.append(f"the figures still spread over {max(t.spread for t in self.timings):.0%} "
+                       f"after {self.rounds} rounds")
+        return " and ".join(why)
+
+
+def relative_spread(values: list[float]) -> float:
+    """(p75 - p25) / median: how far repeats of one timing stray, robust to one outlier."""
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    med = statistics.median(values)
+    return (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return q[0], q[2]
+
+
+@dataclass(frozen=True)
+class MeasureProgress:
+    done: int  # steps done
+    total: int  # steps planned (grows when the figures need more rounds)
+    eta_s: float | None
+
+
+class KernelMeasurement:
+    """One measurement of ``kernels`` on ``model`` with ``params``, run in steps.
+
+    ``weights`` (one batch, split) weigh the plans when deciding whether the winner is in doubt.
+    ``load_meter`` and ``clock`` can be injected (tests)."""
+
+    def __init__(self, model: NativeModel, params: ContextParams,
+                 kernels: tuple[bool, ...] = (False, True), weights=(0.25, 0.75),
+                 load_meter: LoadMeter | None = None, clock=time.perf_counter):
+        self.model, self.params, self.kernels, self.weights = model, params, kernels, weights
+        self.n_prefix = max(8, min(CALIBRATION_PREFIX, params.n_ctx // 2))
+        self.n_suffix = min(CALIBRATION_SUFFIX, params.n_batch, self.n_prefix)
+        # any ids will do for timing; spread over the vocabulary, never the same twice in a row
+        self.tokens = [(7919 * i + 13) % model.n_vocab for i in range(self.n_prefix + self.n_suffix)]
+        step = max(1, self.n_suffix // SPLIT)
+        self.plans = {"one": (self.n_suffix,),
+                      "split": tuple(min(step, self.n_suffix - a) for a in range(0, self.n_suffix, step))}
+        self.meter = load_meter or LoadMeter()
+        self.clock = clock
+        self._ctx: dict[bool, NativeContext] = {}
+        self._prefix_state: dict[bool, bytes] = {}
+        self._prefix_ms: dict[bool, float] = {}
+        self._prefix_done: dict[bool, int] = {}  # tokens of the prefix evaluated so far
+        self._prefix_t: dict[bool, float] = {}  # seconds spent on them
+        self.samples: dict[tuple[bool, str], list[float]] = {(k, p): [] for k in kernels for p in PLANS}
+        self.round = 0  # rounds finished
+        self._queue: list[tuple[bool, str]] = []  # this round's timings still to take
+        self._sample_s: list[float] = []
+        self.result: Measured | None = None
+
+    # ---- progress
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    def progress(self) -> MeasureProgress:
+        per_round = len(self.kernels) * len(PLANS)
+        batches = -(-self.n_prefix // self._batch)
+        prefix_total = batches * len(self.kernels)
+        prefix_done = sum(-(-n // self._batch) for n in self._prefix_done.values())
+        rounds = max(MIN_ROUNDS, self.round + (0 if self.finished else 1))
+        done = prefix_done + self.round * per_round + (per_round - len(self._queue) if self._queue else 0)
+        total = prefix_total + rounds * per_round
+        if self.finished:
+            return MeasureProgress(total, total, 0.0)
+        # what is left, at the speeds seen so far (a suffix timing costs about its suffix's
+        # share of a prefix batch before any was taken)
+        per_token = (sum(self._prefix_t.values()) / max(1, sum(self._prefix_done.values()))
+                     if self._prefix_done else None)
+        left_prefix = sum(self.n_prefix - self._prefix_done.get(k, 0) for k in self.kernels)
+        per_sample = (statistics.median(self._sample_s) if self._sample_s
+                      else per_token * self.n_suffix * 1.5 if per_token else None)
+        if per_sample is None:
+            return MeasureProgress(done, total, None)
+        restore = 1.2  # putting the prefix back before each timing costs a little too
+        eta = (left_prefix * (per_token or per_sample / self.n_suffix)
+               + (total - done - (prefix_total - prefix_done)) * per_sample * restore)
+        return MeasureProgress(done, total, eta)
+
+    @property
+    def _batch(self) -> int:
+        return max(1, min(self.params.n_batch, self.n_prefix + self.n_suffix + 1))
+
+    # ---- running
+    def run(self, check: Callable[[], bool] = lambda: False,
+            on_step: Callable[[MeasureProgress], None] | None = None, task=None) -> bool:
+        """Take steps until the measurement is finished (True) or ``check()`` says stop (False)."""
+        while not self.finished:
+            if before_step is not None:
+                before_step(self, task)
+            if check():
+                return False
+            self.step()
+            if on_step is not None:
+                on_step(self.progress())
+        return True
+
+    def step(self) -> None:
+        """One short piece of work: a batch of a kernel's prefix, or one timed suffix."""
+        for k in self.kernels:
+            if k not in self._prefix_state:
+                return self._prefix_batch(k)
+        if not self._queue:
+            self._queue = self._round_order(self.round)
+        kernel, plan = self._queue[0]
+        self._time_suffix(kernel, plan)
+        self._queue.pop(0)
+        if not self._queue:
+            self.round += 1
+            # on a busy machine more rounds cannot make it trusted: stop at the minimum
+            if self._settled() or self.round >= MAX_ROUNDS \
+                    or (self.round >= MIN_ROUNDS and self.meter.result().busy):
+                self._finish()
+
+    def _round_order(self, r: int) -> list[tuple[bool, str]]:
+        # turn the order round by round: no kernel or plan always goes first
+        ks = self.kernels[r % len(self.kernels):] + self.kernels[:r % len(self.kernels)]
+        ps = PLANS if (r // len(self.kernels)) % 2 == 0 else PLANS[::-1]
+        return [(k, p) for k in ks for p in ps]
+
+    def _context(self, kernel: bool) -> NativeContext:
+        if kernel not in self._ctx:
+            self._ctx[kernel] = NativeContext(self.model, replace(
+                self.params, n_ctx=self.n_prefix + self.n_suffix + 1, n_seq_max=1,
+                flash_attn=kernel))
+        return self._ctx[kernel]
+
+    def _prefix_batch(self, kernel: bool) -> None:
+        ctx = self._context(kernel)
+        a = self._prefix_done.get(kernel, 0)
+        b = min(a + self._batch, self.n_prefix)
+        with self.meter:
+            t0 = self.clock()
+            ctx.decode([(self.tokens[i], i, (0,), False) for i in range(a, b)])
+            self._prefix_t[kernel] = self._prefix_t.get(kernel, 0.0) + self.clock() - t0
+        self._prefix_done[kernel] = b
+        if b == self.n_prefix:
+            self._prefix_ms[kernel] = self._prefix_t[kernel] * 1000 / self.n_prefix
+            self._prefix_state[kernel] = ctx.state_get(0)
+
+    def _time_suffix(self, kernel: bool, plan: str) -> None:
+        ctx = self._context(kernel)
+        # put the prefix back from its state: works on every model family (see the docstring)
+        ctx.seq_rm(0)
+        if not ctx.state_set(self._prefix_state[kernel], 0):
+            from ..errors import ModelError
+
+            raise ModelError("llama.cpp could not restore the timing prefix while measuring the "
+                             "attention kernels; set flash attention on or off instead of auto")
+        last = self.n_prefix + self.n_suffix - 1
+        with self.meter:
+            t0 = self.clock()
+            pos = self.n_prefix
+            for n in self.plans[plan]:
+                ctx.decode([(self.tokens[i], i, (0,), i == last) for i in range(pos, pos + n)])
+                pos += n
+            ctx.logits(-1)
+            dt = self.clock() - t0
+        self.samples[(kernel, plan)].append(dt * 1000)
+        self._sample_s.append(dt)
+
+    def _score_range(self, kernel: bool) -> tuple[float, float]:
+        lo = hi = 0.0
+        for w, plan in zip(self.weights, PLANS):
+            q1, q3 = quartiles(self.samples[(kernel, plan)])
+            lo, hi = lo + w * q1, hi + w * q3
+        return lo, hi
+
+    def _settled(self) -> bool:
+        if self.round < MIN_ROUNDS:
+            return False
+        if all(relative_spread(v) <= SPREAD_OK for v in self.samples.values()):
+            return True
+        # the winner's slowest quartile beats every other kernel's fastest: more rounds
+        # cannot change the answer
+        ranges = {k: self._score_range(k) for k in self.kernels}
+        best = min(ranges, key=lambda k: statistics.fmean(ranges[k]))
+        return all(ranges[best][1] < ranges[k][0] for k in self.kernels if k != best)
+
+    def _finish(self) -> None:
+        timings = tuple(KernelTiming(
+            k, self._prefix_ms[k], statistics.median(self.samples[(k, "one")]),
+            statistics.median(self.samples[(k, "split")]), self.n_suffix,
+            round(relative_spread(self.samples[(k, "one")]), 4),
+            round(relative_spread(self.samples[(k, "split")]), 4), len(self.samples[(k, "one")]))
+            for k in self.kernels)
+        spreads_ok = all(relative_spread(v) <= SPREAD_OK for v in self.samples.values())
+        settled = spreads_ok or self._settled()
+        load = self.meter.result()
+        self.result = Measured(timings, load, settled, self.round, load.wall_s * 1000, time.time())
+        self.close()
+
+    def close(self) -> None:
+        """Free the timing contexts. A measurement closed mid-way can still go on: a saved
+        prefix is restored into a new context; a prefix not yet saved is evaluated again."""
+        for ctx in self._ctx.values():
+            ctx.close()
+        self._ctx.clear()
+        for k in self.kernels:
+            if k not in self._prefix_state:
+                self._prefix_done.pop(k, None)
+                self._prefix_t.pop(k, None)
+        if self.finished:
+            self._prefix_state.clear()
