@@ -103,11 +103,16 @@ def _measured(flash_attn: bool, one_ms: float, split_ms: float) -> KernelChoice:
     return KernelChoice(flash_attn, "measured", "test", (t, KernelTiming(not flash_attn, 1.0, 1, 1)))
 
 
+def _use_measurement(monkeypatch, engine, choice: KernelChoice) -> None:
+    """The engine's kernel measurement, as the run reads it (a property of the engine)."""
+    monkeypatch.setattr(type(engine), "kernels", property(lambda self: choice))
+
+
 def test_chain_says_when_its_small_batches_cost_more_than_the_segments_save(engine, monkeypatch):
     # 64 tokens cost 64 ms in one batch and 64 + 3 × 500 ms in SPLIT: a batch more costs 500
     # ms, far more than the few tokens the stored segments can save at 1 ms each
-    monkeypatch.setattr(engine, "kernels",
-                        _measured(engine.kernels.flash_attn, 64.0, 64.0 + (SPLIT - 1) * 500.0))
+    _use_measurement(monkeypatch, engine,
+                     _measured(engine.kernels.flash_attn, 64.0, 64.0 + (SPLIT - 1) * 500.0))
     rep = run_prompt(engine, TPL, VALS, reuse="chain", gen=GEN, cold=False)
     note = rep.breakdown.batching_note
     plain = -(-rep.evaluated_tokens // 32)
@@ -118,7 +123,7 @@ def test_chain_says_when_its_small_batches_cost_more_than_the_segments_save(engi
     # prefix mode cuts nothing, so says nothing; nor does chain when a batch costs nothing more
     assert run_prompt(engine, TPL, VALS, reuse="prefix", gen=GEN,
                       cold=False).breakdown.batching_note == ""
-    monkeypatch.setattr(engine, "kernels", _measured(engine.kernels.flash_attn, 64.0, 64.0))
+    _use_measurement(monkeypatch, engine, _measured(engine.kernels.flash_attn, 64.0, 64.0))
     again = run_prompt(engine, TPL, {**VALS, "c1": "another passage"}, reuse="chain", gen=GEN,
                        cold=False)
     assert again.breakdown.batching_note == ""

@@ -50,8 +50,8 @@ def test_a_run_in_the_window_makes_two_evaluations_and_shows_the_warm_breakdown(
 
 
 def test_the_result_explains_a_chain_run_slowed_by_its_batches(engine, monkeypatch):
-    monkeypatch.setattr(engine, "kernels",
-                        _measured(engine.kernels.flash_attn, 64.0, 64.0 + (SPLIT - 1) * 500.0))
+    _use_measurement(monkeypatch, engine,
+                     _measured(engine.kernels.flash_attn, 64.0, 64.0 + (SPLIT - 1) * 500.0))
     rep = run_prompt(engine, CHAIN_TPL, VALS, reuse="chain", gen=GEN, cold=False)
     first, note = breakdown_text(rep).split("\n")
     assert first.startswith("Warm time: ") and first.endswith("· 1 evaluation (warm)")

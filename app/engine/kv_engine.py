@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
@@ -23,10 +22,10 @@ from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFile
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
+from .kv.kv_listeners import KvListeners
 from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
-from .llama.recurrent_state import recurrent_bytes
 from .files.prefix_state import PrefixState
 from .cache.cache_parts import CacheParts
 from .cache.radix_cache import RadixCache
@@ -51,8 +50,7 @@ class Engine:
         path = check_gguf_file(config.model_path or default_model_path())
         self.cpu_kernels = checked_cpu_kernels(path)  # crash-checked in a child process, cached
         self.model = NativeModel(path, config.n_gpu_layers, self.cpu_kernels.use_extra_bufts)
-        self._kv_listeners: list = []
-        self._kv_published = 0.0
+        self.kv_listeners = KvListeners(self.kv_view)
         try:
             self._path, self._sha256 = path, model_fingerprint(path)
             self._early = read_traits(self.model, None, path)
@@ -83,7 +81,7 @@ class Engine:
         # sequences that also hold shifted cells; seqs: clear, trim, fork, shift… of them
         self.resident = SequenceTokens(config.n_seq_max)
         self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
-        self.ctx.on_change = self._kv_changed
+        self.ctx.on_change = self.kv_listeners.changed
         self.cold = ColdReference(self)
         # the run's sequence, staging
         self.work = WorkContext(self.model, self.context_params(2), self.family)
@@ -273,32 +271,16 @@ class Engine:
     def kv_view(self) -> KvCacheView:
         """Every cell's position and owners, and a summary per sequence (see kv_view.py)."""
         self.ctx.verify()
-        t = self.info.traits
-        recurrent = RecurrentLayers(t.layers or "recurrent layers", not t.recurrent,
-                                    partial(recurrent_bytes, self.ctx)) \
-            if t.recurrent or t.hybrid else None
         return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
-                          self.info.kv_bytes_per_token,
-                          self.resident.counts(), recurrent)
+                          self.info.kv_bytes_per_token, self.resident.counts(),
+                          RecurrentLayers.of(self.info.traits, self.ctx))
 
     def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
-        """Call ``fn(view)`` on this (the engine's) thread after KV changes, at most every
-        ``min_interval_s``; the caller must publish a final view itself when a job ends."""
-        self._kv_listeners.append((fn, min_interval_s))
+        """Call ``fn(view)`` on this (the engine's) thread after KV changes (kv_listeners.py)."""
+        self.kv_listeners.add(fn, min_interval_s)
 
     def remove_kv_listener(self, fn) -> None:
-        self._kv_listeners = [(f, i) for f, i in self._kv_listeners if f != fn]
-
-    def _kv_changed(self) -> None:
-        if not self._kv_listeners:
-            return
-        now = time.perf_counter()
-        if now - self._kv_published < min(i for _f, i in self._kv_listeners):
-            return
-        self._kv_published = now
-        view = self.kv_view()
-        for fn, _i in list(self._kv_listeners):
-            fn(view)
+        self.kv_listeners.remove(fn)
 
     # ---- states
     def snapshot(self, seq: int = 0, template: Template | None = None, text: str = "") -> PrefixState:

@@ -106,6 +106,16 @@ class RecurrentLayers:
     attention: bool
     state_bytes: object  # callable: seq -> int
 
+    @classmethod
+    def of(cls, traits, ctx) -> "RecurrentLayers | None":
+        """A model's (ModelTraits) recurrent layers in ``ctx``; None for an attention model."""
+        if not (traits.recurrent or traits.hybrid):
+            return None
+        from ..llama.recurrent_state import recurrent_bytes
+
+        return cls(traits.layers or "recurrent layers", not traits.recurrent,
+                   lambda seq: recurrent_bytes(ctx, seq))
+
 
 def build_view(mirror: CellMirror, pos_range, n_seq_max: int, kv_bytes_per_token: int,
                exact_tokens: dict[int, int] | None = None,
