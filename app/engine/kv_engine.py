@@ -102,16 +102,18 @@ class Engine:
 
     def clear_all(self) -> None:
         """Empty every sequence; the cache's nodes lose their cells (not their snapshots)."""
-        self.ctx.clear()
-        self.resident.clear_all()
-        self.cache.lost_sequences()
+        with self.ctx.held_changes():  # views see the cells and the nodes change together
+            self.ctx.clear()
+            self.resident.clear_all()
+            self.cache.lost_sequences()
 
     def keep_only(self, seq: int) -> None:
         """Drop every other sequence; cells ``seq`` shared with them become its own."""
         self.seqs.check(seq)
-        self.ctx.seq_keep(seq)
-        self.resident.keep_only(seq)
-        self.cache.lost_sequences(kept=seq)
+        with self.ctx.held_changes():
+            self.ctx.seq_keep(seq)
+            self.resident.keep_only(seq)
+            self.cache.lost_sequences(kept=seq)
 
     def clear_cache(self) -> None:
         """Drop every cached prompt and what the work context holds (the user's sequence 0 and
@@ -231,11 +233,15 @@ class Engine:
     def remove_kv_listener(self, fn) -> None:
         self._kv_listeners = [(f, i) for f, i in self._kv_listeners if f != fn]
 
-    def _kv_changed(self) -> None:
+    def _kv_changed(self, settled: bool = False) -> None:
+        """The cells changed. After one llama.cpp call (a batch, a copy) listeners hear at most
+        every min_interval_s; after a whole compound operation (``settled``: the radix cache's,
+        held by ``ctx.held_changes``) always, since nothing may follow it for a long time and
+        its last picture must not be a throttled-away half of it."""
         if not self._kv_listeners:
             return
         now = time.perf_counter()
-        if now - self._kv_published < min(i for _f, i in self._kv_listeners):
+        if not settled and now - self._kv_published < min(i for _f, i in self._kv_listeners):
             return
         self._kv_published = now
         view = self.kv_view()

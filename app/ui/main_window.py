@@ -41,7 +41,7 @@ from .session_edits import SessionEdits, UndoActions
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
 from .template_editor import TemplateEditor
-from .window_layout import DockLayout
+from .window_layout import DockLayout, size_center
 
 MAX_RECENT = 8
 STATE_FILTERS = (f"KV Primer state (*{STATE_SUFFIX})",
@@ -125,9 +125,11 @@ class MainWindow(QMainWindow):
         for box in (tpl_box, fill_box):
             box.layout().setContentsMargins(4, 4, 4, 4)
         top = QSplitter(Qt.Horizontal)
+        top.setObjectName("topSplit")
         top.addWidget(tpl_box)
         top.addWidget(fill_box)
-        top.setSizes([560, 420])
+        top.setStretchFactor(0, 4)
+        top.setStretchFactor(1, 3)
         self.central_tabs = QTabWidget()
         self.central_tabs.addTab(self.run_panel, "Run")
         self.central_tabs.addTab(self.bench, "Benchmark")
@@ -136,12 +138,16 @@ class MainWindow(QMainWindow):
         self.center.setObjectName("centerSplit")
         self.center.addWidget(top)
         self.center.addWidget(self.central_tabs)
-        self.center.setSizes([460, 400])  # the template gets room to be read and written
+        # the template keeps its height (sized once shown: size_center); the results grow
+        self.center.setStretchFactor(0, 0)
+        self.center.setStretchFactor(1, 1)
         self.setCentralWidget(self.center)
-        # the advanced panels: the model's settings above the KV cache, the rest tabbed below
-        self.docks = DockLayout(self, self.settings, [self.model_panel, self.kv_dock],
-                                [self.cache_panel, self.library, self.errors])
-        self.resize(1400, 900)
+        # the advanced panels in one column on the right: the radix cache (in front), model,
+        # states and log tabbed above the KV map, which the radix cache's nodes colour
+        self.docks = DockLayout(self, self.settings,
+                                [self.cache_panel, self.model_panel, self.library, self.errors],
+                                [self.kv_dock], splitters=(self.center, top))
+        self._center_sized = False
 
     def _action(self, menu, text, slot, shortcut=None, tip="", toolbar=False) -> QAction:
         a = QAction(text, self)
@@ -382,6 +388,14 @@ class MainWindow(QMainWindow):
     def showEvent(self, event) -> None:
         super().showEvent(event)
         self.docks.size_docks()
+        if not self._center_sized:  # once laid out: the editor's surroundings are measured
+            self._center_sized = True
+            if not self.docks.splits_restored:
+                QTimer.singleShot(0, self.fit_center)
+
+    def fit_center(self) -> None:
+        """The template's first height: 16 lines, or more when the window is tall."""
+        size_center(self.center, self.editor.edit)
 
     # ---- help
     def shortcut_list(self) -> list[tuple[str, str]]:
