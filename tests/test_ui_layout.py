@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 import pytest
-from PySide6.QtCharts import QChartView
+from PySide6.QtCharts import QChartView, QLineSeries
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QAbstractItemView, QPushButton
 
@@ -242,5 +242,8 @@ def test_every_chart_has_a_visible_legend(qtbot, make_window):
         # and "min–max" where whiskers are drawn, once
         qtbot.waitUntil(lambda: set(legend_entries(view)) - {WHISKERS} == names, timeout=5000)
         shown = legend_entries(view)
-        assert len(shown) == len(set(shown)), shown
+        whiskers = [s for s in view.chart().series() if isinstance(s, QLineSeries)
+                    and view is not w.bench.sweep]
+        assert len(shown) == len(set(shown)) and (WHISKERS in shown) == bool(whiskers), shown
+    assert WHISKERS in legend_entries(w.bench.chart)  # 3 repeats: a min and a max per row
     assert isinstance(w.session.bench, BenchResult)

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget,
-                               QVBoxLayout)
+from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 from ..engine import EngineConfig
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
@@ -41,7 +40,7 @@ from .session_edits import SessionEdits, UndoActions
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
 from .template_editor import TemplateEditor
-from .window_layout import DockLayout, size_center
+from .window_layout import DockLayout, central_widgets, size_center
 
 MAX_RECENT = 8
 STATE_FILTERS = (f"KV Primer state (*{STATE_SUFFIX})",
@@ -118,29 +117,9 @@ class MainWindow(QMainWindow):
 
     # ---- layout
     def _build_layout(self) -> None:
-        tpl_box = QGroupBox("Template")
-        QVBoxLayout(tpl_box).addWidget(self.editor)
-        fill_box = QGroupBox("Fillings")
-        QVBoxLayout(fill_box).addWidget(self.fillings)
-        for box in (tpl_box, fill_box):
-            box.layout().setContentsMargins(4, 4, 4, 4)
-        top = QSplitter(Qt.Horizontal)
-        top.setObjectName("topSplit")
-        top.addWidget(tpl_box)
-        top.addWidget(fill_box)
-        top.setStretchFactor(0, 4)
-        top.setStretchFactor(1, 3)
-        self.central_tabs = QTabWidget()
-        self.central_tabs.addTab(self.run_panel, "Run")
-        self.central_tabs.addTab(self.bench, "Benchmark")
-        self.central_tabs.addTab(self.server_view, "Server")
-        self.center = QSplitter(Qt.Vertical)
-        self.center.setObjectName("centerSplit")
-        self.center.addWidget(top)
-        self.center.addWidget(self.central_tabs)
-        # the template keeps its height (sized once shown: size_center); the results grow
-        self.center.setStretchFactor(0, 0)
-        self.center.setStretchFactor(1, 1)
+        self.center, top, self.central_tabs = central_widgets(
+            self.editor, self.fillings,
+            [(self.run_panel, "Run"), (self.bench, "Benchmark"), (self.server_view, "Server")])
         self.setCentralWidget(self.center)
         # the advanced panels in one column on the right: the radix cache (in front), model,
         # states and log tabbed above the KV map, which the radix cache's nodes colour

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QGuiApplication
-from PySide6.QtWidgets import (QDockWidget, QFrame, QMainWindow, QPlainTextEdit, QScrollArea,
-                               QSplitter)
+from PySide6.QtWidgets import (QDockWidget, QFrame, QGroupBox, QMainWindow, QPlainTextEdit,
+                               QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 # saved layouts of another arrangement of docks are not restored (they would put the docks
 # back where an older version had them): bump when the arrangement changes
@@ -24,6 +24,35 @@ DOCK_WIDTH = (380, 560)  # its bounds in pixels
 TEMPLATE_LINES = 16  # the template's first height: lines shown (15 and a margin)
 TEMPLATE_SHARE = 0.45  # or this share of the central height, if that is more
 DEFAULT_SIZE = (1400, 900)
+
+
+def central_widgets(editor: QWidget, fillings: QWidget, tabs: list[tuple[QWidget, str]]
+                    ) -> tuple[QSplitter, QSplitter, QTabWidget]:
+    """The work: the template beside the fillings above the result tabs. Returns the vertical
+    splitter (the central widget), the top one and the tabs."""
+    boxes = []
+    for title, body in (("Template", editor), ("Fillings", fillings)):
+        box = QGroupBox(title)
+        QVBoxLayout(box).addWidget(body)
+        box.layout().setContentsMargins(4, 4, 4, 4)
+        boxes.append(box)
+    top = QSplitter(Qt.Horizontal)
+    top.setObjectName("topSplit")
+    for box in boxes:
+        top.addWidget(box)
+    top.setStretchFactor(0, 4)
+    top.setStretchFactor(1, 3)
+    central_tabs = QTabWidget()
+    for widget, name in tabs:
+        central_tabs.addTab(widget, name)
+    center = QSplitter(Qt.Vertical)
+    center.setObjectName("centerSplit")
+    center.addWidget(top)
+    center.addWidget(central_tabs)
+    # the template keeps its height (sized once shown: size_center); the results grow
+    center.setStretchFactor(0, 0)
+    center.setStretchFactor(1, 1)
+    return center, top, central_tabs
 
 
 def scrolling(dock: QDockWidget) -> None:
