@@ -71,6 +71,8 @@ class CachePanel(QDockWidget):
         self.engine_status = worker.engine_status  # to know: the worker is open
         self.watch = CacheWatch.of(worker)  # the pictures of the cache, shared with the KV dock
         self.snapshot: CacheSnapshot | None = None
+        self._shape: list[tuple[int, int | None]] = []  # (id, parent) of the nodes the tree shows
+        self._items: dict[int, QTreeWidgetItem] = {}
         self.tree = QTreeWidget()
         self.tree.setObjectName("cacheTree")
         self.tree.setColumnCount(len(COLUMNS))
@@ -143,49 +145,56 @@ class CachePanel(QDockWidget):
         self.show_snapshot(picture.cache)
 
     def show_snapshot(self, snap: CacheSnapshot | None) -> None:
-        selected = self.selected_id()
-        scrolled = self.tree.verticalScrollBar().value()  # live pictures must not yank the list
         self.snapshot = snap
-        self.tree.clear()
-        for bar in self.bars.values():
-            bar.setRange(0, 1)
-            bar.setValue(0)
-            bar.setFormat("—")
-        if snap is None:
-            self._selection_changed()
-            return
-        for t in snap.tiers:
-            bar = self.bars.get(t.name)
-            if bar is None:
-                continue
-            cap_kb = max(t.cap_bytes // 1000, 1)  # kB: a progress bar holds an int
-            bar.setRange(0, cap_kb)
-            bar.setValue(min(t.used_bytes // 1000, cap_kb))
-            bar.setFormat(tier_text(t))
-        items: dict[int, QTreeWidgetItem] = {}
-        for n in snap.nodes:  # parents come before their children
-            parent = items.get(n.parent_id)
-            item = QTreeWidgetItem(parent) if parent else QTreeWidgetItem(self.tree)
+        for name, bar in self.bars.items():
+            t = next((t for t in snap.tiers if t.name == name), None) if snap else None
+            cap_kb = max(t.cap_bytes // 1000, 1) if t else 1  # kB: a progress bar holds an int
+            if bar.maximum() != cap_kb:
+                bar.setRange(0, cap_kb)
+            used = min(t.used_bytes // 1000, cap_kb) if t else 0
+            if bar.value() != used:
+                bar.setValue(used)
+            text = tier_text(t) if t else "—"
+            if bar.format() != text:
+                bar.setFormat(text)
+        nodes = snap.nodes if snap else []
+        shape = [(n.id, n.parent_id) for n in nodes]
+        if shape != self._shape:  # nodes came or went: the tree anew
+            self._rebuild(nodes)
+            self._shape = shape
+        for n in nodes:  # the cells that changed (pictures come many times a second in jobs)
+            item = self._items[n.id]
             own = f" (+{n.own_tokens:,})" if n.own_tokens != n.tokens else ""
             cells = [n.label or "cached prompt", n.text, f"{n.tokens:,}{own}", n.tier,
                      size_text(n.nbytes), str(n.hits),
                      ago_text(snap.now - n.last_used) if n.last_used else "never",
                      "pinned" if n.pinned else ""]
             for c, text in enumerate(cells):
-                item.setText(c, text)
-                if c in (2, 4, 5):
-                    item.setTextAlignment(c, Qt.AlignRight | Qt.AlignVCenter)
-            item.setToolTip(1, n.text)
-            if n.approx:
-                item.setToolTip(0, f"approximate: {n.approx}")
-                item.setForeground(3, Qt.darkYellow)
-            item.setData(0, Qt.UserRole, n.id)
-            items[n.id] = item
-        self.tree.expandAll()
-        if selected in items:
-            self.tree.setCurrentItem(items[selected])
-        self.tree.verticalScrollBar().setValue(scrolled)
+                if item.text(c) != text:
+                    item.setText(c, text)
+            tips = (f"approximate: {n.approx}" if n.approx else "", n.text)
+            if (item.toolTip(0), item.toolTip(1)) != tips:
+                item.setToolTip(0, tips[0])
+                item.setToolTip(1, tips[1])
+                item.setForeground(3, Qt.darkYellow if n.approx else self.tree.palette().text())
         self._selection_changed()
+
+    def _rebuild(self, nodes: list[CacheNodeInfo]) -> None:
+        selected = self.selected_id()
+        scrolled = self.tree.verticalScrollBar().value()  # live pictures must not yank the list
+        self.tree.clear()
+        self._items = {}
+        for n in nodes:  # parents come before their children
+            parent = self._items.get(n.parent_id)
+            item = QTreeWidgetItem(parent) if parent else QTreeWidgetItem(self.tree)
+            for c in (2, 4, 5):
+                item.setTextAlignment(c, Qt.AlignRight | Qt.AlignVCenter)
+            item.setData(0, Qt.UserRole, n.id)
+            self._items[n.id] = item
+        self.tree.expandAll()
+        if selected in self._items:
+            self.tree.setCurrentItem(self._items[selected])
+        self.tree.verticalScrollBar().setValue(scrolled)
 
     # ---- selection and actions
     def node(self, node_id: int | None) -> CacheNodeInfo | None:
