@@ -71,8 +71,7 @@ class CachePanel(QDockWidget):
         self.engine_status = worker.engine_status  # to know: the worker is open
         self.watch = CacheWatch.of(worker)  # the pictures of the cache, shared with the KV dock
         self.snapshot: CacheSnapshot | None = None
-        self._shape: list[tuple[int, int | None]] = []  # (id, parent) of the nodes the tree shows
-        self._items: dict[int, QTreeWidgetItem] = {}
+        self._items: dict[int, QTreeWidgetItem] = {}  # node id → its item in the tree
         self.tree = QTreeWidget()
         self.tree.setObjectName("cacheTree")
         self.tree.setColumnCount(len(COLUMNS))
@@ -158,10 +157,7 @@ class CachePanel(QDockWidget):
             if bar.format() != text:
                 bar.setFormat(text)
         nodes = snap.nodes if snap else []
-        shape = [(n.id, n.parent_id) for n in nodes]
-        if shape != self._shape:  # nodes came or went: the tree anew
-            self._rebuild(nodes)
-            self._shape = shape
+        self._sync_items(nodes)
         for n in nodes:  # the cells that changed (pictures come many times a second in jobs)
             item = self._items[n.id]
             own = f" (+{n.own_tokens:,})" if n.own_tokens != n.tokens else ""
@@ -179,22 +175,46 @@ class CachePanel(QDockWidget):
                 item.setForeground(3, Qt.darkYellow if n.approx else self.tree.palette().text())
         self._selection_changed()
 
-    def _rebuild(self, nodes: list[CacheNodeInfo]) -> None:
-        selected = self.selected_id()
+    def _sync_items(self, nodes: list[CacheNodeInfo]) -> None:
+        """One item per node under its parent's: new nodes get one, a split's moves its item
+        under the new parent, gone nodes lose theirs. Items are never made anew for nodes that
+        stay (a long benchmark adds hundreds of nodes, and pictures arrive all along)."""
+        changed = False
         scrolled = self.tree.verticalScrollBar().value()  # live pictures must not yank the list
-        self.tree.clear()
-        self._items = {}
         for n in nodes:  # parents come before their children
             parent = self._items.get(n.parent_id)
-            item = QTreeWidgetItem(parent) if parent else QTreeWidgetItem(self.tree)
-            for c in (2, 4, 5):
-                item.setTextAlignment(c, Qt.AlignRight | Qt.AlignVCenter)
-            item.setData(0, Qt.UserRole, n.id)
-            self._items[n.id] = item
-        self.tree.expandAll()
-        if selected in self._items:
-            self.tree.setCurrentItem(self._items[selected])
-        self.tree.verticalScrollBar().setValue(scrolled)
+            item = self._items.get(n.id)
+            if item is not None and item.parent() is parent:
+                continue
+            if item is None:
+                item = self._items[n.id] = QTreeWidgetItem()
+                for c in (2, 4, 5):
+                    item.setTextAlignment(c, Qt.AlignRight | Qt.AlignVCenter)
+                item.setData(0, Qt.UserRole, n.id)
+            else:
+                self._detach(item)
+            if parent is None:
+                self.tree.addTopLevelItem(item)
+            else:
+                parent.addChild(item)
+            changed = True
+        living = {n.id for n in nodes}
+        gone = {i: self._items.pop(i) for i in [i for i in self._items if i not in living]}
+        for item in gone.values():  # the highest gone items, whose subtrees are all gone now
+            parent = item.parent()
+            if parent is None or parent.data(0, Qt.UserRole) not in gone:
+                self._detach(item)  # with its subtree: Qt deletes it, never touch it again
+            changed = True
+        if changed:
+            self.tree.expandAll()
+            self.tree.verticalScrollBar().setValue(scrolled)
+
+    def _detach(self, item: QTreeWidgetItem) -> None:
+        parent = item.parent()
+        if parent is not None:
+            parent.removeChild(item)
+        else:
+            self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
 
     # ---- selection and actions
     def node(self, node_id: int | None) -> CacheNodeInfo | None:
