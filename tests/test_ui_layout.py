@@ -24,6 +24,7 @@ from app.engine.cache.radix_cache import TierUsage
 from app.engine.runs import bench_rows
 from app.servers.server_bench import ServerRow
 from app.ui.cache_panel import tier_text
+from app.ui.units import size_text
 from app.ui.charts import WHISKERS, legend_entries
 from tests.test_ui_window import TPL
 from tests.ui_actions import BENCH, PRIME, RUN_BOTH, RUN_WARM, SWEEP, idle, start, trigger
@@ -150,12 +151,12 @@ def test_the_ram_bar_names_the_kept_copies(qtbot, make_window):
     idle(qtbot, w)
     ram = next(t for t in w.cache_panel.snapshot.tiers if t.name == "ram")
     assert ram.kept_copies >= 1 and 0 < ram.kept_bytes <= ram.used_bytes
-    text = w.cache_panel.bars["ram"].format()
-    assert f"{ram.nodes} node" in text and "kept cop" in text, text
-    assert "kept copies" in w.cache_panel.bars["ram"].toolTip()
+    bar = w.cache_panel.bars["ram"]
+    assert f"{ram.nodes} node" in bar.format() and "kept cop" in bar.format(), bar.format()
+    assert "kept copies" in bar.toolTip() and size_text(ram.kept_bytes) in bar.toolTip()
     assert tier_text(TierUsage("ram", 52_300_000, 536_900_000, 0, 3, 52_300_000)) == \
-        "52.3 MB of 536.9 MB · 0 nodes + 3 kept copies (52.3 MB)"
-    assert tier_text(TierUsage("file", 0, 2_000, 1)) == "0 B of 2.0 kB · 1 node"
+        "52.3 MB / 536.9 MB · 0 nodes + 3 kept copies"
+    assert tier_text(TierUsage("file", 0, 2_000, 1)) == "0 B / 2.0 kB · 1 node"
 
 
 def test_a_long_error_is_shown_whole_and_can_be_copied(qtbot, make_window, tmp_path):

@@ -45,12 +45,21 @@ def plural(n: int, one: str, many: str = "") -> str:
 
 
 def tier_text(t: TierUsage) -> str:
-    """What a tier's bar says: its use against the cap, its nodes, and any kept copies."""
-    text = f"{size_text(t.used_bytes)} of {size_text(t.cap_bytes)} · {plural(t.nodes, 'node')}"
+    """What a tier's bar says: its use against the cap, its nodes, and any kept copies (their
+    bytes are in the bar's tooltip, ``tier_tip``: the bar is narrow)."""
+    text = f"{size_text(t.used_bytes)} / {size_text(t.cap_bytes)} · {plural(t.nodes, 'node')}"
     if t.kept_copies:
-        text += (f" + {plural(t.kept_copies, 'kept copy', 'kept copies')} "
-                 f"({size_text(t.kept_bytes)})")
+        text += f" + {plural(t.kept_copies, 'kept copy', 'kept copies')}"
     return text
+
+
+def tier_tip(t: TierUsage) -> str:
+    tip = TIER_TIPS[t.name]
+    if t.kept_copies:
+        tip += (f"\nNow: {plural(t.nodes, 'node')} and "
+                f"{plural(t.kept_copies, 'kept copy', 'kept copies')} of "
+                f"{size_text(t.kept_bytes)}, {size_text(t.used_bytes)} in all.")
+    return tip
 
 
 def ago_text(seconds: float) -> str:
@@ -156,6 +165,7 @@ class CachePanel(QDockWidget):
             text = tier_text(t) if t else "—"
             if bar.format() != text:
                 bar.setFormat(text)
+                bar.setToolTip(tier_tip(t) if t else TIER_TIPS[name])
         nodes = snap.nodes if snap else []
         self._sync_items(nodes)
         for n in nodes:  # the cells that changed (pictures come many times a second in jobs)

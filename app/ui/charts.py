@@ -28,6 +28,7 @@ MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has ever
 # Run tab leaves the template 15 lines on a 768-pixel screen (drag the splitter for more)
 MIN_HEIGHT = 150
 WHISKERS = "min–max"  # the legend's name for the whiskers (bars are at the median)
+COMPACT_BELOW = 240  # pixels: a shorter chart drops its axis titles to keep its plot and labels
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ class TtftChart(QChartView):
         return fit_labels(self.forms, width, QFontMetrics(font))
 
     def _relabel(self) -> None:
+        compact(self)
         if self._cats is None:
             return
         new = self._labels_for_width()
@@ -266,6 +268,25 @@ class SweepChart(QChartView):
             chart.addSeries(s)
             s.attachAxis(x)
             s.attachAxis(y)
+        compact(self)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        compact(self)
+
+
+def compact(view: QChartView) -> None:
+    """Axis titles and five value labels only where there is room: a short chart's plot would
+    be squeezed until Qt elides every label to "…" (the title and legend say what the axes
+    are)."""
+    show = view.height() >= COMPACT_BELOW
+    for ax in view.chart().axes():
+        if ax.isTitleVisible() != show:
+            ax.setTitleVisible(show)
+        if isinstance(ax, QValueAxis) and ax.isVisible() and ax.orientation() == Qt.Vertical:
+            ticks = 5 if show else 3  # fewer labels, each with room to be read
+            if ax.tickCount() != ticks:
+                ax.setTickCount(ticks)
 
 
 def save_chart(view: QChartView, path: str | Path) -> None:
