@@ -248,3 +248,14 @@ def test_every_chart_has_a_visible_legend(qtbot, make_window):
         assert len(shown) == len(set(shown)) and (WHISKERS in shown) == bool(whiskers), shown
     assert WHISKERS in legend_entries(w.bench.chart)  # 3 repeats: a min and a max per row
     assert isinstance(w.session.bench, BenchResult)
+
+
+def test_the_screenshot_takes_the_size_of_a_screen(capsys):
+    from app.__main__ import _parser
+
+    args = _parser().parse_args(["--screenshot", "x.png", "--size", "1366x768"])
+    assert args.size == (1366, 768)
+    assert _parser().parse_args(["--screenshot", "x.png"]).size == (1400, 900)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--size", "wide"])
+    assert "WIDTHxHEIGHT" in capsys.readouterr().err
