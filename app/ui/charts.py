@@ -221,7 +221,9 @@ class TtftChart(QChartView):
         return fit_labels(self.forms, width, QFontMetrics(font))
 
     def _relabel(self) -> None:
-        compact(self)
+        if compact(self):  # the plot's width changes with the axes' titles: measure it after
+            self._relabel_timer.start()
+            return
         if self._cats is None:
             return
         new = self._labels_for_width()
@@ -275,18 +277,22 @@ class SweepChart(QChartView):
         compact(self)
 
 
-def compact(view: QChartView) -> None:
+def compact(view: QChartView) -> bool:
     """Axis titles and five value labels only where there is room: a short chart's plot would
     be squeezed until Qt elides every label to "…" (the title and legend say what the axes
-    are)."""
+    are). Returns whether anything changed."""
     show = view.height() >= COMPACT_BELOW
+    changed = False
     for ax in view.chart().axes():
         if ax.isTitleVisible() != show:
             ax.setTitleVisible(show)
+            changed = True
         if isinstance(ax, QValueAxis) and ax.isVisible() and ax.orientation() == Qt.Vertical:
             ticks = 5 if show else 3  # fewer labels, each with room to be read
             if ax.tickCount() != ticks:
                 ax.setTickCount(ticks)
+                changed = True
+    return changed
 
 
 def save_chart(view: QChartView, path: str | Path) -> None:
