@@ -79,6 +79,7 @@ class KvCacheDock(QDockWidget):
         self.map_split.addWidget(self.legend_area)
         self.map_split.setStretchFactor(0, 3)
         self.map_split.setStretchFactor(1, 2)
+        self.map_split.setSizes([300, 200])  # shares, not pixels: the legend gets 2 of 5
         self.map_split.setCollapsible(0, False)
         lay.addWidget(self.summary)
         lay.addWidget(self.note)
