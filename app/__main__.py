@@ -5,6 +5,7 @@
                                        and context option of `kvprimer`, llama.cpp's names)
     python -m app --screenshot OUT.png load, prime the RAG example, run two rows that share a
                                        passage in chain mode, save a window grab, exit
+                  [--size 1366x768]    the window's size for the grab (default 1400x900)
     python -m app --version
 """
 from __future__ import annotations
@@ -18,6 +19,16 @@ from pathlib import Path
 SCREEN_SIZE = (1400, 900)
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is WIDTHxHEIGHT, like 1366x768, not {text!r}")
+    if w < 640 or h < 480:
+        raise argparse.ArgumentTypeError(f"{text} is too small for the window; 640x480 at least")
+    return w, h
+
+
 def _parser() -> argparse.ArgumentParser:
     from app.cli.engine_options import engine_options
 
@@ -26,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--screenshot", metavar="OUT.png",
                    help="open the RAG example, prime it, run two rows in chain mode, save a "
                         "screenshot, exit")
+    p.add_argument("--size", metavar="WxH", type=_size, default=SCREEN_SIZE,
+                   help="with --screenshot: the window's size in pixels (default 1400x900)")
     p.add_argument("--version", action="store_true", help="print versions and exit")
     return p
 
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         window = MainWindow(config, settings=settings, autosave_dir=Path(tmp.name),
                             states_dir=Path(tmp.name) / "states",
                             log_path=log_path, offer_restore=False)
-        window.resize(*SCREEN_SIZE)
+        window.resize(*args.size)
         window.show()
         code = 0
         with loop:

@@ -137,16 +137,18 @@ class Engine:
 
     def clear_all(self) -> None:
         """Empty every sequence; the cache's nodes lose their cells (not their snapshots)."""
-        self.ctx.clear()
-        self.resident.clear_all()
-        self.cache.lost_sequences()
+        with self.ctx.held_changes():  # views see the cells and the nodes change together
+            self.ctx.clear()
+            self.resident.clear_all()
+            self.cache.lost_sequences()
 
     def keep_only(self, seq: int) -> None:
         """Drop every other sequence; cells ``seq`` shared with them become its own."""
         self.seqs.check(seq)
-        self.ctx.seq_keep(seq)
-        self.resident.keep_only(seq)
-        self.cache.lost_sequences(kept=seq)
+        with self.ctx.held_changes():
+            self.ctx.seq_keep(seq)
+            self.resident.keep_only(seq)
+            self.cache.lost_sequences(kept=seq)
 
     def clear_cache(self) -> None:
         """Drop every cached prompt and what the work context holds (the user's sequence 0 and

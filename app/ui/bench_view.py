@@ -21,7 +21,7 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+                               QTabWidget, QVBoxLayout, QWidget)
 
 from ..engine import REUSE_MODES, BenchResult, BenchRow
 from ..engine.session import Session, bench_summary
@@ -152,11 +152,13 @@ class BenchView(QWidget):
         self.progress = QLabel("")
         self.progress.setObjectName("benchProgress")
         self.progress.hide()
+        below = QHBoxLayout()  # the exports beside the summary: the row above stays narrow
+        below.addWidget(self.summary, 1)
         for text, slot in exports:
             b = QPushButton(text)
             b.clicked.connect(slot)
-            top.addWidget(b)
-        self.chart = TtftChart("Time to first token per row and reuse mode (ms): median, min–max")
+            below.addWidget(b)
+        self.chart = TtftChart("Time to first token per row and mode (ms)")
         self.sweep = SweepChart()
         self._table_cells: list[list[Cell]] = []  # what the tables show (see show_cells)
         self._accuracy_cells: list[list[Cell]] = []
@@ -178,25 +180,31 @@ class BenchView(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QTableWidget.NoEditTriggers)
-        charts = QSplitter(Qt.Horizontal)
-        charts.addWidget(self.chart)
-        charts.addWidget(self.sweep)
-        tables = QSplitter(Qt.Horizontal)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.accuracy.verticalHeader().setDefaultSectionSize(22)
+        # tables beside the charts, not above them: on a short screen the rows stay readable
+        self.charts = QTabWidget()
+        self.charts.setObjectName("benchCharts")
+        self.charts.addTab(self.chart, "per row")
+        self.charts.addTab(self.sweep, "prefix-length sweep")
+        tables = QSplitter(Qt.Vertical)
         tables.addWidget(self.table)
         tables.addWidget(self.accuracy)
-        tables.setSizes([700, 400])
-        split = QSplitter(Qt.Vertical)
-        split.addWidget(charts)
+        tables.setStretchFactor(0, 2)
+        tables.setStretchFactor(1, 1)
+        split = QSplitter(Qt.Horizontal)
         split.addWidget(tables)
-        split.setSizes([300, 140])
+        split.addWidget(self.charts)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
         lay.addWidget(self.progress)
-        lay.addWidget(self.summary)
+        lay.addLayout(below)
         lay.addWidget(split, 1)
         session.events.bench.connect(self._show_result)
-        session.events.sweep.connect(self.sweep.set_points)
+        session.events.sweep.connect(self._show_sweep)
         session.events.options.connect(self._show_options)
         self._show_options(session.options)
         self._show_result(session.bench)
@@ -214,6 +222,11 @@ class BenchView(QWidget):
     def _job_changed(self, label: str) -> None:
         if not label:  # no job of the user's runs: the results below are the whole story
             self.progress.hide()
+
+    def _show_sweep(self, points) -> None:
+        self.sweep.set_points(points)
+        if points:  # a new sweep: its chart in front
+            self.charts.setCurrentWidget(self.sweep)
 
     def set_can_run(self, on: bool) -> None:
         self.run_button.setEnabled(on)
@@ -238,6 +251,8 @@ class BenchView(QWidget):
     def _show_result(self, result: BenchResult | None) -> None:
         rows = result.rows if result else []
         self._show_chart(result)
+        if rows:
+            self.charts.setCurrentWidget(self.chart)
         cells = []
         for r in rows:
             color = VERDICT_COLORS.get(r.equivalence, "")

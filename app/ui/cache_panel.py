@@ -1,16 +1,17 @@
 """The Cache panel: the radix cache's tree of cached prompts, each tier's use against its cap,
 and the Evict and Pin actions.
 
-What it shows comes from ``engine.cache.nodes()`` and ``engine.cache.tiers()``, read on the
-worker thread whenever the engine status's cache revision moves (after every job that can
-change the cache, its own actions included: they also bring their snapshot with them). Evict
-moves a node one tier down (resident → RAM → file → dropped); a pinned node is never evicted,
-by the user or by the caps.
+What it shows comes from the cache watch (cache_watch.py): ``engine.cache.nodes()`` and
+``engine.cache.tiers()`` read on the worker thread in the same picture as the KV dock's cell
+map, after every job that can change the cache (its own actions included) and live while jobs
+run, so the panel and the map always agree. Evict moves a node one tier down (resident → RAM
+→ file → dropped); a pinned node is never evicted, by the user or by the caps.
+
+The RAM bar counts the nodes whose snapshot is in RAM and, named apart, the kept copies: the
+state of each node's last copy into the work context, kept so that the next run of the same
+prompt only restores it (they count against the RAM cap and are dropped first).
 """
 from __future__ import annotations
-
-import time
-from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBoxLayout,
@@ -18,9 +19,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBo
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
 from ..engine.cache.radix_cache import CacheNodeInfo, TierUsage
+from .cache_watch import CachePicture, CacheSnapshot, CacheWatch
 from .units import size_text
 from .engine_worker import EngineWorker, JobKind
-from .model_events import follow
 
 COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…"),
            ("text", "The node's own tokens as text"),
@@ -31,21 +32,35 @@ COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefi
            ("hits", "Runs that reused this node"),
            ("last use", "Time since a run last used it"),
            ("pinned", "A pinned node is never evicted")]
-TIERS = {"resident": "resident (KV cells)", "ram": "RAM snapshots", "file": "files"}
+TIERS = {"resident": "resident (KV cells)", "ram": "RAM", "file": "files"}
+TIER_TIPS = {
+    "resident": "Nodes whose cells are in the KV cache, ready to fork",
+    "ram": "Nodes whose cells are a snapshot in memory, and kept copies: the state of each "
+           "node's last copy into the work context, kept so that the next run of the same "
+           "prompt only restores it. Kept copies are dropped first when the cap is reached.",
+    "file": "Nodes whose cells are a snapshot in a file of the cache's folder"}
 
 
-@dataclass(frozen=True)
-class CacheSnapshot:
-    nodes: list[CacheNodeInfo]
-    tiers: list[TierUsage]
-    now: float  # time.monotonic() when read: nodes' last_used is on that clock
+def plural(n: int, one: str, many: str = "") -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
-def read_cache(engine) -> CacheSnapshot | None:
-    """The cache's nodes and tiers (worker thread)."""
-    if engine is None:
-        return None
-    return CacheSnapshot(engine.cache.nodes(), engine.cache.tiers(), time.monotonic())
+def tier_text(t: TierUsage) -> str:
+    """What a tier's bar says: its use against the cap, its nodes, and any kept copies (their
+    bytes are in the bar's tooltip, ``tier_tip``: the bar is narrow)."""
+    text = f"{size_text(t.used_bytes)} / {size_text(t.cap_bytes)} · {plural(t.nodes, 'node')}"
+    if t.kept_copies:
+        text += f" + {plural(t.kept_copies, 'kept copy', 'kept copies')}"
+    return text
+
+
+def tier_tip(t: TierUsage) -> str:
+    tip = TIER_TIPS[t.name]
+    if t.kept_copies:
+        tip += (f"\nNow: {plural(t.nodes, 'node')} and "
+                f"{plural(t.kept_copies, 'kept copy', 'kept copies')} of "
+                f"{size_text(t.kept_bytes)}, {size_text(t.used_bytes)} in all.")
+    return tip
 
 
 def ago_text(seconds: float) -> str:
@@ -63,8 +78,10 @@ class CachePanel(QDockWidget):
         super().__init__("Radix cache", parent)
         self.setObjectName("cacheDock")
         self.worker = worker  # to act: the panel's reads and operations are its jobs
-        self.engine_status = worker.engine_status  # to know: a model loaded, the cache revision
+        self.engine_status = worker.engine_status  # to know: the worker is open
+        self.watch = CacheWatch.of(worker)  # the pictures of the cache, shared with the KV dock
         self.snapshot: CacheSnapshot | None = None
+        self._items: dict[int, QTreeWidgetItem] = {}  # node id → its item in the tree
         self.tree = QTreeWidget()
         self.tree.setObjectName("cacheTree")
         self.tree.setColumnCount(len(COLUMNS))
@@ -87,8 +104,9 @@ class CachePanel(QDockWidget):
             bar.setRange(0, 1)
             bar.setValue(0)
             bar.setFormat("—")
-            tiers.addWidget(QLabel(title), r // 3, 2 * (r % 3))
-            tiers.addWidget(bar, r // 3, 2 * (r % 3) + 1)
+            bar.setToolTip(TIER_TIPS[name])
+            tiers.addWidget(QLabel(title), r, 0)  # one row each: the bar's text is long
+            tiers.addWidget(bar, r, 1)
             self.bars[name] = bar
 
         self.evict_btn = QPushButton("Evict")
@@ -123,51 +141,36 @@ class CachePanel(QDockWidget):
         lay.addLayout(buttons)
         self.setWidget(body)
         self._selection_changed()
-        follow(self, self.engine_status.events.cache_revision, self._cache_changed)
+        self.watch.arrived.connect(self.show_picture)
         if self.engine_status.info is not None:
             self.refresh()
 
     # ---- reading the cache
-    def _cache_changed(self, _revision: int) -> None:
-        if self.engine_status.info is not None:
-            self.refresh()
-
     def refresh(self) -> None:
-        self._submit(JobKind.CACHE_VIEW, lambda e, t: read_cache(e), self.show_snapshot)
+        """Ask for a fresh picture (after the jobs already queued); the KV dock gets it too."""
+        self.watch.refresh()
 
-    def _submit(self, kind: JobKind, fn, on_done, **kw) -> None:
-        """Queue after what runs (never cancel the user's job); nothing once the worker is shut."""
-        if self.engine_status.closed:
-            return
-        try:
-            self.worker.submit(kind, fn, cancel_running=False, on_done=on_done, **kw)
-        except RuntimeError:
-            pass
+    def show_picture(self, picture: CachePicture) -> None:
+        self.show_snapshot(picture.cache)
 
     def show_snapshot(self, snap: CacheSnapshot | None) -> None:
-        selected = self.selected_id()
         self.snapshot = snap
-        self.tree.clear()
-        for bar in self.bars.values():
-            bar.setRange(0, 1)
-            bar.setValue(0)
-            bar.setFormat("—")
-        if snap is None:
-            self._selection_changed()
-            return
-        for t in snap.tiers:
-            bar = self.bars.get(t.name)
-            if bar is None:
-                continue
-            cap_kb = max(t.cap_bytes // 1000, 1)  # kB: a progress bar holds an int
-            bar.setRange(0, cap_kb)
-            bar.setValue(min(t.used_bytes // 1000, cap_kb))
-            bar.setFormat(f"{size_text(t.used_bytes)} of {size_text(t.cap_bytes)} · "
-                          f"{t.nodes} node{'s' if t.nodes != 1 else ''}")
-        items: dict[int, QTreeWidgetItem] = {}
-        for n in snap.nodes:  # parents come before their children
-            parent = items.get(n.parent_id)
-            item = QTreeWidgetItem(parent) if parent else QTreeWidgetItem(self.tree)
+        for name, bar in self.bars.items():
+            t = next((t for t in snap.tiers if t.name == name), None) if snap else None
+            cap_kb = max(t.cap_bytes // 1000, 1) if t else 1  # kB: a progress bar holds an int
+            if bar.maximum() != cap_kb:
+                bar.setRange(0, cap_kb)
+            used = min(t.used_bytes // 1000, cap_kb) if t else 0
+            if bar.value() != used:
+                bar.setValue(used)
+            text = tier_text(t) if t else "—"
+            if bar.format() != text:
+                bar.setFormat(text)
+                bar.setToolTip(tier_tip(t) if t else TIER_TIPS[name])
+        nodes = snap.nodes if snap else []
+        self._sync_items(nodes)
+        for n in nodes:  # the cells that changed (pictures come many times a second in jobs)
+            item = self._items[n.id]
             own = f" (+{n.own_tokens:,})" if n.own_tokens != n.tokens else ""
             cells = [n.label or "cached prompt", n.text, f"{n.tokens:,}{own}", n.tier,
                      size_text(n.nbytes) + (f" (recurrent {size_text(n.recurrent_bytes)})"
@@ -175,19 +178,55 @@ class CachePanel(QDockWidget):
                      ago_text(snap.now - n.last_used) if n.last_used else "never",
                      "pinned" if n.pinned else ""]
             for c, text in enumerate(cells):
-                item.setText(c, text)
-                if c in (2, 4, 5):
-                    item.setTextAlignment(c, Qt.AlignRight | Qt.AlignVCenter)
-            item.setToolTip(1, n.text)
-            if n.approx:
-                item.setToolTip(0, f"approximate: {n.approx}")
-                item.setForeground(3, Qt.darkYellow)
-            item.setData(0, Qt.UserRole, n.id)
-            items[n.id] = item
-        self.tree.expandAll()
-        if selected in items:
-            self.tree.setCurrentItem(items[selected])
+                if item.text(c) != text:
+                    item.setText(c, text)
+            tips = (f"approximate: {n.approx}" if n.approx else "", n.text)
+            if (item.toolTip(0), item.toolTip(1)) != tips:
+                item.setToolTip(0, tips[0])
+                item.setToolTip(1, tips[1])
+                item.setForeground(3, Qt.darkYellow if n.approx else self.tree.palette().text())
         self._selection_changed()
+
+    def _sync_items(self, nodes: list[CacheNodeInfo]) -> None:
+        """One item per node under its parent's: new nodes get one, a split's moves its item
+        under the new parent, gone nodes lose theirs. Items are never made anew for nodes that
+        stay (a long benchmark adds hundreds of nodes, and pictures arrive all along)."""
+        changed = False
+        scrolled = self.tree.verticalScrollBar().value()  # live pictures must not yank the list
+        for n in nodes:  # parents come before their children
+            parent = self._items.get(n.parent_id)
+            item = self._items.get(n.id)
+            if item is not None and item.parent() is parent:
+                continue
+            if item is None:
+                item = self._items[n.id] = QTreeWidgetItem()
+                for c in (2, 4, 5):
+                    item.setTextAlignment(c, Qt.AlignRight | Qt.AlignVCenter)
+                item.setData(0, Qt.UserRole, n.id)
+            else:
+                self._detach(item)
+            if parent is None:
+                self.tree.addTopLevelItem(item)
+            else:
+                parent.addChild(item)
+            changed = True
+        living = {n.id for n in nodes}
+        gone = {i: self._items.pop(i) for i in [i for i in self._items if i not in living]}
+        for item in gone.values():  # the highest gone items, whose subtrees are all gone now
+            parent = item.parent()
+            if parent is None or parent.data(0, Qt.UserRole) not in gone:
+                self._detach(item)  # with its subtree: Qt deletes it, never touch it again
+            changed = True
+        if changed:
+            self.tree.expandAll()
+            self.tree.verticalScrollBar().setValue(scrolled)
+
+    def _detach(self, item: QTreeWidgetItem) -> None:
+        parent = item.parent()
+        if parent is not None:
+            parent.removeChild(item)
+        else:
+            self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
 
     # ---- selection and actions
     def node(self, node_id: int | None) -> CacheNodeInfo | None:
@@ -235,15 +274,8 @@ class CachePanel(QDockWidget):
                      lambda e, i=n.id, p=not n.pinned: e.cache.pin(i, p))
 
     def _op(self, done_text: str, fn) -> None:
-        def job(engine, task):
-            fn(engine)
-            return read_cache(engine)
-
-        def done(snap):
-            self.show_snapshot(snap)
-            self.show_message(done_text)
-
-        self._submit(JobKind.CACHE_OP, job, done, on_error=lambda m: self.show_message(m, True))
+        self.watch.submit(fn, kind=JobKind.CACHE_OP, on_done=lambda _p: self.show_message(done_text),
+                          on_error=lambda m: self.show_message(m, True))
 
     def show_message(self, text: str, error: bool = False) -> None:
         self.message.setStyleSheet("color: #c62828;" if error else "color: #2e7d32;")

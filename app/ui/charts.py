@@ -4,6 +4,9 @@
 whiskers. Each row's label says as much as its width allows ("row 3 ×12.9", "3 ×12.9", "3"),
 recomputed on resize, so labels are never cut to "row…". ``SweepChart``: time to first token
 against prefix tokens, cold and warm, the suffix-only evaluation as the floor.
+
+Every chart has a legend below its plot, one entry per named series and one "min–max" for
+the whiskers when there are any; a label cut by a narrow chart shows whole as its tooltip. ``legend_entries`` lists what a chart's legend shows.
 """
 from __future__ import annotations
 
@@ -21,6 +24,11 @@ from PySide6.QtWidgets import QWidget
 COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
 MODE_COLORS = {"prefix": QColor("#2e7dd7"), "chain": QColor("#2e9d5b"), "compose": QColor("#8e5bc4")}
 MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has every row
+# a chart's floor: its title, a plot and its legend still readable, and low enough that the
+# Run tab leaves the template 15 lines on a 768-pixel screen (drag the splitter for more)
+MIN_HEIGHT = 150
+WHISKERS = "min–max"  # the legend's name for the whiskers (bars are at the median)
+COMPACT_BELOW = 240  # pixels: a shorter chart drops its axis titles to keep its plot and labels
 
 
 @dataclass(frozen=True)
@@ -56,10 +64,20 @@ def _chart(title: str) -> QChart:
     c = QChart()
     c.setTitle(title)
     c.setAnimationOptions(QChart.NoAnimation)
+    c.legend().setVisible(True)
     c.legend().setAlignment(Qt.AlignBottom)
+    c.legend().setShowToolTips(True)
     c.setMargins(QMargins(4, 4, 4, 4))
     c.setBackgroundRoundness(0)
     return c
+
+
+def legend_entries(view: QChartView) -> list[str]:
+    """The labels the chart's legend shows (none when the legend is hidden)."""
+    legend = view.chart().legend()
+    if not legend.isVisible():
+        return []
+    return [m.label() for m in legend.markers() if m.isVisible()]
 
 
 def clear_chart(chart: QChart) -> None:
@@ -102,11 +120,11 @@ def fit_labels(forms: list[tuple[str, ...]], width_px: float, metrics: QFontMetr
 
 
 class TtftChart(QChartView):
-    def __init__(self, title: str = "Time to first token per row (ms): median, min–max",
+    def __init__(self, title: str = "Time to first token per row (ms)",
                  parent: QWidget | None = None):
         super().__init__(_chart(title), parent)
         self.setRenderHint(QPainter.Antialiasing)
-        self.setMinimumHeight(200)
+        self.setMinimumHeight(MIN_HEIGHT)
         self.bars: list[TtftBar] = []
         self.forms: list[tuple[str, ...]] = []  # per row, its label forms, longest first
         self.axis_title = "row · ×speedup"
@@ -177,6 +195,7 @@ class TtftChart(QChartView):
         x.setVisible(False)
         chart.addAxis(x, Qt.AlignBottom)
         width = 0.8 / len(series)
+        explained = False  # the first whisker's legend entry says what they all are
         for k, s in enumerate(series):
             dx = -0.4 + width * (k + 0.5)
             for i in range(n):
@@ -187,10 +206,12 @@ class TtftChart(QChartView):
                 w.setPen(QPen(QColor("#222222"), 1.5))
                 w.append(i + dx, lo)
                 w.append(i + dx, hi)
+                w.setName(WHISKERS)
                 chart.addSeries(w)
                 w.attachAxis(x)
                 w.attachAxis(y)
-                chart.legend().markers(w)[0].setVisible(False)
+                chart.legend().markers(w)[0].setVisible(not explained)
+                explained = True
         self._relabel_timer.start()  # once the new axes are laid out
 
     def _labels_for_width(self) -> list[str]:
@@ -200,6 +221,9 @@ class TtftChart(QChartView):
         return fit_labels(self.forms, width, QFontMetrics(font))
 
     def _relabel(self) -> None:
+        if compact(self):  # the plot's width changes with the axes' titles: measure it after
+            self._relabel_timer.start()
+            return
         if self._cats is None:
             return
         new = self._labels_for_width()
@@ -215,7 +239,7 @@ class SweepChart(QChartView):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(_chart("Time to first token vs prefix length (ms)"), parent)
         self.setRenderHint(QPainter.Antialiasing)
-        self.setMinimumHeight(200)
+        self.setMinimumHeight(MIN_HEIGHT)
         self.points = []
 
     def set_points(self, points) -> None:
@@ -246,6 +270,29 @@ class SweepChart(QChartView):
             chart.addSeries(s)
             s.attachAxis(x)
             s.attachAxis(y)
+        compact(self)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        compact(self)
+
+
+def compact(view: QChartView) -> bool:
+    """Axis titles and five value labels only where there is room: a short chart's plot would
+    be squeezed until Qt elides every label to "…" (the title and legend say what the axes
+    are). Returns whether anything changed."""
+    show = view.height() >= COMPACT_BELOW
+    changed = False
+    for ax in view.chart().axes():
+        if ax.isTitleVisible() != show:
+            ax.setTitleVisible(show)
+            changed = True
+        if isinstance(ax, QValueAxis) and ax.isVisible() and ax.orientation() == Qt.Vertical:
+            ticks = 5 if show else 3  # fewer labels, each with room to be read
+            if ax.tickCount() != ticks:
+                ax.setTickCount(ticks)
+                changed = True
+    return changed
 
 
 def save_chart(view: QChartView, path: str | Path) -> None:

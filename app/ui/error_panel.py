@@ -3,6 +3,10 @@
 qasync's ``asyncSlot`` hands exceptions to ``sys.excepthook``; so does Qt for exceptions raised
 in slots. We install a hook that logs the traceback to the file and shows one line here, so a
 bug is visible without killing the window.
+
+Messages are shown whole: the status bar cuts a long one, so an error also brings this dock to
+the front, selected, its whole text below the list in a box that can be selected and copied
+(Copy, or Ctrl+C in the list, copies the selected messages).
 """
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QUrl, Signal
-from PySide6.QtGui import QColor, QDesktopServices
-from PySide6.QtWidgets import (QDockWidget, QHBoxLayout, QListWidget, QListWidgetItem, QPushButton,
+from PySide6.QtGui import QColor, QDesktopServices, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QListWidget,
+                               QListWidgetItem, QPlainTextEdit, QPushButton, QSplitter,
                                QVBoxLayout, QWidget)
 
 log = logging.getLogger("kvprimer")
@@ -68,7 +73,25 @@ class ErrorPanel(QDockWidget):
         self.setObjectName("logDock")
         self.log_path = log_path
         self.list = QListWidget()
+        self.list.setObjectName("logList")
         self.list.setWordWrap(True)
+        self.list.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.list.itemSelectionChanged.connect(self._show_selected)
+        QShortcut(QKeySequence.Copy, self.list, self.copy_selected, context=Qt.WidgetShortcut)
+        # the selected message whole, wrapped, selectable: what the status bar had to cut
+        self.detail = QPlainTextEdit()
+        self.detail.setObjectName("logDetail")
+        self.detail.setReadOnly(True)
+        self.detail.setPlaceholderText("Select a message to read it whole")
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(self.list)
+        split.addWidget(self.detail)
+        split.setStretchFactor(0, 2)
+        split.setStretchFactor(1, 1)
+        copy = QPushButton("Copy")
+        copy.setObjectName("logCopy")
+        copy.setToolTip("Copy the selected messages, whole (Ctrl+C in the list)")
+        copy.clicked.connect(self.copy_selected)
         clear = QPushButton("Clear")
         clear.clicked.connect(self.list.clear)
         open_log = QPushButton("Open log file")
@@ -76,12 +99,13 @@ class ErrorPanel(QDockWidget):
         open_log.setEnabled(log_path is not None)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
+        buttons.addWidget(copy)
         buttons.addWidget(open_log)
         buttons.addWidget(clear)
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(4, 4, 4, 4)
-        lay.addWidget(self.list)
+        lay.addWidget(split, 1)
         lay.addLayout(buttons)
         self.setWidget(body)
         self._bridge = _Bridge(self)
@@ -95,10 +119,30 @@ class ErrorPanel(QDockWidget):
         item = QListWidgetItem(f"{time.strftime('%H:%M:%S')}  {message}")
         item.setData(Qt.UserRole, level)
         item.setForeground(QColor(COLORS.get(level, COLORS["info"])))
+        item.setToolTip(message)
         self.list.addItem(item)
         self.list.scrollToBottom()
         if level == "error":
-            self.show()
+            self.list.setCurrentItem(item)  # its whole text in the box below
+            self.reveal()
+
+    def reveal(self) -> None:
+        """Shown and in front of the docks it is tabbed with."""
+        self.show()
+        self.raise_()
+
+    def _show_selected(self) -> None:
+        self.detail.setPlainText(self.selected_text())
+
+    def selected_text(self) -> str:
+        """The selected messages, whole, one a line, in the list's order."""
+        rows = sorted(self.list.row(it) for it in self.list.selectedItems())
+        return "\n".join(self.list.item(r).text() for r in rows)
+
+    def copy_selected(self) -> None:
+        text = self.selected_text()
+        if text:
+            QGuiApplication.clipboard().setText(text)
 
     def messages(self, level: str | None = None) -> list[str]:
         items = (self.list.item(i) for i in range(self.list.count()))

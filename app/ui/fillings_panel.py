@@ -77,7 +77,7 @@ class FillingsPanel(QWidget):
         split = QSplitter(Qt.Vertical)
         split.addWidget(scroll)
         split.addWidget(table_box)
-        split.setSizes([160, 200])
+        split.setSizes([130, 230])  # the rows table gets the more: 5 rows on a short screen
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(split)

@@ -5,54 +5,44 @@ The grid (kv_grid.py) colours each cell by the radix node it belongs to. Sequenc
 radix nodes belong to the cache: the Cache panel evicts them, and this dock's operations refuse
 to change them (they can be forked into the user's sequence 0).
 
-The engine publishes a KvCacheView from its own thread while jobs run (Engine.add_kv_listener,
-throttled there) and the dock asks for a fresh one whenever the engine status's cache revision
-moves (after every job that can change cells, a model load included); views reach this thread
-as a queued signal and are drawn at most ~20 times a second. When the engine has only
-position ranges (source "ranges"), the dock says so and draws no cell map.
+What it draws comes from the cache watch (cache_watch.py), the same pictures the Cache panel
+draws: read after every job that can change cells (a model load included) and published by
+the engine while jobs run, at most ~20 times a second. When the engine has only position
+ranges (source "ranges"), the dock says so and draws no cell map. The legend lists every
+sequence in use and scrolls; a splitter between it and the map sets their shares.
 """
 from __future__ import annotations
 
-import weakref
 from html import escape
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QComboBox, QDockWidget, QGridLayout, QHBoxLayout, QLabel,
-                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QComboBox, QDockWidget, QFrame, QGridLayout, QHBoxLayout, QLabel,
+                               QPushButton, QScrollArea, QSpinBox, QSplitter, QVBoxLayout,
+                               QWidget)
 
 from .units import size_text
 from ..engine.kv.kv_view import KvCacheView
+from .cache_watch import CachePicture, CacheWatch
 from .engine_worker import EngineWorker, JobKind
-from .kv_grid import EMPTY, KvGrid, SeqNode, seq_color, seq_nodes
+from .kv_grid import EMPTY, KvGrid, SeqNode, seq_color
 from .model_events import follow
 
 __all__ = ["EMPTY", "KvCacheDock", "seq_color"]
 
-REDRAW_MS = 50  # at most ~20 redraws a second
-LEGEND_LINES = 8
-
 
 class KvCacheDock(QDockWidget):
-    view_arrived = Signal(object)  # (KvCacheView, nodes), emitted from the worker thread (queued)
-
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__("KV Cache", parent)
         self.setObjectName("kvCacheDock")
         self.worker = worker  # to act: reads and operations are its jobs
-        self.engine_status = worker.engine_status  # to know: a model loaded, the cache revision
+        self.engine_status = worker.engine_status  # to know: a model loaded
+        self.watch = CacheWatch.of(worker)  # the pictures of the cells, shared with the Cache panel
         self.view: KvCacheView | None = None
         self.nodes: dict[int, SeqNode] = {}
-        self._pending: tuple | None = None  # (KvCacheView, nodes) waiting to be drawn
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(REDRAW_MS)
-        self._timer.timeout.connect(self._apply_pending)
-        self._watched = None  # weakref to the engine whose live views we get (worker thread only)
         self._noted = False  # the status line shows a note on the selected sequence
         self._build()
-        self.view_arrived.connect(self._queue_view)
+        self.watch.arrived.connect(self.show_picture)
         follow(self, self.engine_status.events.info, self._model_changed)
-        follow(self, self.engine_status.events.cache_revision, self._cache_changed)
         if self.engine_status.info is not None:
             self._model_changed(self.engine_status.info)
             self.refresh()
@@ -73,10 +63,27 @@ class KvCacheDock(QDockWidget):
         self.legend.setObjectName("kvLegend")
         self.legend.setTextFormat(Qt.RichText)
         self.legend.setWordWrap(True)
+        self.legend.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        self.legend.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        # every sequence is listed: the legend scrolls rather than cutting the list short
+        self.legend_area = QScrollArea()
+        self.legend_area.setObjectName("kvLegendArea")
+        self.legend_area.setWidgetResizable(True)
+        self.legend_area.setFrameShape(QFrame.NoFrame)
+        self.legend_area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.legend_area.setWidget(self.legend)
+        self.legend_area.setMinimumHeight(3 * self.fontMetrics().lineSpacing() + 4)
+        self.map_split = QSplitter(Qt.Vertical)
+        self.map_split.setObjectName("kvMapSplit")
+        self.map_split.addWidget(self.grid)
+        self.map_split.addWidget(self.legend_area)
+        self.map_split.setStretchFactor(0, 3)
+        self.map_split.setStretchFactor(1, 2)
+        self.map_split.setSizes([300, 200])  # shares, not pixels: the legend gets 2 of 5
+        self.map_split.setCollapsible(0, False)
         lay.addWidget(self.summary)
         lay.addWidget(self.note)
-        lay.addWidget(self.grid, 1)
-        lay.addWidget(self.legend)
+        lay.addWidget(self.map_split, 1)
 
         ops = QGridLayout()
         self.seq_box = QComboBox()
@@ -107,19 +114,20 @@ class KvCacheDock(QDockWidget):
         self.div_btn = self._button("Divide", "Divide positions from p on by d (seq_div)")
         self.div_from = spin(0, 1 << 20, 0, "p: first position divided")
         self.div_by = spin(1, 1 << 16, 2, "d")
+        # three columns, so that the dock fits the window's right-hand column (about 450 pixels)
         ops.addWidget(self.fork_btn, 0, 2)
-        ops.addWidget(self.keep_btn, 0, 3)
-        ops.addWidget(self.clear_btn, 0, 4)
-        ops.addWidget(self.trim_btn, 1, 0)
-        ops.addWidget(self.trim_pos, 1, 1)
+        ops.addWidget(self.keep_btn, 1, 0)
+        ops.addWidget(self.clear_btn, 1, 1)
+        ops.addWidget(self.trim_btn, 2, 0)
+        ops.addWidget(self.trim_pos, 2, 1)
         for r, (button, start, amount) in enumerate(((self.shift_btn, self.shift_from, self.shift_delta),
-                                                     (self.div_btn, self.div_from, self.div_by)), 2):
+                                                     (self.div_btn, self.div_from, self.div_by)), 3):
             ops.addWidget(button, r, 0)
             row = QHBoxLayout()
             for w in (QLabel("from p"), start, QLabel("by"), amount):
                 row.addWidget(w)
             row.addStretch(1)
-            ops.addLayout(row, r, 1, 1, 4)
+            ops.addLayout(row, r, 1, 1, 2)
         lay.addLayout(ops)
         self.status = QLabel("")
         self.status.setObjectName("kvStatus")
@@ -202,58 +210,18 @@ class KvCacheDock(QDockWidget):
         self.status.setText(text)
         self._noted = False
 
-    # ---- views arriving
+    # ---- pictures arriving
     def _model_changed(self, info) -> None:
-        # the load's revision bump brings the new engine's view
-        if info is None:
-            self.set_view(None)
-        else:
+        # the load's revision bump brings the new engine's picture; the watch sends None on unload
+        if info is not None:
             self._list_sequences([0])
 
-    def _cache_changed(self, _revision: int) -> None:
-        if self.engine_status.info is not None:
-            self.refresh()
-
     def refresh(self) -> None:
-        """Ask the worker for a fresh view (after the jobs already queued)."""
-        self._submit(JobKind.KV_VIEW, lambda e, t: self._read(e), on_done=self._show_now)
+        """Ask for a fresh picture (after the jobs already queued); the Cache panel gets it too."""
+        self.watch.refresh()
 
-    def _read(self, engine):
-        """The view and the cache's sequences (worker thread). First, once per engine (a load
-        makes a new one), ask it for the views it publishes while jobs run."""
-        if engine is None:
-            return None
-        if self._watched is None or self._watched() is not engine:
-            def emit(view, engine=engine):  # the engine's thread; the signal delivers it queued
-                try:
-                    self.view_arrived.emit((view, seq_nodes(engine)))
-                except RuntimeError:  # the dock is gone; the engine outlives it briefly
-                    pass
-
-            engine.add_kv_listener(emit)
-            self._watched = weakref.ref(engine)
-        return engine.kv_view(), seq_nodes(engine)
-
-    def _submit(self, kind: JobKind, fn, **kw) -> None:
-        """Queue after what runs (never cancel the user's job); nothing once the worker is shut."""
-        try:
-            self.worker.submit(kind, fn, cancel_running=False, **kw)
-        except RuntimeError:
-            pass
-
-    def _queue_view(self, picture) -> None:
-        self._pending = picture
-        if not self._timer.isActive():
-            self._timer.start()
-
-    def _show_now(self, picture) -> None:
-        self._pending = picture
-        self._apply_pending()
-
-    def _apply_pending(self) -> None:
-        if self._pending is not None:
-            self.set_view(*self._pending)
-            self._pending = None
+    def show_picture(self, picture: CachePicture) -> None:
+        self.set_view(picture.view, picture.nodes)
 
     def set_view(self, view: KvCacheView | None, nodes: dict[int, SeqNode] | None = None) -> None:
         self.view = view
@@ -299,8 +267,6 @@ class KvCacheDock(QDockWidget):
                 parts.append(f"recurrent state at {slot.pos:,} ({size_text(slot.bytes)})")
             rows.append(f"<span style='color:{seq_color(s).name()}'>■</span> {escape(what)}: "
                         f"{' · '.join(parts)}{mark}")
-        if len(rows) > LEGEND_LINES:  # the Cache panel lists every node
-            rows = rows[:LEGEND_LINES - 1] + [f"… and {len(rows) - LEGEND_LINES + 1} more sequences"]
         if view.stateful:
             rows.insert(0, f"layers: {escape(view.layers)}")
         self.legend.setText("<br>".join(rows) or "all sequences are empty")
@@ -329,15 +295,13 @@ class KvCacheDock(QDockWidget):
     def _op(self, name: str, fn, seq: int | None = None, own_only: bool = True) -> None:
         seq = self.selected_seq if seq is None else seq
 
-        def job(engine, task):
+        def act(engine):
             # the engine decides, when the job runs: the view the buttons followed may be old
             if own_only:
                 engine.cache.check_user_sequence(seq)
             fn(engine, seq)
-            return self._read(engine)
 
         self._say(f"{name} sequence {seq}…")
-        self._submit(JobKind.KV_OP, job, label=f"KV {name}",
-                     on_done=lambda v: (self._say(f"{name}: done"), self._show_now(v)),
-                     on_error=self._say)
+        self.watch.submit(act, kind=JobKind.KV_OP, label=f"KV {name}",
+                          on_done=lambda _picture: self._say(f"{name}: done"), on_error=self._say)
 

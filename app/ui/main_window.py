@@ -15,8 +15,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QGroupBox, QMainWindow, QSplitter, QTabWidget,
-                               QVBoxLayout)
+from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 from ..engine import EngineConfig
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
@@ -42,7 +41,7 @@ from .session_edits import SessionEdits, UndoActions
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
 from .template_editor import TemplateEditor
-from .window_layout import DockLayout
+from .window_layout import DockLayout, central_widgets, size_center
 
 MAX_RECENT = 8
 STATE_FILTERS = (f"KV Primer state (*{STATE_SUFFIX})",
@@ -123,30 +122,16 @@ class MainWindow(QMainWindow):
 
     # ---- layout
     def _build_layout(self) -> None:
-        tpl_box = QGroupBox("Template")
-        QVBoxLayout(tpl_box).addWidget(self.editor)
-        fill_box = QGroupBox("Fillings")
-        QVBoxLayout(fill_box).addWidget(self.fillings)
-        for box in (tpl_box, fill_box):
-            box.layout().setContentsMargins(4, 4, 4, 4)
-        top = QSplitter(Qt.Horizontal)
-        top.addWidget(tpl_box)
-        top.addWidget(fill_box)
-        top.setSizes([560, 420])
-        self.central_tabs = QTabWidget()
-        self.central_tabs.addTab(self.run_panel, "Run")
-        self.central_tabs.addTab(self.bench, "Benchmark")
-        self.central_tabs.addTab(self.server_view, "Server")
-        self.center = QSplitter(Qt.Vertical)
-        self.center.setObjectName("centerSplit")
-        self.center.addWidget(top)
-        self.center.addWidget(self.central_tabs)
-        self.center.setSizes([460, 400])  # the template gets room to be read and written
+        self.center, top, self.central_tabs = central_widgets(
+            self.editor, self.fillings,
+            [(self.run_panel, "Run"), (self.bench, "Benchmark"), (self.server_view, "Server")])
         self.setCentralWidget(self.center)
-        # the advanced panels: the model's settings above the KV cache, the rest tabbed below
-        self.docks = DockLayout(self, self.settings, [self.model_panel, self.kv_dock],
-                                [self.cache_panel, self.library, self.errors])
-        self.resize(1400, 900)
+        # the advanced panels in one column on the right: the radix cache (in front), model,
+        # states and log tabbed above the KV map, which the radix cache's nodes colour
+        self.docks = DockLayout(self, self.settings,
+                                [self.cache_panel, self.model_panel, self.library, self.errors],
+                                [self.kv_dock], splitters=(self.center, top))
+        self._center_sized = False
 
     def _action(self, menu, text, slot, shortcut=None, tip="", toolbar=False) -> QAction:
         a = QAction(text, self)
@@ -393,6 +378,14 @@ class MainWindow(QMainWindow):
     def showEvent(self, event) -> None:
         super().showEvent(event)
         self.docks.size_docks()
+        if not self._center_sized:  # once laid out: the editor's surroundings are measured
+            self._center_sized = True
+            if not self.docks.splits_restored:
+                QTimer.singleShot(0, self.fit_center)
+
+    def fit_center(self) -> None:
+        """The template's first height: 16 lines, or more when the window is tall."""
+        size_center(self.center, self.editor.edit)
 
     # ---- help
     def shortcut_list(self) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+                               QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from ..optional_extras import require_server_clients
 from ..engine import KvPrimerError
@@ -34,6 +34,23 @@ COLUMNS = [("row", "row"), ("prompt_tokens", "prompt"), ("prefix_tokens", "prefi
            ("warm_ms", "server warm (ms)"), ("tokens_equal", "same tokens as local cold"),
            ("server_cold_equal", "server warm = its cold"), ("miss_reason", "miss"),
            ("output_note", "why the output differs")]
+# the table's legend: what each column means, as its header's tooltip
+COLUMN_TIPS = {
+    "row": "The row's number in the rows table",
+    "prompt_tokens": "Tokens of the whole filled prompt",
+    "prefix_tokens": "Tokens of the template's static prefix (what Deploy put in the slot)",
+    "server_cached_tokens": "Tokens the server took from its cache for the warm request "
+                            "(llama-server's timings.cache_n, or the API's cached_tokens)",
+    "server_evaluated_tokens": "Tokens the server evaluated for the warm request",
+    "local_cold_ms": "Time to first token of KV Primer's own cold run, on this machine",
+    "cold_ms": "The server's time to first token with its cache bypassed (cache_prompt off)",
+    "warm_ms": "The server's time to first token with cache_prompt on, its cache as the "
+               "rows before left it",
+    "tokens_equal": "The server's warm tokens equal KV Primer's local cold tokens (compared "
+                    "only when the server runs the same model file)",
+    "server_cold_equal": "The server's warm tokens equal its own cold tokens",
+    "miss_reason": "Why the server did not reuse the static prefix, if it did not",
+    "output_note": "Why the server's output may differ from the local run"}
 
 
 class ServerView(QWidget):
@@ -68,12 +85,14 @@ class ServerView(QWidget):
         self.bench_button = QPushButton("Run rows on server")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels([h for _, h in COLUMNS])
+        for c, (key, _h) in enumerate(COLUMNS):
+            self.table.horizontalHeaderItem(c).setToolTip(COLUMN_TIPS[key])
+        self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.verticalHeader().setVisible(False)  # the row column says which row it is
-        self.ttft_chart = TtftChart("Time to first token per row (ms): local cold, server cold, "
-                                    "server warm")
-        self.cached_chart = TtftChart("Tokens per row: static prefix and what the server reused")
+        self.ttft_chart = TtftChart("Time to first token per row (ms)")
+        self.cached_chart = TtftChart("Tokens per row: the prefix and what the server reused")
 
         form = QFormLayout()
         target = QHBoxLayout()
@@ -95,12 +114,16 @@ class ServerView(QWidget):
         run.addStretch(1)
         run.addWidget(self.bench_button)
         form.addRow("Rows", run)
-        charts = QSplitter()
-        charts.addWidget(self.ttft_chart)
-        charts.addWidget(self.cached_chart)
-        split = QSplitter(Qt.Vertical)
+        # the table beside the charts, not above them: on a short screen the rows stay readable
+        self.charts = QTabWidget()
+        self.charts.setObjectName("serverCharts")
+        self.charts.addTab(self.ttft_chart, "time to first token")
+        self.charts.addTab(self.cached_chart, "tokens reused")
+        split = QSplitter(Qt.Horizontal)
         split.addWidget(self.table)
-        split.addWidget(charts)
+        split.addWidget(self.charts)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
         box = QVBoxLayout(self)
         box.addLayout(form)
         box.addWidget(split, 1)

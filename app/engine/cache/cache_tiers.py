@@ -53,9 +53,13 @@ class CacheLimits:
 @dataclass(frozen=True)
 class TierUsage:
     name: str
-    used_bytes: int
+    used_bytes: int  # everything the tier holds against its cap, kept copies included
     cap_bytes: int
     nodes: int
+    # the ram tier also keeps the state of each node's last copy into the work context: bytes
+    # that belong to no node of this tier (a resident node's copy), so they are named apart
+    kept_copies: int = 0
+    kept_bytes: int = 0
 
 
 @dataclass
@@ -105,7 +109,9 @@ class CacheTiers(RecurrentSnapshots):
     def usage(self) -> list[TierUsage]:
         caps = {"resident": self.resident_cap, "ram": self.limits.ram_bytes,
                 "file": self.limits.file_bytes}
-        return [TierUsage(t, self.tier_bytes(t), cap, sum(1 for n in self.tree if n.tier == t))
+        kept = {"ram": (len(self._copies), self.copy_bytes())}
+        return [TierUsage(t, self.tier_bytes(t), cap, sum(1 for n in self.tree if n.tier == t),
+                          *kept.get(t, (0, 0)))
                 for t, cap in caps.items()]
 
     # ---- the tree as the tiers see it

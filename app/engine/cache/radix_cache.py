@@ -21,6 +21,7 @@ such node, never a part of one.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from dataclasses import dataclass
@@ -37,6 +38,18 @@ __all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNo
            "RadixCache", "TierUsage"]
 
 APPROX_PART = "forked part of a longer sequence: sliding-window cells past its end are lost"
+
+
+def one_change(method):
+    """The cells change once, when the operation is over: a view taken while it runs (the KV
+    map, the Cache panel) never shows nodes that say they are resident over cleared cells. And
+    views are told when it is over even if no cell changed: its nodes, hits or kept copies may
+    have (a run that reuses a resident prefix changes no cell of the cache's context)."""
+    @functools.wraps(method)
+    def held(self, *args, **kw):
+        with self.parts.ctx.held_changes(told=True):
+            return method(self, *args, **kw)
+    return held
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,9 @@ class RadixCache:
         self.placement = CacheTiers(parts, self.tree, self.sequences, limits)
         self._generation = itertools.count(1)
         self._last_generation = 0
+        # node id, own tokens → its text: views read nodes() many times a second during jobs,
+        # and an edge's text only changes when a split or merge changes its length
+        self._previews: dict[tuple[int, int], str] = {}
 
     # ---- what jobs use while they run (the tiers' and sequences' own operations)
     @property
@@ -99,24 +115,30 @@ class RadixCache:
     def busy(self, *nodes: RadixNode | None):
         return self.placement.busy(*nodes)
 
+    @one_change
     def materialise(self, node: RadixNode) -> int:
         return self.placement.materialise(node)
 
+    @one_change
     def ensure_free_cells(self, n: int) -> None:
         self.placement.ensure_free_cells(n)
 
+    @one_change
     def enforce(self) -> None:
         self.placement.enforce()
 
+    @one_change
     def lost_sequences(self, kept: int | None = None) -> None:
         self.placement.lost_sequences(kept)
 
     def tiers(self) -> list[TierUsage]:
         return self.placement.usage()
 
+    @one_change
     def take_work_seq(self) -> int:
         return self.sequences.lend(self.placement.take_seq())
 
+    @one_change
     def give_back(self, seq: int) -> None:
         """A working sequence is done: its own cells (the newest) are freed."""
         self.sequences.put_back(seq)
@@ -138,6 +160,15 @@ class RadixCache:
                 for n in self.tree]
 
     def _preview(self, n: RadixNode, limit: int = 60) -> str:
+        key = (n.id, n.own_tokens)
+        text = self._previews.get(key)
+        if text is None:
+            if len(self._previews) > 2 * len(self.tree) + 256:
+                self._previews.clear()  # nodes come and go: forget the gone ones now and then
+            text = self._previews[key] = self._text(n, limit)
+        return text
+
+    def _text(self, n: RadixNode, limit: int) -> str:
         raw = b"".join(self.parts.model.piece(t, special=True) for t in n.edge[:limit])
         text = raw.decode("utf-8", "replace").replace("\n", "⏎")
         return text if n.own_tokens <= limit else text + "…"
@@ -196,6 +227,7 @@ class RadixCache:
             return CacheHit(None, 0, (), "", "")
         return CacheHit(hit.node, n, self._sources(hit.node, n), hit.tier, hit.approx)
 
+    @one_change
     def bring_to_work(self, hit: CacheHit, tokens: list[int]) -> int:
         """Make the work context hold the hit's tokens (whole batches, see whole_batches);
         returns how many tokens were copied from the cache."""
@@ -211,6 +243,7 @@ class RadixCache:
             self.touch(hit.node)
         return copied
 
+    @one_change
     def store(self, tokens: list[int], label: str, template_sha256: str = "",
               approx: str = "") -> RadixNode:
         """Cache ``tokens`` (a prefix of what the work context holds, ending at a batch end)
@@ -236,6 +269,7 @@ class RadixCache:
             self.enforce()
         return node
 
+    @one_change
     def fork_into(self, hit: CacheHit, work: int) -> None:
         """Make ``work`` hold the hit's first ``reused`` tokens (promoting the node if needed)."""
         self.parts.seqs.clear(work)
@@ -246,11 +280,13 @@ class RadixCache:
             self.parts.seqs.fork(seq, work, upto=hit.reused)
             self.touch(hit.node)
 
+    @one_change
     def touch(self, node: RadixNode) -> None:
         node.hits += 1
         node.last_used = time.monotonic()
 
     # ---- adding nodes
+    @one_change
     def add(self, work: int, label: str, starts: list[int], template_sha256: str = "",
             approx: str = "", upto: int | None = None) -> RadixNode:
         """Cache what ``work`` holds now (its first ``upto`` tokens) as a node.
@@ -286,6 +322,7 @@ class RadixCache:
         plain n_batch batches from position 0."""
         return list(range(0, state.n_tokens, self.parts.n_batch))
 
+    @one_change
     def adopt(self, state, label: str) -> RadixNode:
         """A saved state as a resident node (restored once; later runs fork it). The state was
         checked against this model (``Engine.adopt`` checks it, then calls this)."""
@@ -321,6 +358,7 @@ class RadixCache:
     def pin(self, node_id: int, pinned: bool = True) -> None:
         self.find(node_id).pinned = pinned
 
+    @one_change
     def evict(self, node_id: int) -> None:
         """Move a node one tier down (a file node is dropped)."""
         n = self.find(node_id)
@@ -330,10 +368,12 @@ class RadixCache:
         {"resident": p.spill, "ram": p.to_file, "file": p.drop, "gone": p.drop}[n.tier](n)
         self.enforce()
 
+    @one_change
     def clear(self) -> None:
         self.placement.drop_all()
         self.tree.clear()
 
+    @one_change
     def retain(self, keep: RadixNode) -> None:
         """Drop every node but ``keep`` (and the path to it), which stays resident."""
         self.materialise(keep)

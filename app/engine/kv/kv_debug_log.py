@@ -159,7 +159,11 @@ class TrackedContext(NativeContext):
         self.mirror = CellMirror(_cache_size(self))
         self.log = KvDebugLog()
         self._unchecked = None
-        self.on_change = None  # called after every operation (the engine publishes views)
+        # called after every operation (the engine publishes views): on_change(settled), settled
+        # when a whole held operation ended (see held_changes), else after one llama.cpp call
+        self.on_change = None
+        self._holds = 0
+        self._held_change = False
         if not debug_log:
             self.mirror.distrust("the KV debug log is off")
 
@@ -168,8 +172,26 @@ class TrackedContext(NativeContext):
         super().close()
 
     def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
+        if self._holds:
+            self._held_change = True
+        elif self.on_change is not None:
+            self.on_change(False)
+
+    @contextlib.contextmanager
+    def held_changes(self, told: bool = False):
+        """One change for a compound operation (clear and lay out again, snapshot and free…):
+        views are told once it is over, never of its half-done cells; ``told``: even if no
+        cell changed (the radix cache's nodes, hits or copies may have). Nests."""
+        self._holds += 1
+        self._held_change = self._held_change or told
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if not self._holds and self._held_change:
+                self._held_change = False
+                if self.on_change is not None:
+                    self.on_change(True)
 
     # Parsing a map costs about a millisecond at 4,096 cells, more than a 1-token decode's
     # share allows. So while the record is trusted, only the last map is kept (with the record

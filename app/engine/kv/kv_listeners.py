@@ -23,12 +23,15 @@ class KvListeners:
     def remove(self, fn: Callable) -> None:
         self._listeners = [(f, i) for f, i in self._listeners if f != fn]
 
-    def changed(self) -> None:
-        """The cells changed: publish a view if a listener is due one."""
+    def changed(self, settled: bool = False) -> None:
+        """The cells changed. After one llama.cpp call (a batch, a copy) listeners hear at most
+        every min_interval_s; after a whole compound operation (``settled``: the radix cache's,
+        held by ``ctx.held_changes``) always, since nothing may follow it for a long time and
+        its last picture must not be a throttled-away half of it."""
         if not self._listeners:
             return
         now = time.perf_counter()
-        if now - self._published < min(i for _f, i in self._listeners):
+        if not settled and now - self._published < min(i for _f, i in self._listeners):
             return
         self._published = now
         view = self._make_view()
