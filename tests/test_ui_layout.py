@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QAbstractItemView, QPushButton
 from app.engine import BenchResult
 from app.engine.cache.radix_cache import TierUsage
 from app.engine.runs import bench_rows
-from app.servers.server_bench import ServerRow
+from app.engine.runs.server_results import ServerBench, ServerRow
 from app.ui.cache_panel import tier_text
 from app.ui.units import size_text
 from app.ui.charts import WHISKERS, legend_entries
@@ -217,11 +217,10 @@ def test_every_chart_has_a_visible_legend(qtbot, make_window):
     assert trigger(qtbot, w, RUN_BOTH).outcome == "done"
     assert trigger(qtbot, w, BENCH).outcome == "done"
     assert trigger(qtbot, w, SWEEP).outcome == "done"
-    w.server_view.results = [
+    w.session.set_server_bench(ServerBench("http://127.0.0.1:1", "llama", "llama.cpp", "tiny", True, [
         ServerRow(row=r, prompt_tokens=90, prefix_tokens=60, cold_ms=40.0, warm_ms=9.0,
                   server_cached_tokens=59, server_evaluated_tokens=31, cold_cached_tokens=0,
-                  text="x", local_cold_ms=35.0) for r in (1, 2)]
-    w.server_view._show()
+                  text="x", local_cold_ms=35.0) for r in (1, 2)]))
     expected = {
         w.run_panel.chart: {"cold", "warm"},
         w.bench.chart: {"cold", *(f"warm: {m}" for m in w.session.options.bench_modes)},

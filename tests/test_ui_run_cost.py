@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QPushButton
 from app.ui.engine_worker import JobKind
 from app.engine import run_prompt
 from app.ui.run_panel import breakdown_text
-from tests.test_run_cost import GEN, SPLIT, VALS, _measured
+from tests.test_run_cost import GEN, SPLIT, VALS, _measured, _use_measurement
 from tests.test_run_cost import TPL as CHAIN_TPL
 from tests.test_run_cost import evaluations  # noqa: F401 (the spy fixture)
 from tests.ui_actions import RUN_BOTH, click, trigger
