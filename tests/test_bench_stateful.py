@@ -1,0 +1,58 @@
+"""The bench's stateful-model section on the tiny hybrid and recurrent models: it runs prefix
+and chain mode and llama-cpp-python's LlamaRAMCache on every architecture and writes the keys
+results.json carries. Timings are not checked here: the bench is for that."""
+import json
+
+import pytest
+
+from bench.stateful_bench import (MODES, StatefulConfig, format_stateful, model_file, run_stateful,
+                                  short_rag_template)
+from app.resources_path import examples_dir
+
+ARCHS = ("lfm2", "granitehybrid", "mamba2")
+
+
+@pytest.fixture(scope="module")
+def section(tmp_path_factory):
+    cfg = StatefulConfig(layouts=None, n_embd=128, n_ff=256, weight_type="f32", rows=2,
+                         prefix_chars=200, n_ctx=1024, n_batch=32, n_threads=1, max_tokens=3,
+                         model_dir=str(tmp_path_factory.mktemp("bench-models")))
+    return cfg, run_stateful(cfg, log=lambda msg: None)
+
+
+def test_section_runs_every_architecture_and_writes_the_keys(section):
+    cfg, st = section
+    assert "random-weight" in st["note"]
+    assert list(st["archs"]) == list(ARCHS)
+    for arch in ARCHS:
+        a = st["archs"][arch]
+        assert a["model"]["architecture"] == arch
+        assert [(r["row"], r["reuse"]) for r in a["rows"]] == [(n, m) for m in MODES for n in (2, 3)]
+        assert all(r["error"] is None for r in a["rows"]), a["rows"]
+        # exact on every row, and every warm run reused at least the static prefix
+        assert a["bit_identical"] == {m: {"rows": 2, "bit_identical": 2} for m in MODES}
+        assert all(r["reused_tokens"] >= r["prefix_tokens"] > 0 for r in a["rows"])
+        assert [p["row"] for p in a["llamacpp_ram"]] == [2, 3]
+        for key in ("warm_vs_cold", "chain_vs_cold", "chain_vs_llamacpp_ram",
+                    "prefix_vs_llamacpp_ram"):
+            assert a["ratios"][key] > 0, key
+            assert st["ratios"][f"stateful_{arch}_{key}"] == a["ratios"][key]
+    json.dumps(st)  # results.json takes it as it is
+    text = format_stateful(st)
+    assert all(arch in text for arch in ARCHS) and "bit-identical: prefix 2/2, chain 2/2" in text
+
+
+def test_model_is_written_once_per_parameters(section, tmp_path):
+    cfg, _ = section
+    path = model_file(cfg, "lfm2")
+    mtime = path.stat().st_mtime_ns
+    assert model_file(cfg, "lfm2") == path and path.stat().st_mtime_ns == mtime
+    from dataclasses import replace
+    assert model_file(replace(cfg, n_ff=128), "lfm2") != path
+
+
+def test_short_template_keeps_slots_and_cuts_the_system_text():
+    full = (examples_dir() / "rag.tmpl").read_text(encoding="utf-8")
+    short = short_rag_template(full, 700)
+    assert short.endswith(full[full.index("# Context\n"):])
+    assert 300 < short.index("# Context") <= 702 and full.startswith(short[:300])
