@@ -142,8 +142,13 @@ def add_section(results: dict, *, quick: bool = False, n_threads: int | None = N
 def _one_model(cfg, arch, path, tpl, rows, log) -> dict:
     with Engine(EngineConfig(model_path=str(path), n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
                              n_threads=cfg.n_threads)) as engine:
+        def progress(p):  # a line per row run: the section takes minutes per model
+            if p.stage == "bench" and p.done:
+                log(f"stateful: {arch}: {p.done}/{p.total} row runs ({p.elapsed_s:.0f} s)")
+
         res = bench_rows(engine, tpl, rows, modes=MODES, repeat=cfg.repeat,
-                         gen=GenerationConfig(max_tokens=cfg.max_tokens), task=TaskState())
+                         gen=GenerationConfig(max_tokens=cfg.max_tokens),
+                         task=TaskState(on_progress=progress))
         a = {"model": res.model, "layout": (cfg.layouts or {}).get(arch),
              "weight_type": cfg.weight_type, "rows": [asdict(r) for r in res.rows],
              "summary": res.summary()}
