@@ -34,6 +34,7 @@ from pathlib import Path
 from app.engine import Engine, EngineConfig, GenerationConfig, TaskState, Template, bench_rows, read_rows
 from app.resources_path import examples_dir
 
+from .machine import CpuShare, loadavg, machine_info
 from .reuse_bench import _llamacpp_recurring
 from .stats import pairwise_ratio
 
@@ -102,6 +103,7 @@ def short_rag_template(full: str, prefix_chars: int) -> str:
 
 def run_stateful(cfg: StatefulConfig, log=print) -> dict:
     t_start = time.perf_counter()
+    share = CpuShare(cfg.n_threads)  # the timings are only as good as the machine's quiet
     ex = examples_dir()
     tpl = Template.parse(short_rag_template((ex / "rag.tmpl").read_text(encoding="utf-8"),
                                             cfg.prefix_chars))
@@ -110,7 +112,7 @@ def run_stateful(cfg: StatefulConfig, log=print) -> dict:
     out: dict = {"note": NOTE, "settings": {**asdict(cfg), "rows_file": rows_path.name,
                                             "template": "rag.tmpl, system text cut",
                                             "modes": list(MODES)},
-                 "archs": {}, "ratios": {}}
+                 "machine": machine_info(), "archs": {}, "ratios": {}}
     for arch in cfg.archs:
         path = model_file(cfg, arch)
         log(f"stateful: {arch} ({path.name}, {path.stat().st_size / 1e6:.1f} MB), "
@@ -118,6 +120,7 @@ def run_stateful(cfg: StatefulConfig, log=print) -> dict:
         a = out["archs"][arch] = _one_model(cfg, arch, path, tpl, rows, log)
         out["ratios"].update({f"stateful_{arch}_{k}": v for k, v in a["ratios"].items()})
     out["duration_s"] = round(time.perf_counter() - t_start, 1)
+    out["machine"].update(loadavg_end=loadavg(), cpu_share=round(share.value(), 3))
     return out
 
 

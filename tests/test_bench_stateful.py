@@ -23,6 +23,7 @@ def section(tmp_path_factory):
 def test_section_runs_every_architecture_and_writes_the_keys(section):
     cfg, st = section
     assert "random-weight" in st["note"]
+    assert 0 < st["machine"]["cpu_share"] and st["machine"]["loadavg_end"] is not None
     assert list(st["archs"]) == list(ARCHS)
     for arch in ARCHS:
         a = st["archs"][arch]
