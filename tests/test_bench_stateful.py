@@ -57,3 +57,22 @@ def test_short_template_keeps_slots_and_cuts_the_system_text():
     short = short_rag_template(full, 700)
     assert short.endswith(full[full.index("# Context\n"):])
     assert 300 < short.index("# Context") <= 702 and full.startswith(short[:300])
+
+
+def test_benchmarks_md_quotes_the_stored_stateful_run():
+    """Every cell of BENCHMARKS.md's stateful table is the stored run's figure."""
+    from tests.test_doc_figures import BENCHMARKS, ROOT, table_rows
+
+    st = json.loads((ROOT / "bench" / "results-stateful.json").read_text())["stateful"]
+    doc = BENCHMARKS[BENCHMARKS.index("## Hybrid and recurrent models"):]
+    rows = table_rows(doc, "| model | layers |")
+    assert [r[0] for r in rows] == list(st["archs"])
+    for arch, layers, mb, kv, rec, pre, chain, *ratios, peer in rows:
+        a, m = st["archs"][arch], st["archs"][arch]["model"]
+        assert (layers, mb, kv, rec) == (a["layout"], f"{m['file_bytes'] / 1e6:.1f}",
+                                         f"{m['kv_bytes_per_token']:,}",
+                                         f"{m['traits']['recurrent_state_bytes']:,}")
+        assert [pre, chain] == [f"{c['bit_identical']}/{c['rows']}" for c in a["bit_identical"].values()]
+        names = ("warm_vs_cold", "chain_vs_cold", "prefix_vs_llamacpp_ram", "chain_vs_llamacpp_ram")
+        assert ratios == [f"{a['ratios'][n]:.3f}" for n in names]
+        assert peer == str(max(p["reused_tokens"] for p in a["llamacpp_ram"]))
