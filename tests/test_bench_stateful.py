@@ -76,3 +76,26 @@ def test_benchmarks_md_quotes_the_stored_stateful_run():
         names = ("warm_vs_cold", "chain_vs_cold", "prefix_vs_llamacpp_ram", "chain_vs_llamacpp_ram")
         assert ratios == [f"{a['ratios'][n]:.3f}" for n in names]
         assert peer == str(max(p["reused_tokens"] for p in a["llamacpp_ram"]))
+
+
+def test_only_stateful_keeps_the_other_figures_in_out(section, tmp_path, monkeypatch):
+    import bench.stateful_bench as sb
+    from bench.__main__ import main
+
+    _, st = section
+    seen = {}
+
+    def fake_run(cfg, log=print):
+        seen["cfg"] = cfg
+        return st
+
+    monkeypatch.setattr(sb, "run_stateful", fake_run)
+    out = tmp_path / "results.json"
+    out.write_text(json.dumps({"reuse": {"rows": []}, "ratios": {"chain_vs_prefix_warm": 0.5}}))
+    assert main(["--only-stateful", "--threads", "1", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["reuse"] == {"rows": []} and got["ratios"]["chain_vs_prefix_warm"] == 0.5
+    assert got["stateful"]["archs"].keys() == st["archs"].keys()
+    assert got["ratios"]["stateful_mamba2_chain_vs_llamacpp_ram"] == st["ratios"][
+        "stateful_mamba2_chain_vs_llamacpp_ram"]
+    assert seen["cfg"].n_threads == 1 and seen["cfg"].archs == ("lfm2", "granitehybrid", "mamba2")
