@@ -31,10 +31,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from app.engine import Engine, EngineConfig, GenerationConfig, TaskState, Template, bench_rows, read_rows
+from app.engine import (Engine, EngineConfig, GenerationConfig, KvPrimerError, TaskState, Template,
+                        bench_rows, read_rows)
 from app.resources_path import examples_dir
 
 from .machine import CpuShare, loadavg, machine_info
+from .ratios import _ok
 from .reuse_bench import _llamacpp_recurring
 from .stats import pairwise_ratio
 
@@ -117,7 +119,12 @@ def run_stateful(cfg: StatefulConfig, log=print) -> dict:
         path = model_file(cfg, arch)
         log(f"stateful: {arch} ({path.name}, {path.stat().st_size / 1e6:.1f} MB), "
             f"{len(rows)} rows, modes {','.join(MODES)}")
-        a = out["archs"][arch] = _one_model(cfg, arch, path, tpl, rows, log)
+        try:
+            a = out["archs"][arch] = _one_model(cfg, arch, path, tpl, rows, log)
+        except KvPrimerError as e:  # one model's failure must not lose the others' figures
+            out["archs"][arch] = {"error": str(e)}
+            log(f"stateful: {arch} failed: {e}")
+            continue
         out["ratios"].update({f"stateful_{arch}_{k}": v for k, v in a["ratios"].items()})
     out["duration_s"] = round(time.perf_counter() - t_start, 1)
     out["machine"].update(loadavg_end=loadavg(), cpu_share=round(share.value(), 3))
@@ -165,10 +172,6 @@ def _one_model(cfg, arch, path, tpl, rows, log) -> dict:
     return a
 
 
-def _ok(rows: list[dict], mode: str) -> dict[int, dict]:
-    return {r["row"]: r for r in rows if r["reuse"] == mode and r.get("error") is None}
-
-
 def bit_identical_counts(rows: list[dict]) -> dict:
     """Per mode: rows run, and rows whose warm run equalled the cold run bit for bit."""
     out = {}
@@ -200,6 +203,9 @@ def format_stateful(st: dict) -> str:
     """The section in words: one block per architecture, a line per row and mode."""
     lines = [f"Stateful models ({st['note']})"]
     for arch, a in st["archs"].items():
+        if "error" in a:
+            lines.append(f"\n{arch}: failed: {a['error']}")
+            continue
         m = a["model"]
         lines.append(f"\n{arch}: {m.get('n_layer')} layers ({a['layout'] or 'default'}), "
                      f"{m.get('n_embd')} wide, {a['weight_type']}, "

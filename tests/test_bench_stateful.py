@@ -99,3 +99,19 @@ def test_only_stateful_keeps_the_other_figures_in_out(section, tmp_path, monkeyp
     assert got["ratios"]["stateful_mamba2_chain_vs_llamacpp_ram"] == st["ratios"][
         "stateful_mamba2_chain_vs_llamacpp_ram"]
     assert seen["cfg"].n_threads == 1 and seen["cfg"].archs == ("lfm2", "granitehybrid", "mamba2")
+
+
+def test_a_model_that_fails_is_recorded_and_the_others_still_run(section, tmp_path, monkeypatch):
+    import bench.stateful_bench as sb
+    from dataclasses import replace
+
+    cfg, _ = section
+    broken = tmp_path / "lfm2-broken.gguf"
+    broken.write_bytes(sb.model_file(cfg, "lfm2").read_bytes()[:4096])  # tensors cut off
+    real = sb.model_file
+    monkeypatch.setattr(sb, "model_file", lambda c, a: broken if a == "lfm2" else real(c, a))
+    st = sb.run_stateful(replace(cfg, archs=("lfm2", "mamba2"), rows=1, llamacpp=False),
+                         log=lambda msg: None)
+    assert "\n" not in st["archs"]["lfm2"]["error"] and st["archs"]["lfm2"]["error"]
+    assert st["archs"]["mamba2"]["bit_identical"]["chain"] == {"rows": 1, "bit_identical": 1}
+    assert "lfm2: failed:" in sb.format_stateful(st)
