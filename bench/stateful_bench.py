@@ -196,6 +196,11 @@ def arch_ratios(rows: list[dict], peer: list[dict]) -> dict:
         if both:
             ratios[f"{mode}_vs_llamacpp_ram"] = pairwise_ratio(
                 [ok[n]["warm_ms"] for n in both], [by_row[n]["ttft_ms"] for n in both])
+            # the tokens each side evaluated: what the time ratio means on a quiet machine,
+            # and what holds when the peer ran under another load than ours (it runs after)
+            ratios[f"{mode}_vs_llamacpp_ram_evaluated"] = pairwise_ratio(
+                [ok[n]["evaluated_tokens"] for n in both],
+                [by_row[n]["evaluated_tokens"] for n in both])
     return ratios
 
 

@@ -76,6 +76,13 @@ def test_benchmarks_md_quotes_the_stored_stateful_run():
         names = ("warm_vs_cold", "chain_vs_cold", "prefix_vs_llamacpp_ram", "chain_vs_llamacpp_ram")
         assert ratios == [f"{a['ratios'][n]:.3f}" for n in names]
         assert peer == str(max(p["reused_tokens"] for p in a["llamacpp_ram"]))
+        assert f"{a['ratios']['chain_vs_llamacpp_ram_evaluated']:.3f}" == "0.316"
+    # the second run the text quotes, model by model in the table's order
+    run2 = json.loads((ROOT / "bench" / "results-stateful-run2.json").read_text())["stateful"]
+    text = " ".join(doc.split())
+    for name in ("warm_vs_cold", "chain_vs_llamacpp_ram"):
+        a, b, c = (f"{run2['archs'][arch]['ratios'][name]:.3f}" for arch in st["archs"])
+        assert f"`{name}` {a}, {b} and {c}" in text, name
 
 
 def test_only_stateful_keeps_the_other_figures_in_out(section, tmp_path, monkeypatch):
