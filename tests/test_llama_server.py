@@ -226,3 +226,20 @@ def test_default_model_deploy_restore_and_reuse(default_model, examples, tmp_pat
     for r in bench.rows:
         assert r.server_cached_tokens >= r.prefix_tokens - 1
         assert r.tokens_equal is True, (r.row, r.first_diff)
+
+
+def test_deploying_a_hybrid_models_prefix_says_the_server_cannot_resume_it(tmp_path):
+    """The pinned llama-server restores a hybrid slot (all its tokens) but then re-evaluates
+    the whole prompt: it would have to step back one token, which a recurrent state cannot.
+    Deploy checks with one request and says so in one line."""
+    from tests.tiny_model import write_arch_model
+
+    model = write_arch_model(tmp_path / "lfm2.gguf", "lfm2")
+    with Engine(EngineConfig(model_path=str(model), n_ctx=1024, n_batch=32, n_threads=1,
+                             flash_attn="off")) as eng:
+        with start(eng, tmp_path) as proc, LlamaServer(proc.url) as c:
+            with pytest.raises(DeployError) as e:
+                deploy(eng, Template.parse(TEMPLATE), c, 0, proc.settings.slot_dir)
+    msg = str(e.value)
+    assert "cannot resume a restored slot of a hybrid or recurrent model" in msg
+    assert "\n" not in msg and "code" not in msg

@@ -20,8 +20,9 @@ from tests.cache_checks import assert_tree_consistent
 from tests import tiny_model
 from tests.tiny_model import write_arch_model
 
+# every stateful tiny model, Qwen3.5's too (its cells carry multi-axis RoPE fields)
 STATEFUL = tuple(a for a in tiny_model.ARCHITECTURES
-                 if a not in tiny_model.ATTENTION_ARCHITECTURES)
+                 if a not in tiny_model.ATTENTION_ARCHITECTURES) + tiny_model.MORE_STATEFUL_ARCHITECTURES
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 3
@@ -51,7 +52,7 @@ def names(rep) -> list[str]:
 
 
 def test_the_stateful_architectures_are_there():
-    assert "mamba" in STATEFUL
+    assert {"mamba", "mamba2", "lfm2", "granitehybrid", "nemotron_h", "qwen35"} <= set(STATEFUL)
 
 
 def test_prefix_and_chain_are_bit_identical_and_reuse_past_the_prefix(stateful_model):
@@ -94,16 +95,33 @@ def test_without_the_recurrent_snapshot_the_warm_run_differs(stateful_model, mon
         assert rep.verdict.equivalence != "bit-identical"
 
 
-def test_work_context_keeps_exactly_a_prefix_and_never_cuts_a_recurrent_state(stateful_model):
+def test_work_context_keeps_exactly_a_prefix_and_never_cuts_a_recurrent_state(stateful_model,
+                                                                             monkeypatch):
+    from app.engine.cache.work_context import WorkContext
+
+    puts = []
+    real = WorkContext.set_recurrent
+    monkeypatch.setattr(WorkContext, "set_recurrent",
+                        lambda self, data, depth: (puts.append(depth), real(self, data, depth)))
+    cuts = []
     with _engine(stateful_model) as eng:
-        run(eng, {"c1": A, "c2": B, "question": "why?"})
         work = eng.work
+        eng.prime_node(TPL)  # the work context now holds exactly the static prefix
+        p = len(work.tokens)
+        rm = work.ctx.seq_rm
+        monkeypatch.setattr(work.ctx, "seq_rm",
+                            lambda seq, p0=-1, p1=-1: (cuts.append((seq, p0)), rm(seq, p0, p1))[1])
+        first = run(eng, {"c1": A, "c2": B, "question": "why?"}, reuse="prefix")
+        assert first.reused_tokens == p and first.copied_tokens == 0
+        assert puts == []  # kept as it was: its recurrent state stands at p already
         held = len(work.tokens)
-        lo, hi = work.ctx.pos_range(SEQ)
-        assert hi == held - 1
-        # a partial seq_rm is refused by llama.cpp and the work context never asks for one
-        assert not work.ctx.seq_rm(SEQ, 3, -1)
-        assert work.ctx.pos_range(SEQ)[1] == held - 1
+        assert held > p and work.ctx.pos_range(SEQ)[1] == held - 1
+        second = run(eng, {"c1": C, "c2": B, "question": "how?"}, reuse="prefix")
+        assert puts == [p] and second.copied_tokens == 0  # cells kept, recurrent state put back
+        assert second.verdict.equivalence == "bit-identical"
+        # never a cut inside a sequence: only whole sequences are removed (p0 -1)
+        assert cuts and all(p0 == -1 for _seq, p0 in cuts)
+        assert not rm(SEQ, 3, -1)  # which llama.cpp would refuse anyway
 
 
 def test_a_saved_state_round_trips_and_another_family_is_refused(stateful_model, tiny_model,
@@ -162,7 +180,7 @@ def test_caps_evict_and_promote_snapshots(stateful_model):
         for n in nodes:  # a node's cells come without a recurrent record: it is kept apart
             if n.tier == "file":
                 cells = Path(n.file).stat().st_size
-                assert cells <= (n.depth - n.ram_start) * (eng.info.kv_bytes_per_token + 12) + 1024
+                assert cells <= (n.depth - n.ram_start) * (eng.info.kv_bytes_per_token + 24) + 1024
         file_tier = next(t for t in eng.cache.tiers() if t.name == "file")
         assert file_tier.used_bytes >= sum(n.rs_bytes for n in nodes)
         eng.work.reset()  # nothing to keep: cells and recurrent state come back from files
@@ -235,3 +253,33 @@ def test_cli_bench_prefix_and_chain_is_exact_on_every_row(stateful_model, tmp_pa
     assert chain[2]["reused_tokens"] > chain[2]["prefix_tokens"]
     assert chain[4]["reused_tokens"] > chain[2]["reused_tokens"]
 
+
+
+def test_cli_prime_then_run_from_the_saved_state(stateful_model, tmp_path, capsys):
+    t = tmp_path / "t.tmpl"
+    t.write_text(TPL.source)
+    m = ["-m", str(stateful_model), "-fa", "off", "-c", "1024", "-b", "32"]
+    st = str(tmp_path / "p.kvstate")
+    assert main(["prime", str(t), *m, "-o", st]) == 0
+    out = capsys.readouterr().out
+    assert "recurrent state" in out and "ratio" in out  # no cells per token is no division by 0
+    assert main(["run", str(t), *m, "--state", st, "--set", f"c1={A}", "--set", f"c2={B}",
+                 "--set", "question=why?", "-n", "3", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["verdict"]["equivalence"] == "bit-identical"
+    assert rep["reused_tokens"] == rep["prefix_tokens"]
+
+
+def test_cli_cache_lists_each_nodes_recurrent_state(stateful_model, tmp_path, capsys):
+    t = tmp_path / "t.tmpl"
+    t.write_text(TPL.source)
+    rows = tmp_path / "rows.csv"
+    rows.write_text("c1,c2,question\n" + "".join(f"{a},{b},{q}\n" for a, b, q in ROWS[:3]))
+    m = ["-m", str(stateful_model), "-fa", "off", "-c", "1024", "-b", "32", "-n", "2"]
+    assert main(["cache", str(t), "--rows", str(rows), *m]) == 0
+    words = capsys.readouterr().out
+    assert "rec. KiB" in words
+    assert main(["cache", str(t), "--rows", str(rows), *m, "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    prefix = next(n for n in nodes if n["label"] == "static prefix")
+    assert prefix["recurrent_bytes"] > 0 and prefix["nbytes"] >= prefix["recurrent_bytes"]

@@ -14,8 +14,7 @@ from app.engine import Engine, EngineConfig
 from app.ui.engine_worker import EngineWorker, JobKind
 from app.ui.kv_dock import KvCacheDock, seq_color
 from app.ui.kv_grid import SLOT_H
-from tests.test_stateful_info import LEGENDS
-from tests.tiny_model import STATEFUL_ARCHITECTURES
+from tests.test_stateful_info import LEGENDS, STATEFUL, models  # noqa: F401 (a fixture)
 
 TEXT = "the question is hello world and the answer is in the context " * 4
 
@@ -25,10 +24,10 @@ def _engine(path, debug: bool) -> Engine:
                                flash_attn="on", kv_debug_log=debug))
 
 
-@pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
+@pytest.mark.parametrize("arch", STATEFUL)
 @pytest.mark.parametrize("debug", [True, False])
-def test_each_sequence_has_one_recurrent_slot_at_its_last_position(arch_models, arch, debug):
-    with _engine(arch_models[arch], debug) as eng:
+def test_each_sequence_has_one_recurrent_slot_at_its_last_position(models, arch, debug):  # noqa: F811
+    with _engine(models[arch], debug) as eng:
         toks = eng.model.tokenize(TEXT)
         n0, n1 = 23, 9
         eng.evaluate(toks[:n0], 0, want_logits=False)
@@ -60,12 +59,12 @@ def test_attention_models_have_no_recurrent_slots(arch_models):
         assert set(view.as_dict()) == {"n_cells", "used_cells", "source", "sequences"}
 
 
-@pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
+@pytest.mark.parametrize("arch", STATEFUL)
 @pytest.mark.parametrize("fa", ["on", "off"])
-def test_kv_on_a_stateful_model_never_answers_with_a_code(arch_models, tmp_path, capsys, arch, fa):
+def test_kv_on_a_stateful_model_never_answers_with_a_code(models, tmp_path, capsys, arch, fa):  # noqa: F811
     tpl = tmp_path / "t.tmpl"
     tpl.write_text("you are a helpful assistant; answer the question\n<q>\n")
-    code = main(["kv", str(tpl), "-m", str(arch_models[arch]), "-fa", fa, "-c", "512",
+    code = main(["kv", str(tpl), "-m", str(models[arch]), "-fa", fa, "-c", "512",
                  "--fork", "1"])
     out, err = capsys.readouterr()
     assert not re.search(r"code -?\d", out + err)

@@ -14,7 +14,9 @@ llama.cpp code paths without a real model.
 - ``mamba2``: Mamba 2 mixers (multi-head state space, grouped B and C): recurrent only;
 - ``lfm2``: hybrid, short convolutions (a 2-token conv state) beside one attention layer;
 - ``granitehybrid``: hybrid, Mamba 2 mixers and attention layers, each with a feed-forward;
-- ``nemotron_h``: hybrid, Mamba 2, attention (no RoPE) and feed-forward-only layers.
+- ``nemotron_h``: hybrid, Mamba 2, attention (no RoPE) and feed-forward-only layers;
+- ``qwen35`` (in ``MORE_STATEFUL_ARCHITECTURES``): hybrid, three Gated DeltaNet layers (linear
+  attention with a recurrent state) to one gated attention layer, with multi-axis RoPE.
 
 The stateful ones (``STATEFUL_ARCHITECTURES``) have layouts of layers in
 tests/tiny_stateful_layers.py (``LAYOUTS``); a hybrid marks its recurrent layers with 0 KV heads.
@@ -45,6 +47,10 @@ ATTENTION_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 RECURRENT_ARCHITECTURES = ("mamba", "mamba2")
 HYBRID_ARCHITECTURES = ("lfm2", "granitehybrid", "nemotron_h")
 STATEFUL_ARCHITECTURES = RECURRENT_ARCHITECTURES + HYBRID_ARCHITECTURES
+# written and tested for what KV Primer says about them, but not in ARCHITECTURES (whose every
+# architecture the caching tests run): Qwen3.5's multi-axis RoPE gives its cells extra fields,
+# which state files refuse
+MORE_STATEFUL_ARCHITECTURES = ("qwen35",)
 
 
 def write_tiny_model(path: Path, *, n_embd: int = 128, n_layer: int = 2, n_head: int = 4,
@@ -73,17 +79,20 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     """
     import gguf
 
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"no tiny writer for {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+    writable = ARCHITECTURES + MORE_STATEFUL_ARCHITECTURES
+    if arch not in writable:
+        raise ValueError(f"no tiny writer for {arch!r}; choose one of {', '.join(writable)}")
     if arch in RECURRENT_ARCHITECTURES and n_layer and not layout:
         layout = "M" * n_layer
-    if arch in STATEFUL_ARCHITECTURES:
+    if arch in STATEFUL_ARCHITECTURES + MORE_STATEFUL_ARCHITECTURES:
         layout = layout or LAYOUTS[arch]
         n_layer = len(layout)
     else:
         n_layer = n_layer or (4 if arch == "gemma3" else 2)
         layout = "A" * n_layer
-    hybrid = arch in HYBRID_ARCHITECTURES
+    # lfm2, granitehybrid and nemotron_h mark recurrent layers with 0 KV heads; qwen35 by
+    # its full_attention_interval
+    heads_per_layer = arch in HYBRID_ARCHITECTURES
     rng = np.random.default_rng(seed)
     tokens = ["<unk>", "<s>", "</s>", *CONTROL] + [f"<0x{b:02X}>" for b in range(256)] + WORDS
     types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -97,7 +106,7 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
-    if arch in STATEFUL_ARCHITECTURES:
+    if arch in STATEFUL_ARCHITECTURES + MORE_STATEFUL_ARCHITECTURES:
         write_ssm_keys(w, arch, n_embd)
     if arch not in RECURRENT_ARCHITECTURES:
         # a hybrid's recurrent layers have no KV heads (llama.cpp: is_recr = n_head_kv == 0);
@@ -105,8 +114,12 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
         w.add_feed_forward_length([n_ff if k == "F" else 0 for k in layout]
                                   if arch == "nemotron_h" else n_ff)
         w.add_head_count(n_head)
-        w.add_head_count_kv([n_head_kv if k == "A" else 0 for k in layout] if hybrid else n_head_kv)
+        w.add_head_count_kv([n_head_kv if k == "A" else 0 for k in layout] if heads_per_layer
+                            else n_head_kv)
         w.add_rope_dimension_count(n_embd // n_head)
+    if arch == "qwen35":  # multi-axis RoPE: text uses the first section's rotation
+        half = n_embd // n_head // 2
+        w.add_array(f"{arch}.rope.dimension_sections", [half - 2 * (half // 3), half // 3, half // 3, 0])
     if arch == "nemotron_h":
         w.add_layer_norm_eps(1e-5)
     if arch == "gemma3":
@@ -147,17 +160,20 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     for i, kind in enumerate(layout):
         blk = f"blk.{i}."
         w.add_tensor(blk + "attn_norm.weight", ones(n_embd))
-        if kind in "MC":
+        if arch == "qwen35":  # a norm after every mixer
+            w.add_tensor(blk + "post_attention_norm.weight", ones(n_embd))
+        if kind in "MCL":
             write_recurrent_layer(w, arch, kind, blk, n_embd, t)
         elif kind == "A":
-            mat(blk + "attn_q.weight", t(n_embd, n_embd))
+            # Qwen3.5 projects a gate for the attention output beside each query
+            mat(blk + "attn_q.weight", t((2 if arch == "qwen35" else 1) * n_embd, n_embd))
             mat(blk + "attn_k.weight", t(n_kv, n_embd))
             mat(blk + "attn_v.weight", t(n_kv, n_embd))
             if arch == "qwen2":
                 w.add_tensor(blk + "attn_q.bias", t(n_embd, scale=0.1))
                 w.add_tensor(blk + "attn_k.bias", t(n_kv, scale=0.1))
                 w.add_tensor(blk + "attn_v.bias", t(n_kv, scale=0.1))
-            if arch in ("qwen3", "gemma3", "lfm2"):
+            if arch in ("qwen3", "gemma3", "lfm2", "qwen35"):
                 w.add_tensor(blk + "attn_q_norm.weight", ones(head_dim))
                 w.add_tensor(blk + "attn_k_norm.weight", ones(head_dim))
             mat(blk + "attn_output.weight", t(n_embd, n_embd))
@@ -168,7 +184,8 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
             mat(blk + "ffn_down.weight", t(n_embd, n_ff))
         elif arch not in RECURRENT_ARCHITECTURES and arch != "nemotron_h":
             # every other layer ends in a gated feed-forward, after a recurrent mixer too
-            w.add_tensor(blk + "ffn_norm.weight", ones(n_embd))
+            if arch != "qwen35":  # (whose post-attention norm is the feed-forward's)
+                w.add_tensor(blk + "ffn_norm.weight", ones(n_embd))
             mat(blk + "ffn_gate.weight", t(n_ff, n_embd))
             mat(blk + "ffn_up.weight", t(n_ff, n_embd))
             mat(blk + "ffn_down.weight", t(n_embd, n_ff))

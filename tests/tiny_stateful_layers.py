@@ -3,7 +3,8 @@ of Mamba's and Mamba 2's mixers and of LFM2's short convolution, with the shapes
 loader asks for (src/models/mamba*.cpp, granite-hybrid.cpp, nemotron-h.cpp, lfm2.cpp).
 
 A model's layers are written as letters: A attention, M a Mamba (2) mixer, C a short
-convolution, F a feed-forward block alone (Nemotron-H). Numpy shapes are ggml's dimensions
+convolution, L linear attention (Qwen3.5's Gated DeltaNet), F a feed-forward block alone
+(Nemotron-H). Numpy shapes are ggml's dimensions
 reversed: a {n_in, n_out} weight is (n_out, n_in).
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ LAYOUTS = {
     "lfm2": "CACC",           # 1 attention layer, 3 short convolutions
     "granitehybrid": "MAMA",  # 2 attention layers, 2 Mamba 2 mixers (each with a feed-forward)
     "nemotron_h": "MAMF",     # Mamba 2, attention, Mamba 2, feed-forward alone
+    "qwen35": "LLLA",         # Gated DeltaNet ×3, then attention: llama.cpp's default interval 4
 }
 
 # Mamba: inner size 2 × n_embd (the only expansion llama.cpp supports), state 16, conv 4.
@@ -26,12 +28,23 @@ D_STATE, D_CONV, DT_RANK = 16, 4, 8
 SSM_HEADS, SSM_GROUPS = 8, 1
 # LFM2: the convolution sees the current token and the 2 before it
 SHORTCONV_L_CACHE = 3
+# Qwen3.5's Gated DeltaNet: 2 key heads and 4 value heads of 16 (ssm.group_count and
+# ssm.time_step_rank), a convolution of 4 over Q, K and V
+DELTA_HEAD, DELTA_K_HEADS, DELTA_V_HEADS = 16, 2, 4
 
 
 def write_ssm_keys(w, arch: str, n_embd: int) -> None:
     """The ssm.* keys (Mamba and Mamba 2 mixers) or shortconv.* (LFM2)."""
     if arch == "lfm2":
         w.add_uint32(f"{arch}.shortconv.l_cache", SHORTCONV_L_CACHE)
+        return
+    if arch == "qwen35":
+        w.add_ssm_conv_kernel(D_CONV)
+        w.add_ssm_inner_size(DELTA_HEAD * DELTA_V_HEADS)
+        w.add_ssm_state_size(DELTA_HEAD)
+        w.add_ssm_time_step_rank(DELTA_V_HEADS)
+        w.add_uint32(f"{arch}.ssm.group_count", DELTA_K_HEADS)
+        w.add_uint32(f"{arch}.full_attention_interval", 4)
         return
     w.add_ssm_conv_kernel(D_CONV)
     w.add_ssm_inner_size(2 * n_embd)
@@ -77,10 +90,26 @@ def write_shortconv(w, blk: str, n_embd: int, t) -> None:
     w.add_tensor(blk + "shortconv.out_proj.weight", t(n_embd, n_embd))
 
 
+def write_gated_deltanet(w, blk: str, n_embd: int, t) -> None:
+    keys, values = DELTA_HEAD * DELTA_K_HEADS, DELTA_HEAD * DELTA_V_HEADS
+    w.add_tensor(blk + "attn_qkv.weight", t(2 * keys + values, n_embd))
+    w.add_tensor(blk + "attn_gate.weight", t(values, n_embd))
+    w.add_tensor(blk + "ssm_conv1d.weight", t(2 * keys + values, D_CONV))
+    w.add_tensor(blk + "ssm_dt.bias", t(DELTA_V_HEADS, scale=0.1))
+    w.add_tensor(blk + "ssm_a", -np.exp(t(DELTA_V_HEADS, scale=0.5)))
+    w.add_tensor(blk + "ssm_beta.weight", t(DELTA_V_HEADS, n_embd))
+    w.add_tensor(blk + "ssm_alpha.weight", t(DELTA_V_HEADS, n_embd))
+    w.add_tensor(blk + "ssm_norm.weight", np.ones(DELTA_HEAD, dtype=np.float32))
+    w.add_tensor(blk + "ssm_out.weight", t(n_embd, values))
+
+
 def write_recurrent_layer(w, arch: str, kind: str, blk: str, n_embd: int, t) -> None:
-    """One layer's mixer of kind M (Mamba or Mamba 2, by architecture) or C (short conv)."""
+    """One layer's mixer of kind M (Mamba or Mamba 2, by architecture), C (short convolution)
+    or L (Gated DeltaNet)."""
     if kind == "C":
         write_shortconv(w, blk, n_embd, t)
+    elif kind == "L":
+        write_gated_deltanet(w, blk, n_embd, t)
     elif arch == "mamba":
         write_mamba_mixer(w, blk, n_embd, t)
     else:

@@ -121,11 +121,15 @@ def cmd_prime(args) -> int:
         state = flows.prime(eng, tpl, progress_printer())
         size = save_state(state, args.output, args.format)
         raw = state.n_tokens * eng.info.kv_bytes_per_token
+        rec = eng.info.traits.recurrent_state_bytes  # hybrid and recurrent models: one state
+    whole = raw + rec
     data = {"path": args.output, "format": args.format, "prefix_tokens": state.n_tokens,
-            "file_bytes": size, "raw_kv_bytes": raw, "ratio": size / raw if raw else None}
+            "file_bytes": size, "raw_kv_bytes": raw, "recurrent_state_bytes": rec,
+            "ratio": size / whole if whole else None}
     emit(args, data, lambda: print(
         f"primed {state.n_tokens} prefix tokens -> {args.output} ({size:,} bytes; "
-        f"raw KV {raw:,} bytes, ratio {size / raw:.4f})"))
+        f"raw KV {raw:,} bytes" + (f" + recurrent state {rec:,} bytes" if rec else "")
+        + (f", ratio {size / whole:.4f})" if whole else ")")))
     return ExitCode.OK
 
 

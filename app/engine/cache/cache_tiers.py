@@ -15,11 +15,8 @@ are the first thing it drops; a node's copy is forgotten when its cells are comp
 Where the state is at hand anyway (a node stored from the work context, a saved state adopted),
 it becomes the node's copy at once.
 
-Hybrid and recurrent models: a node also carries the recurrent state at its depth (``rs``, the
-recurrent part of a sequence state, llama.cpp's partial state), without which a run cannot
-resume there. It moves with the node's cells: held beside the resident sequence or the RAM
-snapshot (and counted in that tier's bytes), written to a file of its own when the node moves
-to the file tier, read back on promotion, dropped with the node.
+Hybrid and recurrent models: a node also carries the recurrent state at its depth, which moves
+with its cells (recurrent_snapshots.py); a promoted node's sequence gets it back after its cells.
 
 This class owns the nodes' placement fields (``seq``, ``ram``, ``file``, ``rs``, ``nbytes``)
 and the busy marks; the tree's shape is the tree's (radix_tree.py), the free sequences are CacheSequences'.
@@ -39,6 +36,7 @@ from .cache_parts import CacheParts
 from .cache_sequences import CacheSequences
 from .cell_compaction import relayout
 from .radix_tree import RadixNode, RadixTree
+from .recurrent_snapshots import RecurrentSnapshots, read_node_file
 
 APPROX_RESTORED = ("restored from a snapshot on a sliding-window model: approximate in general "
                    "(llama.cpp may put window cells back out of place, upstream issue 25295)")
@@ -68,9 +66,10 @@ class _WorkCopy:
     last_used: float
 
 
-class CacheTiers:
+class CacheTiers(RecurrentSnapshots):
     def __init__(self, parts: CacheParts, tree: RadixTree, sequences: CacheSequences,
                  limits: CacheLimits):
+        super().__init__()
         self.parts = parts
         self.tree = tree
         self.sequences = sequences
@@ -78,7 +77,6 @@ class CacheTiers:
         self.windowed = parts.windowed
         self._busy: Counter[int] = Counter()  # node ids a running job relies on (nested uses count)
         self._copies: dict[int, _WorkCopy] = {}  # node id → the state of its last work copy
-        self._largest_rs = 0  # bytes of the largest recurrent snapshot seen (the default cap)
         self._own_folder = limits.folder is None
         self.folder = Path(limits.folder or tempfile.mkdtemp(prefix="kvprimer-cache-"))
         try:
@@ -170,27 +168,6 @@ class CacheTiers:
         node.ram, node.ram_start, node.approx = data, start, approx
         node.nbytes = len(data) + node.rs_bytes
 
-    def hold_rs(self, node: RadixNode, data: bytes) -> None:
-        """``node`` (holding cells) gets the recurrent state at its depth."""
-        self.forget_rs(node)
-        node.rs, node.rs_bytes = data, len(data)
-        node.nbytes += len(data)
-        self._largest_rs = max(self._largest_rs, len(data))
-
-    def rs_of(self, node: RadixNode) -> bytes:
-        """The recurrent state at ``node``'s depth, wherever it is."""
-        if node.rs is not None:
-            return node.rs
-        if node.rs_file is None:
-            raise CacheError("that cached prompt has no recurrent state; run it again")
-        return self._read(node.rs_file)
-
-    def forget_rs(self, node: RadixNode) -> None:
-        if node.rs_file:
-            Path(node.rs_file).unlink(missing_ok=True)
-        node.nbytes -= node.rs_bytes if node.nbytes >= node.rs_bytes else 0
-        node.rs, node.rs_file, node.rs_bytes = None, None, 0
-
     def materialise(self, node: RadixNode) -> int:
         """The node's sequence, promoting it (and the ancestors it needs) from RAM or a file.
         The node stays resident until the caller's own ``busy`` ends (or the next eviction)."""
@@ -198,7 +175,7 @@ class CacheTiers:
             return node.seq
         if node.tier == "gone":
             raise CacheError("that cached prompt was evicted; run it again to cache it")
-        data = node.ram if node.ram is not None else self._read(node.file)
+        data = node.ram if node.ram is not None else read_node_file(node.file)
         base = self._base(node)
         with self.busy(node, base):
             base_seq = None
@@ -210,10 +187,7 @@ class CacheTiers:
             seq = self.take_seq()
             if base_seq is not None:
                 self.parts.seqs.fork(base.seq, seq, upto=node.ram_start)
-            if node.rs_file is not None:  # the recurrent state comes back with the cells
-                node.rs = self._read(node.rs_file)
-                Path(node.rs_file).unlink(missing_ok=True)
-                node.rs_file = None
+            self.rs_from_file(node)  # the recurrent state comes back with the cells
             # cells, then the recurrent state at the node's depth: the sequence then holds
             # exactly the node's state (the cells' state carried a stale recurrent part)
             if not self.parts.seqs.add_cells(data, seq, self.sequences.scratch, node.tokens()) \
@@ -351,17 +325,7 @@ class CacheTiers:
         path = self.folder / f"node-{node.id}.kvcells"
         path.write_bytes(node.ram)
         node.file, node.ram = str(path), None
-        if node.rs is not None:
-            rs_path = self.folder / f"node-{node.id}.kvrecurrent"
-            rs_path.write_bytes(node.rs)
-            node.rs_file, node.rs = str(rs_path), None
-
-    @staticmethod
-    def _read(path: str) -> bytes:
-        try:
-            return Path(path).read_bytes()
-        except OSError as e:
-            raise CacheError(f"a cached prompt's file is gone ({e}); run it again") from None
+        self.rs_to_file(node, self.folder)
 
     def forget_snapshot(self, node: RadixNode) -> None:
         """Drop the node's RAM and file snapshots (it is resident, or gone)."""

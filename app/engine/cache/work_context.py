@@ -32,7 +32,8 @@ from __future__ import annotations
 from ..runs.batch_plan import batches
 from ..errors import ContextError, ContextOverflowError, KvPrimerError
 from ..llama.native import ContextParams, NativeContext, NativeModel
-from ..files.seq_payload import attention_span, in_position_order
+from ..files.hybrid_payload import attention_span
+from ..files.seq_payload import in_position_order
 from ..task_state import TaskState
 
 SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they join it

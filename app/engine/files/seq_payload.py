@@ -13,7 +13,7 @@ Layout of this llama.cpp build (unified KV cache; an iSWA model writes a second 
 
     u32 magic 0xAF143CD8, u32 source seq id
     per cache block: u32 n_stream (1), u32 cell_count,
-        cell_count x (i32 pos, u32 n_seq_id (1), i32 seq_id),
+        cell_count x (i32 pos, u32 n_seq_id (1), [12 bytes: M-RoPE's x, y, token], i32 seq_id),
         u32 v_trans, u32 n_layer,
         n_layer x (i32 k_type, u64 k_row_bytes, cell_count * k_row_bytes),
         n_layer x (i32 v_type, u64 v_row_bytes, data)                      if not v_trans
@@ -70,6 +70,28 @@ class _Reader:
 
 class _Bad(Exception):
     pass
+
+
+CELL_BYTES = (12, 24)  # one cell's record; models with multi-axis RoPE add x, y and a token
+
+
+def _cells(r: _Reader, n: int) -> np.ndarray:
+    """Read ``n`` cell records (one sequence id each) as an (n, words) int32 array: column 0
+    the position, 1 the sequence-id count. Their size is the one after which the block goes on
+    as a block does (a V layout flag and a layer count); 12 bytes is tried first."""
+    for size in CELL_BYTES:
+        end = r.off + size * n
+        if end + 8 > len(r.data):
+            continue
+        v_trans, n_layer = struct.unpack_from("<II", r.data, end)
+        if v_trans > 1 or not 0 < n_layer <= MAX_LAYERS:
+            continue
+        cells = np.frombuffer(r.data, dtype="<i4", count=size // 4 * n, offset=r.off)
+        cells = cells.reshape(n, size // 4)
+        if np.all(cells[:, 1] == 1):
+            r.take(size * n, "cells")
+            return cells
+    raise _Bad("cells of a layout this version does not know")
 
 
 FAMILIES = ("attention", "hybrid", "recurrent")  # what a model's layers keep per sequence
@@ -176,8 +198,7 @@ def _block(r: _Reader, n_tokens: int, type_ids, first: bool) -> None:
         raise _Bad(f"{n} KV cells in a second cache for {n_tokens} tokens")
     if n == 0:  # an empty sliding-window cache writes its count only
         return
-    cells = np.frombuffer(r.data, dtype="<i4", count=3 * n, offset=r.take(12 * n, "cells"))
-    cells = cells.reshape(n, 3)
+    cells = _cells(r, n)
     pos = cells[:, 0]
     if np.any(cells[:, 1] != 1):
         raise _Bad("a cell belongs to several sequences")
@@ -234,7 +255,7 @@ def row_layout(data: bytes) -> list[list[tuple[int, int, int, int]]] | None:
             if n == 0:
                 blocks.append([])
                 continue
-            r.take(12 * n, "cells")
+            _cells(r, n)
             v_trans, n_layer = r.u32("V layout"), r.u32("layer count")
             if not 0 < n_layer <= MAX_LAYERS:
                 return None
@@ -278,7 +299,7 @@ def v_transposed(data: bytes) -> bool | None:
         n = r.u32("cell count")
         if n == 0:
             return None
-        r.take(12 * n, "cells")
+        _cells(r, n)
         return bool(r.u32("V layout"))
     except _Bad:
         return None
@@ -322,14 +343,14 @@ def _sorted_cells(data: bytes) -> bytes:
     if r.u32("stream count") != 1:
         return data
     n = r.u32("cell count")
-    cells_at = r.take(12 * n, "cells")
-    cells = np.frombuffer(r.data, dtype="<i4", count=3 * n, offset=cells_at).reshape(n, 3)
+    cells_at = r.off
+    cells = _cells(r, n)
     order = np.argsort(cells[:, 0], kind="stable")
     if np.array_equal(order, np.arange(n)):
         return data
     src = np.frombuffer(data, dtype=np.uint8)
     out = src.copy()
-    out[cells_at:cells_at + 12 * n] = np.frombuffer(cells[order].tobytes(), dtype=np.uint8)
+    out[cells_at:r.off] = np.frombuffer(cells[order].tobytes(), dtype=np.uint8)
     v_trans, n_layer = r.u32("V layout"), r.u32("layer count")
 
     def gather(at: int, rows: int, cols: int, dt, axis: int) -> None:
@@ -357,65 +378,3 @@ def _sorted_cells(data: bytes) -> bytes:
         return data  # a second (sliding-window) cache: leave such states as they are
     return out.tobytes()  # (a hybrid's recurrent block follows unchanged)
 
-
-def attention_span(data: bytes) -> tuple[int, int] | None:
-    """The lowest and highest position of a hybrid state's attention cells ((-1, -1): none);
-    None when ``data`` does not start with an attention block we know. (llama.cpp's range of
-    a hybrid sequence also counts its recurrent record, which sits at the last position.)"""
-    try:
-        r = _Reader(data)
-        if r.u32("magic") != IO_MAGIC:
-            return None
-        r.u32("source sequence")
-        if r.u32("stream count") != 1:
-            return None
-        n = r.u32("cell count")
-        if n == 0:
-            return (-1, -1)
-        pos = np.frombuffer(r.data, dtype="<i4", count=3 * n, offset=r.take(12 * n, "cells"))[0::3]
-        return int(pos.min()), int(pos.max())
-    except _Bad:
-        return None
-
-
-def without_recurrent(data: bytes, empty: bytes, family: str) -> bytes:
-    """A hybrid or recurrent state with its recurrent record replaced by ``empty`` (llama.cpp's
-    partial state of a sequence without one: the record's layout, no rows), so that it carries
-    attention cells only; ``data`` itself when its layout is not one we know."""
-    end = 8
-    if family == "hybrid":
-        try:
-            r = _Reader(data)
-            if r.u32("magic") != IO_MAGIC:
-                return data
-            r.u32("source sequence")
-            if _recurrent_follows(r):  # no attention block at all
-                return data
-            _skip_attention_block(r)
-            end = r.off
-        except _Bad:
-            return data
-        if not _recurrent_follows(r):
-            return data
-    return data[:end] + empty[8:]
-
-
-def _skip_attention_block(r: _Reader) -> None:
-    if r.u32("stream count") != 1:
-        raise _Bad("not one KV stream")
-    n = r.u32("cell count")
-    if n == 0:
-        return
-    r.take(12 * n, "cells")
-    v_trans, n_layer = r.u32("V layout"), r.u32("layer count")
-    if not 0 < n_layer <= MAX_LAYERS:
-        raise _Bad("bad layer count")
-    for _ in range(n_layer):
-        r.i32("K type")
-        r.take(n * r.u64("K row size"), "K data")
-    for _ in range(n_layer):
-        r.i32("V type")
-        if v_trans:
-            r.take(n * r.u32("V element size") * r.u32("V width"), "V data")
-        else:
-            r.take(n * r.u64("V row size"), "V data")

@@ -27,7 +27,7 @@ import numpy as np
 
 from .kv_cells import DISAGREES, CellMirror, LoggedMap, agrees
 from ..llama.native import ContextParams, NativeContext, NativeModel, add_log_listener, remove_log_listener
-from ..files.seq_payload import attention_span
+from ..files.hybrid_payload import attention_span
 
 ENV = "LLAMA_KV_CACHE_DEBUG"
 _HEADER = re.compile(r"find_slot: stream\[(\d+)\], n =\s*(\d+), used =\s*(\d+), head =\s*(\d+), "

@@ -28,7 +28,8 @@ HYBRID_ARCHS = frozenset({
 _KIND = {"lfm2": "convolution", "lfm2moe": "convolution", "mamba": "Mamba", "jamba": "Mamba",
          "falcon-h1": "Mamba 2", "mamba2": "Mamba 2", "granitehybrid": "Mamba 2",
          "nemotron_h": "Mamba 2", "nemotron_h_moe": "Mamba 2", "plamo2": "Mamba",
-         "rwkv6": "RWKV", "rwkv6qwen2": "RWKV", "rwkv7": "RWKV", "arwkv7": "RWKV"}
+         "rwkv6": "RWKV", "rwkv6qwen2": "RWKV", "rwkv7": "RWKV", "arwkv7": "RWKV",
+         "qwen3next": "Gated DeltaNet", "qwen35": "Gated DeltaNet", "qwen35moe": "Gated DeltaNet"}
 # architectures whose recurrent layers are all but every full_attention_interval-th (default 4)
 _INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
 
@@ -49,11 +50,13 @@ class LayerKinds:
 
     def legend(self) -> str:
         """'1 attention layer, 3 convolution layers' (the recurrent layers only when any)."""
+        if self.recurrent and self.attention == self.recurrent == self.n_layer:  # Falcon-H1
+            return f"{_count(self.n_layer, 'layer')}, each attention beside a {self.recurrent_kind} mixer"
         parts = [_count(self.attention, "attention layer") if self.attention else "no attention"]
         if self.recurrent:
             parts.append(_count(self.recurrent, f"{self.recurrent_kind} layer"))
         other = self.n_layer - self.attention - self.recurrent
-        if other > 0 and self.architecture != "falcon-h1":
+        if other > 0:
             parts.append(_count(other, "feed-forward layer"))
         return ", ".join(parts)
 

@@ -18,8 +18,9 @@ on tiny models of each kind):
 - recurrent layers (hybrid models beside attention layers, recurrent models alone) keep one
   state per sequence, not cells per token: a sequence cannot be trimmed, and its cells cannot
   be shifted into place; llama.cpp saves and restores the state exactly, so the radix cache keeps
-  it at every point a run may resume from. Its size and the attention bytes per token are
-  measured (recurrent_state.py); layer_kinds.py says which layers are which.
+  it at every point a run may resume from. Its size is measured (recurrent_state.py), the
+  attention layers' KV bytes per token computed (checked against a saved state's growth in
+  tests/test_stateful_info.py); layer_kinds.py says which layers are which.
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ class ModelTraits:
     rope_type: str = "norm"
     mrope: bool = False  # multi-axis RoPE (several positions per token)
     can_shift: bool = True  # llama.cpp can shift positions (seq_add) in this context
-    # hybrid and recurrent models: which layers are which, and the measured sizes of a
-    # sequence's state (0 until a context measured them; attention-only models: not measured)
+    # hybrid and recurrent models: which layers are which, and the sizes of a sequence's state
+    # (0 until with_context fills them in; left 0 on attention-only models)
     layers: str = ""  # "1 attention layer, 3 convolution layers"
     attention_layers: int | None = None  # None: not known
     recurrent_layers: int = 0
@@ -154,8 +155,8 @@ def with_context(traits: ModelTraits, ctx) -> ModelTraits:
 
     traits = replace(traits, can_shift=bool(L.llama_memory_can_shift(ctx.mem)))
     if traits.recurrent or traits.hybrid:
-        # K and V rows of the attention layers only (the measured growth of a state per token
-        # is that plus the cell's position and sequence: tests/test_model_arches.py)
+        # K and V rows of the attention layers only (a saved state grows by that plus each
+        # cell's record per token: tests/test_stateful_info.py)
         per_token = kv_bytes_per_token(ctx.model.facts(), ctx.params.type_k, ctx.params.type_v)
         traits = replace(traits, attention_bytes_per_token=per_token,
                          recurrent_state_bytes=measure_recurrent_bytes(ctx.model, ctx.params))

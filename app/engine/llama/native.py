@@ -369,7 +369,8 @@ class NativeContext:
         (copied through sequence ``scratch``, which is left empty). On a hybrid or recurrent
         model it carries an empty recurrent record: the sequence's own stands at its end,
         not at p1, and would only take room (the cache keeps the one at p1 apart)."""
-        from ..files.seq_payload import in_position_order, without_recurrent
+        from ..files.hybrid_payload import without_recurrent
+        from ..files.seq_payload import in_position_order
 
         self.seq_rm(scratch)
         if self.model.family != "attention" and self._empty_recurrent is None:
