@@ -12,14 +12,17 @@ For each model, on the recurring RAG workload:
    vocabulary, so the RAG template is cut to its first lines (a static prefix of several hundred
    tokens) and keeps its context slots; the rows are rag-recurring.csv's, which share passages.
 2. The peer: llama-cpp-python's ``Llama`` with a ``LlamaRAMCache`` on the same model, the same
-   rows in the same order (llamacpp_paths.recurring_rows, as ``create_completion`` runs them).
-   ``Llama.generate`` cannot cut a recurrent state back to the shared prefix, so on these models
-   it re-evaluates the whole prompt whenever its context or cache entry holds more than that; the
-   tokens it reused are counted, not assumed.
+   rows in the same order (llamacpp_paths.recurring_rows_one_by_one, as ``create_completion``
+   runs them), one of its rows right after each of ours, a pass per mode (InterleavedPeer):
+   on a shared machine the load changes within minutes, and a peer run after ours would meet
+   another one. ``Llama.generate`` cannot cut a recurrent state back to the shared prefix, so on
+   these models it re-evaluates the whole prompt whenever its context or cache entry holds more
+   than that; the tokens it reused are counted, not assumed.
 
 Figures go under "stateful" in results.json; the ratios (medians of per-row ratios) also join
 the top-level ones: stateful_<arch>_warm_vs_cold (prefix mode), stateful_<arch>_chain_vs_cold,
-stateful_<arch>_chain_vs_llamacpp_ram, stateful_<arch>_prefix_vs_llamacpp_ram.
+stateful_<arch>_chain_vs_llamacpp_ram, stateful_<arch>_prefix_vs_llamacpp_ram, and the same two
+with _evaluated: the tokens each side evaluated, which no load changes.
 """
 from __future__ import annotations
 
@@ -27,17 +30,18 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from app.engine import (Engine, EngineConfig, GenerationConfig, KvPrimerError, TaskState, Template,
-                        bench_rows, read_rows)
+from app.engine import (BenchResult, Engine, EngineConfig, GenerationConfig, KvPrimerError,
+                        TaskState, Template, bench_rows, read_rows)
 from app.resources_path import examples_dir
 
+from .llamacpp_paths import LlamaPaths, recurring_rows_one_by_one
 from .machine import CpuShare, loadavg, machine_info
 from .ratios import _ok
-from .reuse_bench import _llamacpp_recurring
 from .stats import pairwise_ratio
 
 MODES = ("prefix", "chain")
@@ -151,25 +155,67 @@ def add_section(results: dict, *, quick: bool = False, n_threads: int | None = N
 
 def _one_model(cfg, arch, path, tpl, rows, log) -> dict:
     with Engine(EngineConfig(model_path=str(path), n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                             n_threads=cfg.n_threads)) as engine:
+                             n_threads=cfg.n_threads)) as engine, \
+            tempfile.TemporaryDirectory(prefix="kvprimer-bench-") as tmp:
+        peer = InterleavedPeer(engine, tpl, rows, cfg, Path(tmp)) if cfg.llamacpp else None
+
         def progress(p):  # a line per row run: the section takes minutes per model
             if p.stage == "bench" and p.done:
                 log(f"stateful: {arch}: {p.done}/{p.total} row runs ({p.elapsed_s:.0f} s)")
 
-        res = bench_rows(engine, tpl, rows, modes=MODES, repeat=cfg.repeat,
-                         gen=GenerationConfig(max_tokens=cfg.max_tokens),
-                         task=TaskState(on_progress=progress))
+        try:
+            res = bench_rows(engine, tpl, rows, modes=MODES, repeat=cfg.repeat,
+                             gen=GenerationConfig(max_tokens=cfg.max_tokens),
+                             task=TaskState(on_progress=progress,
+                                            on_partial=peer.after if peer else None))
+        finally:
+            if peer:
+                peer.close()
         a = {"model": res.model, "layout": (cfg.layouts or {}).get(arch),
              "weight_type": cfg.weight_type, "rows": [asdict(r) for r in res.rows],
              "summary": res.summary()}
-        if cfg.llamacpp:
-            log(f"stateful: {arch}: llama-cpp-python with a LlamaRAMCache, the same rows in order")
-            a["llamacpp_ram"] = _llamacpp_recurring(engine, tpl, rows, cfg)
+        if peer:
+            a["llamacpp_ram"] = peer.rows
     a["bit_identical"] = bit_identical_counts(a["rows"])
     a["chain_reused_past_prefix"] = sum(1 for r in _ok(a["rows"], "chain").values()
                                         if r["reused_tokens"] > r["prefix_tokens"])
-    a["ratios"] = arch_ratios(a["rows"], a.get("llamacpp_ram", []))
+    a["ratios"] = arch_ratios(a["rows"], a.get("llamacpp_ram", {}))
     return a
+
+
+class InterleavedPeer:
+    """llama-cpp-python with a LlamaRAMCache on the same rows in the same order, one of its rows
+    right after each of ours (bench_rows hands over its result after every row), so that a row's
+    pair of times meets the same load on a shared machine. Each of our modes gets its own pass,
+    from a fresh cache, as each mode's cache starts from the static prefix alone."""
+
+    def __init__(self, engine, tpl, rows, cfg: StatefulConfig, tmp: Path):
+        self.tokens = {r.number: engine.tokenize(tpl.fill(r.values)) for r in rows}
+        self.max_tokens = cfg.max_tokens
+        self.llama = LlamaPaths(engine.info.path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                                n_threads=cfg.n_threads, cache_dir=tmp,
+                                flash_attn=engine.kernels.flash_attn)
+        self.rows: dict[str, list[dict]] = {}  # per mode, the peer's rows run beside it
+        self._steps = None
+
+    def after(self, result) -> None:
+        if not isinstance(result, BenchResult):  # runs also hand over their text as it comes
+            return
+        last = result.rows[-1]
+        if last.reuse not in self.rows:  # a new mode's pass: the rows again, from a fresh cache
+            self._end_pass()
+            self.rows[last.reuse] = []
+            self._steps = recurring_rows_one_by_one(self.llama, list(self.tokens.values()),
+                                                    self.max_tokens)
+        self.rows[last.reuse].append({"row": last.row, **next(self._steps)})
+
+    def _end_pass(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+
+    def close(self) -> None:
+        self._end_pass()
+        self.llama.close()
 
 
 def bit_identical_counts(rows: list[dict]) -> dict:
@@ -182,22 +228,21 @@ def bit_identical_counts(rows: list[dict]) -> dict:
     return out
 
 
-def arch_ratios(rows: list[dict], peer: list[dict]) -> dict:
+def arch_ratios(rows: list[dict], peer: dict[str, list[dict]]) -> dict:
     """Medians of per-row ratios: each mode's warm time to first token against the same row's
-    cold run, and against llama-cpp-python's time on the same row."""
+    cold run, and against llama-cpp-python's time on the same row, run right after it."""
     ratios: dict[str, float | None] = {}
-    by_row = {p["row"]: p for p in peer}
     for mode in MODES:
         ok = _ok(rows, mode)
         name = "warm_vs_cold" if mode == "prefix" else f"{mode}_vs_cold"
         ratios[name] = pairwise_ratio([r["warm_ms"] for r in ok.values()],
                                       [r["cold_ms"] for r in ok.values()]) if ok else None
+        by_row = {p["row"]: p for p in peer.get(mode, [])}
         both = sorted(set(ok) & set(by_row))
         if both:
             ratios[f"{mode}_vs_llamacpp_ram"] = pairwise_ratio(
                 [ok[n]["warm_ms"] for n in both], [by_row[n]["ttft_ms"] for n in both])
-            # the tokens each side evaluated: what the time ratio means on a quiet machine,
-            # and what holds when the peer ran under another load than ours (it runs after)
+            # the tokens each side evaluated: what the time ratio means on a quiet machine
             ratios[f"{mode}_vs_llamacpp_ram_evaluated"] = pairwise_ratio(
                 [ok[n]["evaluated_tokens"] for n in both],
                 [by_row[n]["evaluated_tokens"] for n in both])
@@ -215,14 +260,14 @@ def format_stateful(st: dict) -> str:
         lines.append(f"\n{arch}: {m.get('n_layer')} layers ({a['layout'] or 'default'}), "
                      f"{m.get('n_embd')} wide, {a['weight_type']}, "
                      f"{m.get('file_bytes', 0) / 1e6:.1f} MB")
-        peer = {p["row"]: p for p in a.get("llamacpp_ram", [])}
+        peers = a.get("llamacpp_ram", {})
         lines.append(" row mode   prompt reused  eval  cold ms  warm ms  llama-cpp-python ms "
                      "(reused)  verdict")
         for r in a["rows"]:
             if r.get("error"):
                 lines.append(f"{r['row']:4} {r['reuse']:6} error: {r['error']}")
                 continue
-            p = peer.get(r["row"])
+            p = {q["row"]: q for q in peers.get(r["reuse"], [])}.get(r["row"])
             theirs = f"{p['ttft_ms']:9.1f} ({p['reused_tokens']:5})" if p else " " * 17
             lines.append(f"{r['row']:4} {r['reuse']:6} {r['prefix_tokens'] + r['suffix_tokens']:6} "
                          f"{r['reused_tokens']:6} {r['evaluated_tokens']:5} {r['cold_ms']:8.1f} "
