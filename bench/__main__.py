@@ -38,6 +38,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="skip timing the engine's first start against a plain Llama load")
     ap.add_argument("--no-stalls", action="store_true",
                     help="skip the GUI responsiveness measure (event-loop stalls while priming)")
+    ap.add_argument("--no-stateful", action="store_true",
+                    help="skip the stateful-model section (random-weight lfm2, granitehybrid, mamba2)")
+    ap.add_argument("--only-stateful", action="store_true",
+                    help="run only the stateful-model section; other figures in --out are kept")
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
     ap.add_argument("--chart", type=Path, default=HERE / "results.png")
     return ap.parse_args(argv)
@@ -134,6 +138,15 @@ def reuse_figures(results: dict, args) -> None:
     print("\n" + format_reuse(rz), flush=True)
 
 
+def stateful_figures(results: dict, args) -> None:
+    """The stateful-model section (bench/stateful_bench.py), under "stateful"."""
+    if not args.no_stateful:
+        from .stateful_bench import add_section
+
+        add_section(results, quick=args.quick, n_threads=args.threads, n_batch=args.batch)
+        _write(results, args.out)
+
+
 def soak_and_stalls(results: dict, args) -> None:
     """The soak (RSS must stay flat over 1,000 warm runs) and the window's event-loop stalls
     while the default model primes the RAG prefix (goal: under 50 ms).
@@ -164,6 +177,10 @@ def soak_and_stalls(results: dict, args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.only_stateful:  # the other sections' figures stay as the last full run wrote them
+        results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
+        stateful_figures(results, args)
+        return 0 if "error" not in results.get("stateful", {}) else 1
     from .chart import render_chart
     from .report import format_report
     from .suite import run_suite
@@ -182,6 +199,7 @@ def main(argv=None) -> int:
     reuse_figures(results, args)
     if "reuse" in results:
         render_chart(results, args.chart)
+    stateful_figures(results, args)
     soak_and_stalls(results, args)
     print(f"\nwrote {args.out} and {args.chart}")
     return 0 if results["same_suffix_tokens"]["ok"] else 1

@@ -180,16 +180,20 @@ def extra_buffer_types(on: bool) -> Iterator[None]:
 
 
 def recurring_rows(llama: LlamaPaths, rows: list[list[int]], max_tokens: int) -> list[dict]:
+    return list(recurring_rows_one_by_one(llama, rows, max_tokens))
+
+
+def recurring_rows_one_by_one(llama: LlamaPaths, rows: list[list[int]], max_tokens: int):
     """Rows in order, as ``Llama.create_completion`` runs them with a ``LlamaRAMCache`` large
     enough for every row: look the prompt up (the longest cached prompt sharing a prefix),
     ``load_state`` it when it shares more than the context already does, generate (keeping the
     longest common prefix, evaluating the rest); after the completion, store the state under
-    prompt + completion. Only the time to the first token is measured."""
+    prompt + completion. Only the time to the first token is measured. One row per next(), so
+    that a caller can run them between rows of its own (bench/stateful_bench.py)."""
     llm = llama.llm
     llama._close_gen()
     llm.reset()
     cache = LlamaRAMCache(capacity_bytes=1 << 40)
-    out = []
     for tokens in rows:
         t0 = time.perf_counter()
         try:
@@ -204,7 +208,6 @@ def recurring_rows(llama: LlamaPaths, rows: list[list[int]], max_tokens: int) ->
         completion = llama.more_tokens(s.first_token, max_tokens)
         llama._close_gen()
         cache[tokens + completion] = llm.save_state()  # untimed, after the completion
-        out.append({"ttft_ms": s.ms, "load_ms": load_ms, "evaluated_tokens": s.evaluated,
-                    "reused_tokens": len(tokens) - s.evaluated, "tokens": completion})
-    return out
+        yield {"ttft_ms": s.ms, "load_ms": load_ms, "evaluated_tokens": s.evaluated,
+               "reused_tokens": len(tokens) - s.evaluated, "tokens": completion}
 
