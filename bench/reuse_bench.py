@@ -12,9 +12,10 @@ nothing is evicted:
 2. One ``bench_rows`` call with modes prefix, chain and compose (the engine's own benchmark, as
    `kvprimer bench --reuse prefix,chain,compose` runs it): one cold run per row serves every
    mode whose warm history used the same batches; each mode's cache starts with the prefix only.
-3. The peer: llama-cpp-python with a LlamaRAMCache large enough for every row, the same rows in
-   the same order (llamacpp_paths.recurring_rows); per-row ratios of each mode's time to first
-   token against its.
+3. The peers (reuse_peers.py): llama-cpp-python with a LlamaRAMCache large enough for every
+   row, built natively as pip builds it (in a process of its own) and the project's own build;
+   llama-server with its defaults, over HTTP. The same rows in the same order; per-row ratios
+   of each mode's time to first token against each peer's.
 
 Figures go under "reuse" in results.json; the ratios and goals are in ratios.py.
 """
@@ -25,13 +26,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import llama_cpp
+
 from app.engine import (Engine, EngineConfig, GenerationConfig, TaskState, Template, bench_rows,
                         read_rows)
 from app.resources_path import examples_dir
 
-from .llamacpp_paths import LlamaPaths, recurring_rows
 from .ours import OurPaths
 from .ratios import compose_accuracy, compute_reuse_ratios
+from .reuse_peers import PeerRun, run_peers
 from .stats import summary
 from .workload import load_workload
 
@@ -50,7 +53,11 @@ class ReuseConfig:
     model_path: str | None = None
     template_path: str | None = None  # None: resources/examples/rag.tmpl
     rows_path: str | None = None  # None: resources/examples/rag-recurring.csv
-    llamacpp: bool = True  # llama-cpp-python with a LlamaRAMCache on the same rows, in order
+    # the peers, on the same rows in the same order (reuse_peers.py)
+    llamacpp: bool = True  # llama-cpp-python (this project's build) with a LlamaRAMCache
+    native_peer: bool = True  # the same, built natively as pip builds it, in its own process
+    server_peer: bool = True  # llama-server with its defaults, over HTTP
+    server_slots: int = 0  # llama-server's -np; 0: its default
 
 
 def run_reuse(cfg: ReuseConfig, log=print) -> dict:
@@ -86,29 +93,19 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
         out["rows"] = [asdict(r) for r in res.rows]
         out["summary"] = res.summary()
         out["cache_tiers"] = [asdict(t) for t in engine.cache.tiers()]
-        if cfg.llamacpp:
-            log("reuse: llama-cpp-python with a LlamaRAMCache, the same rows in order")
-            out["llamacpp_ram_recurring"] = _llamacpp_recurring(engine, tpl, rows, cfg)
+        peers = PeerRun(model_path=engine.info.path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                        n_threads=cfg.n_threads, flash_attn=bool(engine.kernels.flash_attn),
+                        max_tokens=cfg.max_tokens, prime=list(work.prefix),
+                        numbers=[r.number for r in work.rows],
+                        tokens=[r.tokens for r in work.rows], server_slots=cfg.server_slots)
+    # after the engine is closed: the peers get the cores and the memory to themselves
+    out.update(run_peers(peers, project=cfg.llamacpp, native=cfg.native_peer,
+                         server=cfg.server_peer, version=llama_cpp.__version__, log=log))
     out["ratios"], out["goals"] = compute_reuse_ratios(out)
     out["compose_accuracy"] = compose_accuracy(out["rows"])
     out["chain_exact"] = _exact(out["rows"], "chain")
     out["duration_s"] = round(time.perf_counter() - t_start, 1)
     return out
-
-
-def _llamacpp_recurring(engine, tpl, rows, cfg: ReuseConfig) -> list[dict]:
-    import tempfile
-
-    tokens = [engine.tokenize(tpl.fill(r.values)) for r in rows]
-    with tempfile.TemporaryDirectory(prefix="kvprimer-bench-") as tmp:
-        llama = LlamaPaths(engine.info.path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                           n_threads=cfg.n_threads, cache_dir=Path(tmp),
-                           flash_attn=engine.kernels.flash_attn)
-        try:
-            got = recurring_rows(llama, tokens, cfg.max_tokens)
-        finally:
-            llama.close()
-    return [{"row": r.number, **g} for r, g in zip(rows, got)]
 
 
 def warm_in_place_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> dict:
