@@ -16,6 +16,7 @@ machine: the compilers inherit it).
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ class PeerError(RuntimeError):
     """The native peer could not be built or did not answer."""
 
 
+@functools.lru_cache(maxsize=1)
 def compiler_version() -> str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or ""
     if not cc:

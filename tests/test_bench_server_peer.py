@@ -41,10 +41,11 @@ def test_llama_server_with_its_defaults_reuses_its_cache_and_stops(tiny_model, t
     assert len(got) == 3 and all(len(r["tokens"]) == 4 and r["ttft_ms"] > 0 for r in got)
     for row, r in zip(ROWS, got):
         assert r["reused_tokens"] + r["evaluated_tokens"] == len(row)
-    # every row starts from the primed prefix (the server always evaluates at least one token
-    # again); the third finds the first row's prompt, which the second displaced from the slot
+    # every row starts from the primed prefix at least (the server always evaluates one token
+    # again). How much more is the server's own business: a request goes to the slot holding
+    # the longest common prefix, and that slot's prompt is kept in the RAM cache only when the
+    # new one would lose more than half of it, so here the third row finds only the prefix
     assert all(r["reused_tokens"] >= len(PREFIX) - 1 for r in got)
-    assert got[2]["reused_tokens"] >= len(PREFIX + A) - 1
 
 
 def test_every_peer_runs_the_same_rows_in_order(tiny_model, monkeypatch):
