@@ -79,10 +79,9 @@ def native_build(run: PeerRun, version: str, log) -> dict:
             "system_info": answer["system_info"]}
 
 
-def llama_server(run: PeerRun, log_dir: Path | None = None) -> dict:
-    log_path = log_dir / "llama-server.log" if log_dir else None
+def llama_server(run: PeerRun) -> dict:
     got = run_server_peer(run.model_path, run.n_ctx, run.tokens, run.max_tokens, run.prime,
-                          log_path, run.server_slots)
+                          slots=run.server_slots)
     got["rows"] = numbered(run, got["rows"])
     return got
 

@@ -17,6 +17,8 @@ waits, whatever happened.
 """
 from __future__ import annotations
 
+import re
+import tempfile
 from pathlib import Path
 
 from app.engine.llama.cpu_kernels import cpu_facts
@@ -61,15 +63,22 @@ def server_rows(url: str, rows: list[list[int]], max_tokens: int,
 def run_server_peer(model_path: str, n_ctx: int, rows: list[list[int]], max_tokens: int,
                     prime: list[int] | None = None, log_path: str | Path | None = None,
                     slots: int = 0) -> dict:
-    """Start a defaults llama-server, run the rows, stop it: the rows and how it ran."""
-    proc = DefaultsServer(model_path, n_ctx, log_path, slots)
-    proc.start(START_TIMEOUT_S)
-    try:
-        with LlamaServer(proc.url) as c:
-            props = c.props()
-        got = server_rows(proc.url, rows, max_tokens, prime)
-    finally:
-        proc.stop()
+    """Start a defaults llama-server, run the rows, stop it: the rows and how it ran (its
+    defaults as its log states them)."""
+    with tempfile.TemporaryDirectory(prefix="kvprimer-server-") as tmp:
+        log = Path(log_path) if log_path else Path(tmp) / "llama-server.log"
+        proc = DefaultsServer(model_path, n_ctx, log, slots)
+        proc.start(START_TIMEOUT_S)
+        try:
+            with LlamaServer(proc.url) as c:
+                props = c.props()
+            got = server_rows(proc.url, rows, max_tokens, prime)
+        finally:
+            proc.stop()
+        said = log.read_text(encoding="utf-8", errors="replace")
+    threads = re.search(r"n_threads = (\d+)", said)
+    setup = re.search(r"load_model: initializing, (.*)", said)
     return {"rows": got, "command": proc.cmd[1:], "binary": str(proc.binary),
             "built_by_project": proc.ours, "slots": props.total_slots, "n_ctx": props.n_ctx,
-            "build_info": props.build_info}
+            "threads": int(threads.group(1)) if threads else None,
+            "kv_setup": setup.group(1).strip() if setup else "", "build_info": props.build_info}

@@ -64,3 +64,5 @@ def test_every_peer_runs_the_same_rows_in_order(tiny_model, monkeypatch):
     assert [r["evaluated_tokens"] for r in native] == [r["evaluated_tokens"] for r in project]
     assert out["llamacpp_ram_native"]["system_info"]
     assert out["llama_server"]["command"][-2:] == ["-c", "1024"]
+    # its defaults as its log states them
+    assert out["llama_server"]["threads"] >= 1 and "n_slots" in out["llama_server"]["kv_setup"]
