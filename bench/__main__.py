@@ -35,6 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--only-reuse", action="store_true",
                     help="run only the reuse section; writes bench/results-reuse.json unless "
                          "--out says otherwise (the figures under \"reuse\")")
+    ap.add_argument("--peers-into", type=Path, metavar="FILE",
+                    help="run only the reuse section's peers (the --no-* flags choose which) on "
+                         "the rows FILE's reuse section ran, and add them to FILE")
     ap.add_argument("--no-native-peer", action="store_true",
                     help="reuse section: skip llama-cpp-python built natively (its first use "
                          "compiles it, about 11 minutes on 2 cores)")
@@ -170,8 +173,27 @@ def only_reuse(args) -> int:
     return 1 if "error" in results.get("reuse", {"error": "skipped"}) else 0
 
 
+def peers_into(args) -> int:
+    """The reuse section's peers added to a stored run of it (reuse_bench.add_peers)."""
+    from .report import format_reuse
+    from .reuse_bench import ReuseConfig, add_peers
+    from .suite import _Log
+
+    results = json.loads(args.peers_into.read_text(encoding="utf-8"))
+    rz = add_peers(results["reuse"], ReuseConfig(
+        llamacpp=not args.no_llamacpp, native_peer=not args.no_native_peer,
+        server_peer=not args.no_server_peer, server_slots=args.server_slots), log=_Log())
+    results["ratios"].update(rz["ratios"])
+    results["goals"].update(rz["goals"])
+    _write(results, args.peers_into)
+    print("\n" + format_reuse(rz) + f"\n\nwrote {args.peers_into}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.peers_into:
+        return peers_into(args)
     if args.only_reuse:
         return only_reuse(args)
     from .chart import render_chart

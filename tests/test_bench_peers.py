@@ -109,3 +109,25 @@ def test_the_only_reuse_flag_writes_its_own_file():
     assert args.only_reuse and args.reuse_rows == 12 and args.no_native_peer
     assert args.out.name == "results-reuse.json"
     assert parse_args([]).out.name == "results.json"
+
+
+def test_peers_added_to_a_stored_reuse_section_pair_with_its_rows(tiny_model, tmp_path):
+    from bench.reuse_bench import ReuseConfig, add_peers, run_reuse
+    from tests.test_bench_paths import REUSE_ROWS, REUSE_TEMPLATE
+
+    (tmp_path / "r.tmpl").write_text(REUSE_TEMPLATE)
+    (tmp_path / "r.csv").write_text(REUSE_ROWS)
+    cfg = ReuseConfig(rows=3, fork_repeats=1, n_threads=1, n_batch=32, n_ctx=2048, max_tokens=4,
+                      check_tokens=4, model_path=str(tiny_model),
+                      template_path=str(tmp_path / "r.tmpl"), rows_path=str(tmp_path / "r.csv"),
+                      llamacpp=False, native_peer=False, server_peer=False)
+    rz = run_reuse(cfg, log=lambda msg: None)
+    assert "llamacpp_ram_recurring" not in rz and "chain_vs_llamacpp_ram_project_recurring" \
+        not in rz["ratios"]
+    # later, with only the project's build asked for: the stored rows, settings and files
+    add_peers(rz, ReuseConfig(llamacpp=True, native_peer=False, server_peer=False),
+              log=lambda msg: None)
+    assert [r["row"] for r in rz["llamacpp_ram_recurring"]] == [2, 3, 4]
+    assert rz["ratios"]["chain_vs_llamacpp_ram_project_recurring"] > 0
+    assert rz["peers_added"][0]["peers"] == ["llamacpp_ram"]
+    assert rz["settings"]["llamacpp"] is False  # the section's own settings stay as they ran
