@@ -100,6 +100,9 @@ def test_a_peer_that_cannot_run_is_reported_and_the_others_still_run(run, monkey
     assert "llamacpp_ram_native_recurring" not in out
     assert [r["row"] for r in out["llamacpp_ram_recurring"]] == [2, 3, 4]
     assert any("failed" in s for s in said)
+    from bench.report import peer_lines
+    assert any(ln.endswith("(PeerError: native peer: pip install llama-cpp-python failed (exit "
+                           "1); see x.log)") for ln in peer_lines(out))
 
 
 def test_the_only_reuse_flag_writes_its_own_file():

@@ -11,6 +11,7 @@ import pytest
 from app.servers import LlamaServer
 from app.servers.llama_server_process import find_binary
 from bench import reuse_peers
+from bench.report import PEER_LABELS, peer_lines
 from bench.reuse_peers import PeerRun, run_peers
 from bench.server_peer import DefaultsServer, server_rows
 
@@ -66,3 +67,7 @@ def test_every_peer_runs_the_same_rows_in_order(tiny_model, monkeypatch):
     assert out["llama_server"]["command"][-2:] == ["-c", "1024"]
     # its defaults as its log states them
     assert out["llama_server"]["threads"] >= 1 and "n_slots" in out["llama_server"]["kv_setup"]
+    lines = peer_lines(out)  # what the bench prints: one line per peer, and how it was built
+    assert [ln.split(":")[0] for ln in lines if not ln.startswith("  ")] == list(
+        PEER_LABELS.values())
+    assert any(ln.startswith("  its CPU backend: ") and "AVX2" in ln for ln in lines)
