@@ -1,5 +1,6 @@
 """`python -m bench` (`make bench`): run the suite, print the table, write results.json and the
-PNG chart. `--quick` is a short development run (1 row, 2 repeats, one sweep point)."""
+PNG chart. `--quick` is a short development run (1 row, 2 repeats, one sweep point);
+`--only-reuse` runs the reuse section alone (our modes and the peers on rag-recurring.csv)."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="rows of rag-recurring.csv the reuse section runs (all 48; --quick: 3)")
     ap.add_argument("--reuse-repeats", type=int,
                     help="resident fork / limit pairs per row in the reuse section (4)")
+    ap.add_argument("--only-reuse", action="store_true",
+                    help="run only the reuse section; writes bench/results-reuse.json unless "
+                         "--out says otherwise (the figures under \"reuse\")")
+    ap.add_argument("--peers-into", type=Path, metavar="FILE",
+                    help="run only the reuse section's peers (the --no-* flags choose which) on "
+                         "the rows FILE's reuse section ran, and add them to FILE")
+    ap.add_argument("--no-native-peer", action="store_true",
+                    help="reuse section: skip llama-cpp-python built natively (its first use "
+                         "compiles it, about 11 minutes on 2 cores)")
+    ap.add_argument("--no-server-peer", action="store_true",
+                    help="reuse section: skip llama-server with its defaults")
+    ap.add_argument("--server-slots", type=int, default=0,
+                    help="reuse section: llama-server's slot count (-np; its default: auto, 4)")
     ap.add_argument("--no-kernel-table", action="store_true",
                     help="skip the kernel table (flash attention on/off x batches of 256/63)")
     ap.add_argument("--no-soak", action="store_true", help="skip the 1,000-run memory soak")
@@ -42,9 +56,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="skip the stateful-model section (random-weight lfm2, granitehybrid, mamba2)")
     ap.add_argument("--only-stateful", action="store_true",
                     help="run only the stateful-model section; other figures in --out are kept")
-    ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    ap.add_argument("--out", type=Path,
+                    help="results file (bench/results.json; --only-reuse: results-reuse.json)")
     ap.add_argument("--chart", type=Path, default=HERE / "results.png")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = HERE / ("results-reuse.json" if args.only_reuse else "results.json")
+    return args
 
 
 def config_from(args):
@@ -125,7 +143,9 @@ def reuse_figures(results: dict, args) -> None:
 
     cfg = ReuseConfig(rows=args.reuse_rows or (3 if args.quick else 48),
                       fork_repeats=args.reuse_repeats or (2 if args.quick else 4),
-                      n_threads=args.threads or os.cpu_count() or 1, n_batch=args.batch)
+                      n_threads=args.threads or os.cpu_count() or 1, n_batch=args.batch,
+                      llamacpp=not args.no_llamacpp, native_peer=not args.no_native_peer,
+                      server_peer=not args.no_server_peer, server_slots=args.server_slots)
     try:
         rz = results["reuse"] = run_reuse(cfg, log=_Log())
     except Exception as e:  # its failure must not lose the figures already written
@@ -175,8 +195,41 @@ def soak_and_stalls(results: dict, args) -> None:
     _write(results, args.out)
 
 
+def only_reuse(args) -> int:
+    """The reuse section alone, with the machine it ran on: a quicker run than the whole bench."""
+    from .machine import loadavg, machine_info
+
+    results = {"machine": machine_info(), "ratios": {}, "goals": {}}
+    reuse_figures(results, args)
+    results["machine"]["loadavg_end"] = loadavg()
+    _write(results, args.out)
+    print(f"\nwrote {args.out}")
+    return 1 if "error" in results.get("reuse", {"error": "skipped"}) else 0
+
+
+def peers_into(args) -> int:
+    """The reuse section's peers added to a stored run of it (reuse_bench.add_peers)."""
+    from .report import format_reuse
+    from .reuse_bench import ReuseConfig, add_peers
+    from .suite import _Log
+
+    results = json.loads(args.peers_into.read_text(encoding="utf-8"))
+    rz = add_peers(results["reuse"], ReuseConfig(
+        llamacpp=not args.no_llamacpp, native_peer=not args.no_native_peer,
+        server_peer=not args.no_server_peer, server_slots=args.server_slots), log=_Log())
+    results["ratios"].update(rz["ratios"])
+    results["goals"].update(rz["goals"])
+    _write(results, args.peers_into)
+    print("\n" + format_reuse(rz) + f"\n\nwrote {args.peers_into}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.peers_into:
+        return peers_into(args)
+    if args.only_reuse:
+        return only_reuse(args)
     if args.only_stateful:  # the other sections' figures stay as the last full run wrote them
         results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
         stateful_figures(results, args)

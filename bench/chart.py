@@ -15,6 +15,10 @@ SHORT = {"limit": "fastest limit", "warm_in_place": "ours warm, kept in place",
          "limit_cache_context": "old limit (shared context)"}
 COLORS = {"cold": "#c0392b", "warm": "#2471a3", "limit": "#7f8c8d"}
 MODE_COLORS = {"prefix": "#7f8c8d", "chain": "#2471a3", "compose": "#d68910"}
+# the reuse section's peers (reuse_peers.py), drawn dashed: key of their rows, legend, colour
+PEER_SERIES = (("llamacpp_ram_native_recurring", "llama-cpp-python native", "#922b21"),
+               ("llamacpp_ram_recurring", "llama-cpp-python", "#c39bd3"),
+               ("llama_server_recurring", "llama-server", "#1e8449"))
 W, H = 1500, 640
 H_REUSE = 420
 
@@ -149,8 +153,9 @@ def _reuse(p, rz, r):
     order = sorted({x["row"] for x in rows})
     ratios = rz.get("ratios", {})
     acc = rz.get("compose_accuracy", {})
-    head = ("Reuse modes on " + rz["settings"]["rows_file"] + ": warm time to first token per row "
-            "(ms); " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items() if v is not None))
+    head = ("Reuse modes and peers on " + rz["settings"]["rows_file"] + ": time to first token "
+            "per row (ms); " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()
+                                         if v is not None and k in rz.get("goals", {})))
     p.setPen(QColor("black"))
     p.drawText(QRectF(r.left(), r.top(), r.width(), 20), Qt.AlignmentFlag.AlignLeft, head)
     if acc.get("rows"):
@@ -161,8 +166,13 @@ def _reuse(p, rz, r):
                    f"{acc['top1_agree_mean']:.0%}; greedy tokens equal {acc['tokens_equal']:.0%}")
     if not order:
         return
-    plot = QRectF(r.left() + 60, r.top() + 50, r.width() - 200, r.height() - 80)
-    ymax = max(x["warm_ms"] for x in rows) * 1.1 or 1.0
+    series = [(mode, {x["row"]: x["warm_ms"] for x in rows if x["reuse"] == mode},
+               MODE_COLORS.get(mode, "black"), Qt.PenStyle.SolidLine)
+              for mode in rz["settings"]["modes"]]
+    series += [(label, {x["row"]: x["ttft_ms"] for x in rz[key]}, color, Qt.PenStyle.DashLine)
+               for key, label, color in PEER_SERIES if rz.get(key)]
+    plot = QRectF(r.left() + 60, r.top() + 50, r.width() - 260, r.height() - 80)
+    ymax = max(v for _, pts, _, _ in series for v in pts.values()) * 1.1 or 1.0
     p.drawRect(plot)
     for k in range(5):
         v = ymax * k / 4
@@ -175,9 +185,8 @@ def _reuse(p, rz, r):
     for i, row in enumerate(order):
         p.drawText(QRectF(plot.left() + step * (i + 0.5) - 20, plot.bottom() + 4, 40, 16),
                    Qt.AlignmentFlag.AlignHCenter, str(row))
-    for j, mode in enumerate(rz["settings"]["modes"]):
-        pts = {x["row"]: x["warm_ms"] for x in rows if x["reuse"] == mode}
-        p.setPen(QPen(QColor(MODE_COLORS.get(mode, "black")), 2.5))
+    for j, (label, pts, color, style) in enumerate(series):
+        p.setPen(QPen(QColor(color), 2.5, style))
         prev = None
         for i, row in enumerate(order):
             if row not in pts:
@@ -190,6 +199,6 @@ def _reuse(p, rz, r):
             p.drawEllipse(pt, 3.5, 3.5)
             prev = pt
         y = plot.top() + 10 + j * 20
-        p.fillRect(QRectF(plot.right() + 16, y, 14, 10), QColor(MODE_COLORS.get(mode, "black")))
+        p.fillRect(QRectF(plot.right() + 16, y, 14, 10), QColor(color))
         p.setPen(QColor("black"))
-        p.drawText(QRectF(plot.right() + 36, y - 4, 120, 18), Qt.AlignmentFlag.AlignLeft, mode)
+        p.drawText(QRectF(plot.right() + 36, y - 4, 160, 18), Qt.AlignmentFlag.AlignLeft, label)

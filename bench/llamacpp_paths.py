@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from llama_cpp.llama import LlamaState
 from app.engine.llama.crash_probe import checked_cpu_kernels
 from app.engine.llama.ggml_types import KV_TYPES
 
+from . import peer_child
 from .ours import Sample
 from .workload import RowTokens
 
@@ -46,13 +46,10 @@ class LlamaPaths:
         # measured choice) as our engine's contexts: both sides run the same kernels.
         if use_extra_bufts is None:  # what our engine loads this model with (cached verdict)
             use_extra_bufts = checked_cpu_kernels(model_path).use_extra_bufts
-        with extra_buffer_types(use_extra_bufts):
-            self.llm = Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch,
-                             n_ubatch=n_batch, n_threads=n_threads, n_threads_batch=n_threads,
-                             flash_attn=bool(flash_attn), type_k=KV_TYPES[type_kv].id,
-                             type_v=KV_TYPES[type_kv].id, verbose=False)
-        if self.llm.model_params.use_extra_bufts != use_extra_bufts:  # a newer Llama builds them otherwise
-            raise RuntimeError("llama_cpp.Llama ignored the extra buffer types setting")
+        self.llm = peer_child.open_llama(model_path, n_ctx=n_ctx, n_batch=n_batch,
+                                         n_threads=n_threads, flash_attn=bool(flash_attn),
+                                         use_extra_bufts=use_extra_bufts,
+                                         type_kv=KV_TYPES[type_kv].id)
         self.use_extra_bufts = use_extra_bufts
         self.counted = 0
         inner = self.llm.eval
@@ -159,55 +156,15 @@ class LlamaPaths:
             self._gen = None
 
 
-@contextlib.contextmanager
-def extra_buffer_types(on: bool) -> Iterator[None]:
-    """``Llama`` (llama-cpp-python 0.3.36) has no argument for llama_model_params'
-    use_extra_bufts: it fills its params from ``llama_cpp.llama_cpp.llama_model_default_params()``
-    and loads the model in its constructor. Construct it inside this block to have them set."""
-    bindings = L.llama_cpp
-    default = bindings.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = on
-        return p
-
-    bindings.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        bindings.llama_model_default_params = default
-
-
-def recurring_rows(llama: LlamaPaths, rows: list[list[int]], max_tokens: int) -> list[dict]:
-    return list(recurring_rows_one_by_one(llama, rows, max_tokens))
+def recurring_rows(llama: LlamaPaths, rows: list[list[int]], max_tokens: int,
+                   prime: list[int] | None = None) -> list[dict]:
+    """The recurring rows through this process's llama-cpp-python (peer_child.recurring_rows,
+    the same loop a natively built one runs in its own process)."""
+    llama._close_gen()
+    return peer_child.recurring_rows(llama.llm, rows, max_tokens, prime)
 
 
 def recurring_rows_one_by_one(llama: LlamaPaths, rows: list[list[int]], max_tokens: int):
-    """Rows in order, as ``Llama.create_completion`` runs them with a ``LlamaRAMCache`` large
-    enough for every row: look the prompt up (the longest cached prompt sharing a prefix),
-    ``load_state`` it when it shares more than the context already does, generate (keeping the
-    longest common prefix, evaluating the rest); after the completion, store the state under
-    prompt + completion. Only the time to the first token is measured. One row per next(), so
-    that a caller can run them between rows of its own (bench/stateful_bench.py)."""
-    llm = llama.llm
+    """The same rows, one per next() (peer_child.recurring_rows_one_by_one)."""
     llama._close_gen()
-    llm.reset()
-    cache = LlamaRAMCache(capacity_bytes=1 << 40)
-    for tokens in rows:
-        t0 = time.perf_counter()
-        try:
-            item = cache[tokens]
-            if (Llama.longest_token_prefix(item.input_ids.tolist(), tokens)
-                    > Llama.longest_token_prefix(llm._input_ids.tolist(), tokens)):
-                llm.load_state(item)
-        except KeyError:  # nothing cached shares a token with this prompt
-            pass
-        load_ms = (time.perf_counter() - t0) * 1000
-        s = llama._first(RowTokens(0, tokens, 0), t0, load_ms)
-        completion = llama.more_tokens(s.first_token, max_tokens)
-        llama._close_gen()
-        cache[tokens + completion] = llm.save_state()  # untimed, after the completion
-        yield {"ttft_ms": s.ms, "load_ms": load_ms, "evaluated_tokens": s.evaluated,
-               "reused_tokens": len(tokens) - s.evaluated, "tokens": completion}
-
+    yield from peer_child.recurring_rows_one_by_one(llama.llm, rows, max_tokens)

@@ -3,7 +3,8 @@
 Time ratios are medians of per-(row, repeat) ratios: every path's samples are stored in the same
 order (repeat by repeat, row by row), so index i of one path pairs with index i of another. The
 reuse section's mode ratios pair each row's warm time in one mode with the same row's in prefix
-mode (reuse_bench.py).
+mode (reuse_bench.py), and its peer ratios each row's warm time in one mode with the same row's
+time to first token on a peer (reuse_peers.py).
 """
 from __future__ import annotations
 
@@ -15,17 +16,28 @@ GOALS = {  # upper bounds the project sets itself
     "warm_vs_fastest_limit": 1.05,
     "warm_vs_llamacpp_ram": 0.9,
     "warm_vs_llamacpp_disk": 0.9,
-    "chain_vs_llamacpp_ram_recurring": 0.7,
+    # the reuse section's peers (reuse_peers.py); llamacpp_ram is the natively built one
+    "chain_vs_llamacpp_ram_recurring": 0.8,
+    "chain_vs_llama_server_recurring": 1.0,
     "state_bytes_vs_raw_kv": 1.01,
     "q8_0_state_bytes_vs_raw_kv": 1.01,
     # the reuse section (reuse_bench.py)
-    "chain_vs_prefix_warm": 0.8,
+    "chain_vs_prefix_warm": 0.85,
+    "chain_vs_prefix_static_rows": 1.02,  # chain is no slower where it reuses only the prefix
     "compose_vs_prefix_warm": 0.45,
     "warm_in_place_vs_fastest_limit_recurring": 1.05,
 }
 
 # name: the mode whose warm time per row is divided by prefix mode's for the same row
 MODE_RATIOS = {"chain_vs_prefix_warm": "chain", "compose_vs_prefix_warm": "compose"}
+
+# the reuse section's peers: name in the ratios ("<mode>_vs_<name>_recurring") -> the key of
+# their rows in the section's results (reuse_peers.py)
+PEERS = {
+    "llamacpp_ram": "llamacpp_ram_native_recurring",  # built as `pip install` builds it here
+    "llamacpp_ram_project": "llamacpp_ram_recurring",  # the project's portable build
+    "llama_server": "llama_server_recurring",  # defaults, over HTTP
+}
 
 # name: (numerator path, denominator path)
 # "limit" is the fastest suffix evaluation llama.cpp can do here (ours.FastestLimit);
@@ -100,12 +112,19 @@ def _ok(rows: list[dict], mode: str) -> dict[int, dict]:
     return {r["row"]: r for r in rows if r["reuse"] == mode and r.get("error") is None}
 
 
-def mode_vs_prefix(rows: list[dict], mode: str) -> float | None:
-    """Median over rows of ``mode``'s warm time / prefix mode's warm time on the same row."""
+def mode_vs_prefix(rows: list[dict], mode: str, keep=lambda ours, prefix: True) -> float | None:
+    """Median over rows of ``mode``'s warm time / prefix mode's warm time on the same row (the
+    rows where ``keep(mode's row, prefix mode's row)``)."""
     base, other = _ok(rows, "prefix"), _ok(rows, mode)
-    both = sorted(set(base) & set(other))
+    both = [r for r in sorted(set(base) & set(other)) if keep(other[r], base[r])]
     return pairwise_ratio([other[r]["warm_ms"] for r in both],
                           [base[r]["warm_ms"] for r in both]) if both else None
+
+
+def static_rows_ratio(rows: list[dict]) -> float | None:
+    """chain / prefix mode over the rows where chain reused no more than prefix mode (only the
+    static prefix): what chain's segment batches cost where its cache has nothing more to give."""
+    return mode_vs_prefix(rows, "chain", lambda c, p: c["reused_tokens"] <= p["reused_tokens"])
 
 
 def compute_reuse_ratios(reuse: dict) -> tuple[dict, dict]:
@@ -117,13 +136,15 @@ def compute_reuse_ratios(reuse: dict) -> tuple[dict, dict]:
     if fork:
         ratios["warm_in_place_vs_fastest_limit_recurring"] = pairwise_ratio(fork["fork_ms"],
                                                                            fork["limit_ms"])
-    peer = {r["row"]: r for r in reuse.get("llamacpp_ram_recurring", [])}
-    for mode in ("prefix", "chain", "compose"):
-        ours = _ok(rows, mode)
-        both = sorted(set(ours) & set(peer))
-        if both:
-            ratios[f"{mode}_vs_llamacpp_ram_recurring"] = pairwise_ratio(
-                [ours[r]["warm_ms"] for r in both], [peer[r]["ttft_ms"] for r in both])
+    ratios["chain_vs_prefix_static_rows"] = static_rows_ratio(rows)
+    for peer_name, key in PEERS.items():
+        peer = {r["row"]: r for r in reuse.get(key, [])}
+        for mode in ("prefix", "chain", "compose"):
+            ours = _ok(rows, mode)
+            both = sorted(set(ours) & set(peer))
+            if both:
+                ratios[f"{mode}_vs_{peer_name}_recurring"] = pairwise_ratio(
+                    [ours[r]["warm_ms"] for r in both], [peer[r]["ttft_ms"] for r in both])
     return ratios, _goals(ratios)
 
 

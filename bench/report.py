@@ -1,6 +1,8 @@
 """The stdout table, and the summaries results.json keeps next to the raw samples."""
 from __future__ import annotations
 
+import re
+
 from .stats import summary
 
 LABELS = {
@@ -125,11 +127,7 @@ def format_reuse(rz: dict) -> str:
                      f"{f['lookup_and_fork_ms']['median']:.2f} ms) vs fastest limit "
                      f"{f['limit']['median']:.1f} ms, {f['fork']['n']} pairs; bit-identical: "
                      f"{'yes' if f['bit_identical'] else 'NO'}")
-    peer = rz.get("llamacpp_ram_recurring")
-    if peer:
-        ms = sorted(r["ttft_ms"] for r in peer)
-        lines.append(f"llama-cpp-python LlamaRAMCache, same rows in order: median "
-                     f"{ms[len(ms) // 2]:.1f} ms to the first token")
+    lines += peer_lines(rz)
     ce = rz.get("chain_exact", {})
     if ce.get("rows"):
         lines.append(f"chain: {ce['bit_identical_rows']}/{ce['rows']} rows bit-identical to cold")
@@ -147,3 +145,35 @@ def format_reuse(rz: dict) -> str:
         lines.append(f"{name:<40} {_r(v):>10} {g['goal'] if g else '':>10}  {verdict}")
     lines.append(f"reuse section {rz.get('duration_s')} s")
     return "\n".join(lines)
+
+
+PEER_LABELS = {  # reuse_peers.py: the peer's name -> what it is
+    "llamacpp_ram_native": "llama-cpp-python built natively, LlamaRAMCache",
+    "llamacpp_ram": "llama-cpp-python (this project's build), LlamaRAMCache",
+    "llama_server": "llama-server, its defaults, over HTTP",
+}
+
+
+def peer_lines(rz: dict) -> list[str]:
+    """One line per peer of the reuse section: its median time to first token on the same rows
+    in order, what it reused, or why it did not run."""
+    lines = []
+    for name, label in PEER_LABELS.items():
+        rows, info = rz.get(f"{name}_recurring"), rz.get(name) or {}
+        if info.get("error"):
+            lines.append(f"{label}: not run ({info['error']})")
+        elif rows:
+            ms = summary([r["ttft_ms"] for r in rows])["median"]
+            reused = summary([r["reused_tokens"] or 0 for r in rows])["median"]
+            lines.append(f"{label}: median {ms:.1f} ms to the first token, median reused "
+                         f"{reused:.0f} tokens, {len(rows)} rows in order")
+            if info.get("system_info"):
+                lines.append("  its CPU backend: " + " ".join(cpu_features(info["system_info"])))
+            if info.get("slots"):
+                lines.append(f"  {info['slots']} slot(s), n_ctx {info['n_ctx']}")
+    return lines
+
+
+def cpu_features(system_info: str) -> list[str]:
+    """The CPU features llama.cpp says its library was built with ("AVX512 = 1" -> AVX512)."""
+    return re.findall(r"(\w+) = 1", system_info)

@@ -12,9 +12,10 @@ nothing is evicted:
 2. One ``bench_rows`` call with modes prefix, chain and compose (the engine's own benchmark, as
    `kvprimer bench --reuse prefix,chain,compose` runs it): one cold run per row serves every
    mode whose warm history used the same batches; each mode's cache starts with the prefix only.
-3. The peer: llama-cpp-python with a LlamaRAMCache large enough for every row, the same rows in
-   the same order (llamacpp_paths.recurring_rows); per-row ratios of each mode's time to first
-   token against its.
+3. The peers (reuse_peers.py): llama-cpp-python with a LlamaRAMCache large enough for every
+   row, built natively as pip builds it (in a process of its own) and the project's own build;
+   llama-server with its defaults, over HTTP. The same rows in the same order; per-row ratios
+   of each mode's time to first token against each peer's.
 
 Figures go under "reuse" in results.json; the ratios and goals are in ratios.py.
 """
@@ -22,16 +23,18 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+import llama_cpp
 
 from app.engine import (Engine, EngineConfig, GenerationConfig, TaskState, Template, bench_rows,
                         read_rows)
 from app.resources_path import examples_dir
 
-from .llamacpp_paths import LlamaPaths, recurring_rows
 from .ours import OurPaths
 from .ratios import compose_accuracy, compute_reuse_ratios
+from .reuse_peers import PeerRun, run_peers
 from .stats import summary
 from .workload import load_workload
 
@@ -50,20 +53,45 @@ class ReuseConfig:
     model_path: str | None = None
     template_path: str | None = None  # None: resources/examples/rag.tmpl
     rows_path: str | None = None  # None: resources/examples/rag-recurring.csv
-    llamacpp: bool = True  # llama-cpp-python with a LlamaRAMCache on the same rows, in order
+    # the peers, on the same rows in the same order (reuse_peers.py)
+    llamacpp: bool = True  # llama-cpp-python (this project's build) with a LlamaRAMCache
+    native_peer: bool = True  # the same, built natively as pip builds it, in its own process
+    server_peer: bool = True  # llama-server with its defaults, over HTTP
+    server_slots: int = 0  # llama-server's -np; 0: its default
+
+
+def _files(cfg: ReuseConfig) -> tuple[Path, Path]:
+    ex = examples_dir()
+    return (Path(cfg.template_path) if cfg.template_path else ex / "rag.tmpl",
+            Path(cfg.rows_path) if cfg.rows_path else ex / "rag-recurring.csv")
+
+
+def _engine(cfg: ReuseConfig) -> Engine:
+    return Engine(EngineConfig(model_path=cfg.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                               n_threads=cfg.n_threads))
+
+
+def _peer_run(engine: Engine, work, cfg: ReuseConfig) -> PeerRun:
+    return PeerRun(model_path=engine.info.path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                   n_threads=cfg.n_threads, flash_attn=bool(engine.kernels.flash_attn),
+                   max_tokens=cfg.max_tokens, prime=list(work.prefix),
+                   numbers=[r.number for r in work.rows], tokens=[r.tokens for r in work.rows],
+                   server_slots=cfg.server_slots)
+
+
+def _peers(run: PeerRun, cfg: ReuseConfig, log) -> dict:
+    return run_peers(run, project=cfg.llamacpp, native=cfg.native_peer, server=cfg.server_peer,
+                     version=llama_cpp.__version__, log=log)
 
 
 def run_reuse(cfg: ReuseConfig, log=print) -> dict:
     t_start = time.perf_counter()
-    ex = examples_dir()
-    tpl_path = Path(cfg.template_path) if cfg.template_path else ex / "rag.tmpl"
-    rows_path = Path(cfg.rows_path) if cfg.rows_path else ex / "rag-recurring.csv"
+    tpl_path, rows_path = _files(cfg)
     tpl = Template.parse(tpl_path.read_text(encoding="utf-8"))
     rows = read_rows(rows_path, tpl.placeholders)[:cfg.rows]
     out: dict = {"settings": {**asdict(cfg), "template": tpl_path.name,
                               "rows_file": rows_path.name, "modes": list(MODES)}}
-    with Engine(EngineConfig(model_path=cfg.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                             n_threads=cfg.n_threads)) as engine:
+    with _engine(cfg) as engine:
         work = load_workload(engine, cfg.rows, tpl_path, rows_path)
         log(f"reuse: {len(rows)} rows of {rows_path.name}; prefix {len(work.prefix)} tokens; "
             "resident fork against the limit")
@@ -86,9 +114,9 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
         out["rows"] = [asdict(r) for r in res.rows]
         out["summary"] = res.summary()
         out["cache_tiers"] = [asdict(t) for t in engine.cache.tiers()]
-        if cfg.llamacpp:
-            log("reuse: llama-cpp-python with a LlamaRAMCache, the same rows in order")
-            out["llamacpp_ram_recurring"] = _llamacpp_recurring(engine, tpl, rows, cfg)
+        peers = _peer_run(engine, work, cfg)
+    # after the engine is closed: the peers get the cores and the memory to themselves
+    out.update(_peers(peers, cfg, log))
     out["ratios"], out["goals"] = compute_reuse_ratios(out)
     out["compose_accuracy"] = compose_accuracy(out["rows"])
     out["chain_exact"] = _exact(out["rows"], "chain")
@@ -96,19 +124,25 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
     return out
 
 
-def _llamacpp_recurring(engine, tpl, rows, cfg: ReuseConfig) -> list[dict]:
-    import tempfile
-
-    tokens = [engine.tokenize(tpl.fill(r.values)) for r in rows]
-    with tempfile.TemporaryDirectory(prefix="kvprimer-bench-") as tmp:
-        llama = LlamaPaths(engine.info.path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                           n_threads=cfg.n_threads, cache_dir=Path(tmp),
-                           flash_attn=engine.kernels.flash_attn)
-        try:
-            got = recurring_rows(llama, tokens, cfg.max_tokens)
-        finally:
-            llama.close()
-    return [{"row": r.number, **g} for r, g in zip(rows, got)]
+def add_peers(reuse: dict, cfg: ReuseConfig, log=print) -> dict:
+    """Run the peers ``cfg`` asks for on the rows a stored reuse section ran (its own template,
+    rows and settings), put them into it and compute its ratios again: for a peer that was not
+    ready (or failed) when the section ran. Says when they ran: the pairs then span two times."""
+    kept = {k: v for k, v in reuse["settings"].items() if k in ReuseConfig.__dataclass_fields__}
+    run_cfg = replace(ReuseConfig(**kept), llamacpp=cfg.llamacpp, native_peer=cfg.native_peer,
+                      server_peer=cfg.server_peer, server_slots=cfg.server_slots)
+    tpl_path, rows_path = _files(run_cfg)
+    with _engine(run_cfg) as engine:
+        peers = _peer_run(engine, load_workload(engine, run_cfg.rows, tpl_path, rows_path),
+                          run_cfg)
+    got = _peers(peers, run_cfg, log)
+    reuse.update(got)
+    reuse.setdefault("peers_added", []).append(
+        {"peers": sorted(k for k in got if not k.endswith("_recurring")),
+         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+         "loadavg": [round(x, 2) for x in os.getloadavg()]})
+    reuse["ratios"], reuse["goals"] = compute_reuse_ratios(reuse)
+    return reuse
 
 
 def warm_in_place_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> dict:
