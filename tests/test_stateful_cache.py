@@ -287,3 +287,19 @@ def test_cli_cache_lists_each_nodes_recurrent_state(stateful_model, tmp_path, ca
     nodes = json.loads(capsys.readouterr().out)["nodes"]
     prefix = next(n for n in nodes if n["label"] == "static prefix")
     assert prefix["recurrent_bytes"] > 0 and prefix["nbytes"] >= prefix["recurrent_bytes"]
+
+
+def test_a_stateful_models_cache_context_has_few_sequences(stateful_model, tiny_model):
+    """llama.cpp keeps a recurrent state for every sequence a context has room for: a hybrid's
+    or recurrent model's cache context gets STATEFUL_SEQ_MAX of them, and its cache still works
+    when runs need more nodes than that (the RAM tier keeps the rest)."""
+    from app.engine.engine_config import STATEFUL_SEQ_MAX
+
+    with _engine(stateful_model) as eng:
+        assert eng.info.n_seq_max == eng.config.n_seq_max == STATEFUL_SEQ_MAX
+        for i in range(STATEFUL_SEQ_MAX + 2):  # more cached prompts than sequences
+            rep = run(eng, {"c1": f"{A} {i}", "c2": B, "question": "why?"})
+            assert rep.verdict.equivalence == "bit-identical"
+        assert len(eng.cache.nodes()) > STATEFUL_SEQ_MAX
+    with _engine(tiny_model) as eng:  # attention models keep the setting
+        assert eng.info.n_seq_max == 64

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .cache.cache_tiers import CacheLimits
 from .llama.crash_probe import CpuKernels
@@ -12,6 +12,10 @@ from .llama.model_traits import ModelTraits
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.llama_backend import cpu_backend
 from .llama.native import ContextParams, gpu_offload_supported
+
+# sequences of a hybrid or recurrent model's cache context (EngineConfig.for_model): the user's,
+# the cache's scratch and holding ones, and a few resident nodes
+STATEFUL_SEQ_MAX = 8
 
 
 _CTX = ContextParams  # the context settings' defaults are defined once, there
@@ -37,6 +41,15 @@ class EngineConfig:
     flash_attn: str = field(default_factory=lambda: os.environ.get("KVPRIMER_FLASH_ATTN", "auto"))
     remeasure_kernels: bool = False  # measure again even when a measurement is cached
     n_ubatch: int = _CTX.n_ubatch  # micro-batch (llama.cpp's -ub); 0: the batch size
+
+    def for_model(self, traits) -> "EngineConfig":
+        """These settings for a model with these traits (model_traits.py): llama.cpp keeps a
+        recurrent state for every sequence a context has room for, whether it holds tokens or
+        not (tens of MB each on a real hybrid), so a stateful model's cache context gets at most
+        STATEFUL_SEQ_MAX sequences; its RAM and file tiers keep the nodes that find none."""
+        if (traits.recurrent or traits.hybrid) and self.n_seq_max > STATEFUL_SEQ_MAX:
+            return replace(self, n_seq_max=STATEFUL_SEQ_MAX)
+        return self
 
     def context_params(self, n_seq_max: int, flash_attn: bool | None = None) -> ContextParams:
         """These settings as a context's, for a context of ``n_seq_max`` sequences."""

@@ -54,8 +54,8 @@ class Engine:
         try:
             self._path, self._sha256 = path, model_fingerprint(path)
             self._early = read_traits(self.model, None, path)
-            # every context of the engine runs the same kernel: states move between them, and
-            # flash attention decides V's layout
+            self.config = config = config.for_model(self._early)  # fewer sequences if stateful
+            # every context runs one kernel: states move between them, and it decides V's layout
             self.kernel_state = EngineKernels.of(self.model, config, self._sha256, self._early)
             if not measure_kernels_later and self.kernel_state.urgent:
                 task = task or TaskState()
