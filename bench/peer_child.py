@@ -33,20 +33,20 @@ def _load_cpu_level() -> None:
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "kvprimer_cpu_backends", Path(__file__).resolve().parents[1] / "app" / "cpu_backends.py")
-    loader = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(loader)  # (a dataclass looks its module up in sys.modules)
-    loader.load_cpu_backend(Path(L.llama_cpp._lib._name).resolve().parent)
-
-
-_load_cpu_level()
+    loader = sys.modules.get("kvprimer_cpu_backends")
+    if loader is None:  # read once; a dataclass looks its module up in sys.modules
+        spec = importlib.util.spec_from_file_location(
+            "kvprimer_cpu_backends", Path(__file__).resolve().parents[1] / "app" / "cpu_backends.py")
+        loader = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loader)
+    loader.load_cpu_backend(Path(library_path()).resolve().parent)
 
 
 def open_llama(model_path: str, *, n_ctx: int, n_batch: int, n_threads: int, flash_attn: bool,
                use_extra_bufts: bool, type_kv: int) -> Llama:
     """``Llama`` with the engine's threads, batch = ubatch, KV type, flash attention and CPU
     buffer types, so that every build runs the same kernels as ours."""
+    _load_cpu_level()  # here, not at import: in the bench's own process the engine did it first
     with extra_buffer_types(use_extra_bufts):
         llm = Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                     n_threads=n_threads, n_threads_batch=n_threads, flash_attn=bool(flash_attn),

@@ -40,7 +40,7 @@ from .native import ContextParams, NativeModel
 from ..files.user_files import atomic_write
 
 __all__ = ["CALIBRATION_PREFIX", "CALIBRATION_SUFFIX", "SPLIT", "KernelTiming", "KernelChoice",
-           "choose_kernels", "start_choice", "finish_choice"]
+           "start_choice", "finish_choice"]
 
 FLASH_ATTN_SETTINGS = ("auto", "on", "off")
 SAFE_DEFAULT = False  # the kernel used until a measurement says otherwise
@@ -150,25 +150,6 @@ def finish_choice(measured: Measured, params: ContextParams, model_sha256: str,
         choice = replace(choice, reason=f"{choice.reason}; provisional: {measured.why_provisional()}")
     _write_cache(_key(params, model_sha256), choice)
     return choice
-
-
-def choose_kernels(model: NativeModel, params: ContextParams, model_sha256: str, setting: str,
-                   windowed: bool, quantized_v: bool, no_attention: bool = False,
-                   remeasure: bool = False, task=None) -> KernelChoice:
-    """The attention kernel for this model and context, measured now if it must be (see the
-    module docstring); ``task`` can cancel it between steps (Cancelled)."""
-    choice = start_choice(params, model_sha256, setting, windowed, quantized_v, no_attention,
-                          remeasure)
-    if not choice.measuring_wanted:
-        return choice
-    m = new_measurement(model, params)
-    try:
-        if not m.run(check=(lambda: task.cancelled) if task is not None else (lambda: False),
-                     task=task):
-            task.check()
-    finally:
-        m.close()
-    return finish_choice(m.result, params, model_sha256)
 
 
 TIE = 0.05  # scores closer than this are a tie: the machine's noise can flip them
