@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from app.engine import Engine, EngineConfig
-from app.engine.runs.batch_plan import batch_starts, batches
+from app.engine.runs.batch_feed import feed_batches
+from app.engine.runs.batch_plan import batch_starts
 from app.engine.llama.native import ContextParams, NativeContext
 
 from .workload import load_workload
@@ -38,16 +39,16 @@ def run(n_threads: int | None = None, repeats: int = 3, model_path: str | None =
             try:
                 prefix = row.tokens[:row.boundary]
                 t0 = time.perf_counter()
-                for a, b in batches(batch_starts(0, len(prefix), n_batch), len(prefix)):
-                    ctx.decode([(prefix[i], i, (0,), False) for i in range(a, b)])
+                feed_batches(ctx.decode, prefix, 0, batch_starts(0, len(prefix), n_batch),
+                             want_logits=False)
                 prefix_ms = (time.perf_counter() - t0) * 1000
                 best = float("inf")
                 end = len(row.tokens)
                 for _ in range(repeats):
                     ctx.seq_rm(0, row.boundary, -1)
                     t0 = time.perf_counter()
-                    for a, b in batches(batch_starts(row.boundary, end, n_batch), end):
-                        ctx.decode([(row.tokens[i], i, (0,), i == end - 1) for i in range(a, b)])
+                    feed_batches(ctx.decode, row.suffix, row.boundary,
+                                 batch_starts(row.boundary, end, n_batch))
                     ctx.logits(-1)
                     best = min(best, (time.perf_counter() - t0) * 1000)
             finally:

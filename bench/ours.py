@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from app.engine import Engine, GenerationConfig, PrefixState, Template
-from app.engine.runs.batch_plan import EXACT_CHUNK, batch_starts, batches
+from app.engine.runs.batch_feed import feed_batches, feed_token
+from app.engine.runs.batch_plan import EXACT_CHUNK, batch_starts
 from app.engine.runs.generation import generate
 from app.engine.llama.native import NativeContext
 from app.engine.runs.prompt_runs import state_hit, warm_in_work_context
@@ -179,21 +180,20 @@ class FastestLimit:
         prefix = row.tokens[:row.boundary]
         if self.tokens[:row.boundary] != prefix:  # another prefix: evaluate it (untimed)
             ctx.clear()
-            for a, b in batches(batch_starts(0, len(prefix), n_batch), len(prefix)):
-                ctx.decode([(prefix[i], i, (0,), False) for i in range(a, b)])
+            feed_batches(ctx.decode, prefix, 0, batch_starts(0, len(prefix), n_batch),
+                         want_logits=False)
             self.tokens = list(prefix)
         ctx.seq_rm(0, row.boundary, -1)
         self.tokens = self.tokens[:row.boundary]
         pos = [row.boundary]
 
         def step(tok: int) -> None:
-            ctx.decode([(tok, pos[0], (0,), True)])
+            feed_token(ctx.decode, tok, pos[0])
             pos[0] += 1
 
         t0 = time.perf_counter()
         end = len(row.tokens)
-        for a, b in batches(row.suffix_starts(n_batch), end):
-            ctx.decode([(row.tokens[i], i, (0,), i == end - 1) for i in range(a, b)])
+        feed_batches(ctx.decode, row.suffix, row.boundary, row.suffix_starts(n_batch))
         pos[0] = end
         n = max(1, more)
         g = generate(ctx, self.engine.model, step, GenerationConfig(max_tokens=n), n, None,

@@ -12,7 +12,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .runs.batch_plan import EXACT_CHUNK, batch_starts, batches
+from .runs.batch_feed import feed_batches
+from .runs.batch_plan import EXACT_CHUNK, batch_starts
 from .runs.cold_reference import ColdReference
 from .engine_config import EngineConfig, model_info
 from .llama.crash_probe import checked_cpu_kernels
@@ -226,24 +227,16 @@ class Engine:
         if self.resident.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions; trim it to "
                                 f"{self.resident.count(seq)} tokens or clear it before evaluating")
-        task = task or TaskState()
         start = self.resident.count(seq)
         end = start + len(tokens)
         self.check_fits(end)
         if starts is None:
             starts = self.batch_plan(seq, len(tokens))
-        elif tokens and (not starts or starts[0] != start):
-            raise ValueError("the batch plan must start where the sequence ends")
         if any(m not in starts and m != end for m in marks if start <= m <= end):
             raise ValueError("every mark must be where a batch starts or at the end")
-        task.report(stage, 0, len(tokens))
-        for a, b in batches(starts, end):
-            task.check(kept_tokens=self.resident.count(seq))
-            if at_mark is not None and a in marks:
-                at_mark(a)
-            self.decode([(tokens[i - start], i, (seq,), want_logits and i == end - 1)
-                         for i in range(a, b)])
-            task.report(stage, b - start, len(tokens))
+        before = (lambda a: at_mark(a) if a in marks else None) if at_mark is not None else None
+        feed_batches(self.decode, tokens, start, starts, seq, want_logits=want_logits,
+                     task=task, stage=stage, before=before)
         if at_mark is not None and end in marks:
             at_mark(end)
         return self.ctx.logits(-1) if want_logits and tokens else None

@@ -29,7 +29,7 @@ there) and kept by the radix cache's node of that depth.
 """
 from __future__ import annotations
 
-from ..runs.batch_plan import batches
+from ..runs.batch_feed import feed_batches, feed_token
 from ..errors import ContextError, ContextOverflowError, KvPrimerError
 from ..llama.native import ContextParams, NativeContext, NativeModel
 from ..files.hybrid_payload import attention_span
@@ -202,36 +202,32 @@ class WorkContext:
         (``snapshots``)."""
         if not tokens:
             return None
-        task = task or TaskState()
         start, end = len(self.tokens), len(self.tokens) + len(tokens)
-        if not starts or starts[0] != start:
-            raise ValueError("the batch plan must start where the sequence ends")
         if end >= self.ctx.n_ctx:
             raise ContextOverflowError(end, self.ctx.n_ctx)
-        task.report(stage, 0, len(tokens))
-        for a, b in batches(starts, end):
-            task.check(kept_tokens=len(self.tokens))
-            self._decode(tokens[a - start:b - start], a, want_logits and b == end)
+
+        def after(a: int, b: int) -> None:
             self.cuts.append(a)
             if self.stateful and b in snap_at:
                 self.snapshots[b] = self.recurrent_state()
-            task.report(stage, b - start, len(tokens))
+
+        feed_batches(self._decode, tokens, start, starts, SEQ, want_logits=want_logits,
+                     task=task, stage=stage, after=after)
         return self.ctx.logits(-1) if want_logits else None
 
     def step(self, token: int) -> None:
         """One generated token."""
         self.cuts.append(len(self.tokens))
-        self._decode([token], len(self.tokens), True)
+        feed_token(self._decode, token, len(self.tokens), SEQ)
 
-    def _decode(self, tokens: list[int], pos: int, logits_last: bool) -> None:
-        n = len(tokens)
+    def _decode(self, entries) -> None:
+        """One llama_decode of the run's sequence; what it holds grows by the batch."""
         try:
-            self.ctx.decode([(t, pos + i, (SEQ,), logits_last and i == n - 1)
-                             for i, t in enumerate(tokens)])
+            self.ctx.decode(entries)
         except ContextError:
             self.reset()  # a failed decode may have placed part of the batch: start clean
             raise
-        self.tokens.extend(tokens)
+        self.tokens.extend(e[0] for e in entries)
 
 
 def shared_history(tokens_a: list[int], cuts_a: list[int], tokens_b: list[int],

@@ -25,8 +25,10 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import Callable
 
+from ..runs.batch_feed import feed_batches
 from .machine_load import LoadMeter, MachineLoad
 from .native import ContextParams, NativeContext, NativeModel
 
@@ -226,7 +228,7 @@ class KernelMeasurement:
         b = min(a + self._batch, self.n_prefix)
         with self.meter:
             t0 = self.clock()
-            ctx.decode([(self.tokens[i], i, (0,), False) for i in range(a, b)])
+            feed_batches(ctx.decode, self.tokens[a:b], a, [a], want_logits=False)
             self._prefix_t[kernel] = self._prefix_t.get(kernel, 0.0) + self.clock() - t0
         self._prefix_done[kernel] = b
         if b == self.n_prefix:
@@ -242,13 +244,11 @@ class KernelMeasurement:
 
             raise ModelError("llama.cpp could not restore the timing prefix while measuring the "
                              "attention kernels; set flash attention on or off instead of auto")
-        last = self.n_prefix + self.n_suffix - 1
+        start = self.n_prefix
+        starts = [start + k for k in accumulate((0, *self.plans[plan][:-1]))]
         with self.meter:
             t0 = self.clock()
-            pos = self.n_prefix
-            for n in self.plans[plan]:
-                ctx.decode([(self.tokens[i], i, (0,), i == last) for i in range(pos, pos + n)])
-                pos += n
+            feed_batches(ctx.decode, self.tokens[start:start + self.n_suffix], start, starts)
             ctx.logits(-1)
             dt = self.clock() - t0
         self.samples[(kernel, plan)].append(dt * 1000)

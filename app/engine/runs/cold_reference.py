@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batch_plan import batch_starts, batches
+from .batch_feed import feed_batches, feed_token
+from .batch_plan import batch_starts
 from .generation import GenerationConfig, generate
 from ..llama.native import NativeContext
 from ..task_state import TaskState
@@ -72,20 +73,16 @@ class ColdReference:
         ctx = self._context()
         ctx.clear()
         if marks is None:  # the noise run: another sequence's cell first moves every cell by one
-            ctx.decode([(tokens[0], 0, (1,), False)])
+            feed_batches(ctx.decode, tokens[:1], 0, [0], seq=1, want_logits=False)
         n_batch = self._engine.config.n_batch
         starts = batch_starts(0, len(tokens), n_batch, marks or ())
         t0 = time.perf_counter()
-        task.report(mode, 0, len(tokens))
-        for a, b in batches(starts, len(tokens)):
-            task.check()
-            ctx.decode([(tokens[i], i, (0,), i == len(tokens) - 1) for i in range(a, b)])
-            task.report(mode, b, len(tokens))
+        feed_batches(ctx.decode, tokens, 0, starts, task=task, stage=mode)
         prompt_s = time.perf_counter() - t0
         pos = [len(tokens)]
 
         def step(tok: int) -> None:
-            ctx.decode([(tok, pos[0], (0,), True)])
+            feed_token(ctx.decode, tok, pos[0])
             pos[0] += 1
 
         g = generate(ctx, self._engine.model, step, gen, max_new, task, mode, keep_logits)
