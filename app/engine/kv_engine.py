@@ -37,7 +37,7 @@ from .kv.sequence_ops import SequenceOps
 from .kv.sequence_tokens import SequenceTokens
 from .task_state import TaskState
 from .prompts.template import FilledPrompt, Template
-from .cache.work_context import WorkContext
+from .runs.work_context import WorkContext
 
 
 class Engine:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..kv.sequence_ops import SequenceOps
 from ..kv.sequence_tokens import SequenceTokens
 from ..llama.native import NativeContext, NativeModel
-from .work_context import WorkContext
+from ..runs.work_context import WorkContext
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .cache_parts import CacheParts
 from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
-from .work_context import batch_end_at_or_before
+from ..runs.batch_plan import batch_end_at_or_before
 
 __all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNodeInfo",
            "RadixCache", "TierUsage"]

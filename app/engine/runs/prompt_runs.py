@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from .batch_plan import EXACT_CHUNK, batch_starts
+from .batch_plan import EXACT_CHUNK, batch_end_at_or_before, batch_starts
 from .cold_reference import PathResult
 from ..errors import KvPrimerError
 from .generation import GenerationConfig, TextDelta, generate
@@ -341,7 +341,6 @@ def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
     cut back to a batch end of its history."""
     from ..prompts.prompt_tokens import common_prefix
     from ..cache.radix_cache import CacheHit
-    from ..cache.work_context import batch_end_at_or_before
 
     n = batch_end_at_or_before(engine.cache.state_cuts(state), state.n_tokens,
                                min(common_prefix(list(state.tokens), tokens), limit))

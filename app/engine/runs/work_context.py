@@ -29,7 +29,8 @@ there) and kept by the radix cache's node of that depth.
 """
 from __future__ import annotations
 
-from ..runs.batch_feed import feed_batches, feed_token
+from .batch_feed import feed_batches, feed_token
+from .batch_plan import shared_history
 from ..errors import ContextError, ContextOverflowError, KvPrimerError
 from ..llama.native import ContextParams, NativeContext, NativeModel
 from ..files.hybrid_payload import attention_span
@@ -229,28 +230,3 @@ class WorkContext:
             raise
         self.tokens.extend(e[0] for e in entries)
 
-
-def shared_history(tokens_a: list[int], cuts_a: list[int], tokens_b: list[int],
-                   cuts_b: list[int], end_b: int) -> int:
-    """The longest prefix two histories computed alike: the same tokens, and the same batches
-    up to a boundary both have (cells computed in other batches may differ in the last bits,
-    so a cell is only shared up to a batch end both histories reached the same way).
-    History a ends at len(tokens_a); history b at ``end_b``."""
-    n = 0
-    limit = min(len(tokens_a), end_b)
-    while n < limit and tokens_a[n] == tokens_b[n]:
-        n += 1
-    bounds_a = sorted({c for c in cuts_a if c <= n} | ({len(tokens_a)} if len(tokens_a) <= n else set()))
-    bounds_b = sorted({c for c in cuts_b if c <= n} | ({end_b} if end_b <= n else set()))
-    best = 0
-    for a, b in zip(bounds_a, bounds_b):
-        if a != b:
-            break
-        best = a
-    return best
-
-
-def batch_end_at_or_before(cuts: list[int], end: int, upto: int) -> int:
-    """The last batch boundary of a history (batch starts ``cuts``, ending at ``end``) at or
-    before ``upto``: reusing its cells up to there is reusing whole batches."""
-    return max([c for c in cuts if c <= upto] + ([end] if end <= upto else []), default=0)
