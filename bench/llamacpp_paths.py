@@ -34,7 +34,7 @@ from app.engine.llama.crash_probe import checked_cpu_kernels
 from app.engine.llama.ggml_types import KV_TYPES
 
 from . import peer_child
-from .ours import Sample
+from .kvprimer_paths import Sample
 from .workload import RowTokens
 
 

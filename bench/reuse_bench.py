@@ -4,7 +4,7 @@ On the recurring RAG workload (rag-recurring.csv: passages drawn with Zipf popul
 share values), two measurements on one engine whose context is large enough (8,192 cells) that
 nothing is evicted:
 
-1. The app's warm run in prefix mode against the fastest limit (ours.py), on a cache holding
+1. The app's warm run in prefix mode against the fastest limit (kvprimer_paths.py), on a cache holding
    only the static prefix: the work context keeps the prefix and evaluates the row's suffix,
    against a plain context holding the prefix that evaluates the same suffix in the same
    batches. The two paths alternate (ABBA), so drift on a shared machine cancels in the
@@ -32,7 +32,7 @@ from app.engine import (Engine, EngineConfig, GenerationConfig, TaskState, Templ
                         read_rows)
 from app.resources_path import examples_dir
 
-from .ours import OurPaths
+from .kvprimer_paths import OurPaths
 from .ratios import compose_accuracy, compute_reuse_ratios
 from .reuse_peers import PeerRun, run_peers
 from .stats import summary

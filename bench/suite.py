@@ -4,7 +4,7 @@ equivalence checks and the prefix-length sweep. Returns one dict: what results.j
 Within a repeat the paths run back to back in a fixed order (cold, limit, ours warm, theirs
 warm, q8_0), so that each pairwise ratio compares runs made seconds apart. Ours warm from memory
 is the app's warm run (the resident prefix forked); the cold path runs in the engine's cold
-reference context with the same batch starts (ours.py).
+reference context with the same batch starts (kvprimer_paths.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from app.engine import Engine, EngineConfig
 from . import sweep
 from .llamacpp_paths import LlamaPaths
 from .machine import CpuShare, loadavg, machine_info
-from .ours import OurPaths, Sample
+from .kvprimer_paths import OurPaths, Sample
 from .ratios import compute_ratios
 from .report import path_summaries
 from .restore_probe import probe_restore

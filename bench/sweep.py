@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from app.engine import PrefixState
 
-from .ours import OurPaths
+from .kvprimer_paths import OurPaths
 from .stats import pairwise_ratio, summary
 from .workload import Workload, truncated
 
