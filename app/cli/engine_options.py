@@ -41,7 +41,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-tg", "--threads-gen", type=int, dest="threads", default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)  # the old name of -t, kept working
     g.add_argument("-tb", "--threads-batch", type=int, default=_E.n_threads, metavar="N",
-                   help="threads for prompt batches (0: all cores)")
+                   help="threads for prompt batches (0: auto: the cores other programs leave free, "
+                        "measured as it runs)")
     g.add_argument("-ctk", "--cache-type-k", default=_E.type_k, choices=list(KV_TYPES),
                    help=f"K cache type ({_E.type_k})")
     g.add_argument("-ctv", "--cache-type-v", default=_E.type_v, choices=list(KV_TYPES),

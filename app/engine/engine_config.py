@@ -28,7 +28,7 @@ class EngineConfig:
     model_path: str | None = None  # None: the default model
     n_ctx: int = _CTX.n_ctx
     n_batch: int = _CTX.n_batch
-    n_threads: int = _CTX.n_threads  # batch threads (llama.cpp's -tb); 0: all cores
+    n_threads: int = _CTX.n_threads  # batch threads (llama.cpp's -tb); 0: auto (thread_fit.py)
     n_threads_gen: int = _CTX.n_threads_gen  # generation threads (llama.cpp's -t); see ContextParams
     type_k: str = _CTX.type_k
     type_v: str = _CTX.type_v
@@ -84,6 +84,7 @@ class ModelInfo:
     cpu_kernels: CpuKernels | None = None  # AMX / repacked weights, and why (cpu_kernels.py)
     n_ubatch: int = 0  # the micro-batch llama.cpp runs
     cpu_backend: str = ""  # the CPU instruction-set level llama.cpp loaded (app/cpu_backends.py)
+    batch_threads: str = ""  # how prompt batches get their threads (thread_fit.py)
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "traits": self.traits.as_dict(),
@@ -101,6 +102,7 @@ def model_info(model, ctx, config: EngineConfig, path, sha256: str, traits: Mode
         type_k=config.type_k, type_v=config.type_v,
         kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
         traits=traits, gpu_offload=gpu_offload_supported(), cpu_backend=cpu_backend().describe(),
+        batch_threads=ctx.thread_reading().describe(),
         **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
                                  "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                  "file_bytes")})

@@ -90,8 +90,8 @@ class EngineSettingsForm(QWidget):
                                 "warm and cold runs bit-identical however full the cache is; "
                                 "more is faster and may differ slightly", "as batch threads")
         self.threads_gen.setObjectName("threadsGen")
-        self.threads = spin(0, 256, "Threads evaluating prompts in batches (llama.cpp's -tb)",
-                            "all cores")
+        self.threads = spin(0, 256, "Threads evaluating prompts in batches (llama.cpp's -tb); "
+                            "auto: the cores other programs leave free", "auto")
         self.threads.setObjectName("threadsBatch")
         self.batch = spin(1, 8192, "Tokens per decode batch (llama.cpp's -b)")
         self.ubatch = spin(0, 8192, "Tokens per physical batch inside a decode call "

@@ -90,9 +90,18 @@ def _windows_busy_s() -> float | None:
         return None
 
 
-def _own_cpu_s() -> float:
+def own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system  # every thread of this process, the GUI thread too
+
+
+def busy_time_source():
+    """The best source of the machine's busy CPU seconds here, or None (macOS, BSD)."""
+    if _proc_busy_s() is not None:
+        return _proc_busy_s, "/proc/stat"
+    if _windows_busy_s() is not None:
+        return _windows_busy_s, "GetSystemTimes"
+    return None, ""
 
 
 class LoadMeter:
@@ -109,16 +118,14 @@ class LoadMeter:
     def __init__(self, busy_s=None, own_s=None, clock=time.perf_counter, loadavg=None,
                  n_cores: int | None = None):
         self.n_cores = n_cores or os.cpu_count() or 1
-        self._clock, self._own = clock, own_s or _own_cpu_s
+        self._clock, self._own = clock, own_s or own_cpu_s
         self._loadavg = loadavg if loadavg is not None else getattr(os, "getloadavg", None)
         if busy_s is not None:
             self._busy, self.source = busy_s, "injected"
-        elif _proc_busy_s() is not None:
-            self._busy, self.source = _proc_busy_s, "/proc/stat"
-        elif _windows_busy_s() is not None:
-            self._busy, self.source = _windows_busy_s, "GetSystemTimes"
         else:
-            self._busy, self.source = None, "load average" if self._loadavg else "unknown"
+            self._busy, self.source = busy_time_source()
+            if self._busy is None:
+                self.source = "load average" if self._loadavg else "unknown"
         self.other_s = 0.0
         self.wall_s = 0.0
         self._loads: list[float] = []

@@ -34,6 +34,7 @@ class WarmBreakdown:
     total_ms: float  # the warm run's time to first token
     build_ms: float = 0.0  # compose: modules seen for the first time, built before the run
     batching_note: str = ""  # chain's cuts cost more than the segments they store can save
+    batch_threads: int = 0  # threads the last batch ran on (thread_fit.py: fewer on a busy machine)
 
     @property
     def ms_per_batch(self) -> float:
@@ -47,6 +48,8 @@ class WarmBreakdown:
             bring += f" (kept {kept:,} in place)"
         plural = "batch" if self.batches == 1 else "batches"
         each = f" ({self.ms_per_batch:,.1f} ms a batch)" if self.batches > 1 else ""
+        if self.batch_threads:
+            each += f" on {self.batch_threads} thread{'s' if self.batch_threads > 1 else ''}"
         parts = [f"{bring} {self.restore_ms:,.1f} ms",
                  f"evaluate {self.evaluated_tokens:,} tokens in {self.batches} {plural} "
                  f"{self.evaluate_ms:,.1f} ms{each}",
@@ -122,7 +125,9 @@ def run_breakdown(engine, report, n_tokens: int, segments) -> WarmBreakdown:
     """Where a run's warm time went (``report.warm``); for a chain run in the work context,
     whether cutting batches at segment ends cost more than the segments stored can save."""
     warm = report.warm
-    out = warm_breakdown(warm, report.copied_tokens, report.build_ms)
+    ctx = engine.work.ctx if engine.runs_in_work_context else engine.ctx
+    out = replace(warm_breakdown(warm, report.copied_tokens, report.build_ms),
+                  batch_threads=ctx.batch_threads)
     if report.reuse != "chain" or not engine.runs_in_work_context:
         return out  # prefix and compose batch plainly; the cache's shared context cuts alike
     plain = len(batch_starts(warm.reused_tokens, n_tokens, engine.config.n_batch))
