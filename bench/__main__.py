@@ -48,6 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-kernel-table", action="store_true",
                     help="skip the kernel table (flash attention on/off x batches of 256/63)")
     ap.add_argument("--no-soak", action="store_true", help="skip the 1,000-run memory soak")
+    ap.add_argument("--no-busy", action="store_true",
+                    help="skip the busy-machine section (auto batch threads against every core "
+                         "beside busy-loop processes)")
+    ap.add_argument("--only-busy", action="store_true",
+                    help="run only the busy-machine section; other figures in --out are kept")
     ap.add_argument("--no-first-start", action="store_true",
                     help="skip timing the engine's first start against a plain Llama load")
     ap.add_argument("--no-stalls", action="store_true",
@@ -130,6 +135,26 @@ def first_start(results: dict, args) -> None:
                              first_start_vs_llamacpp_load=r["first_start_vs_llamacpp_load"])
     _write(results, args.out)
     print("\n" + format_line(r), flush=True)
+
+
+def busy_machine(results: dict, args) -> None:
+    """Auto batch threads against every core, quiet and beside busy processes
+    (bench/busy_machine.py): its ratios and goals join the others."""
+    if args.no_busy:
+        return
+    from .busy_machine import format_lines, run
+    from .ratios import busy_goals
+
+    try:
+        results["busy_machine"] = r = run(samples=2 if args.quick else 5)
+    except Exception as e:  # its failure must not lose the figures already written
+        results["busy_machine"] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"bench: the busy-machine section failed: {e}", file=sys.stderr)
+        return
+    results.setdefault("ratios", {}).update(r["ratios"])
+    results.setdefault("goals", {}).update(busy_goals(r["ratios"]))
+    _write(results, args.out)
+    print("\n" + format_lines(r), flush=True)
 
 
 def reuse_figures(results: dict, args) -> None:
@@ -230,8 +255,11 @@ def main(argv=None) -> int:
         return peers_into(args)
     if args.only_reuse:
         return only_reuse(args)
-    if args.only_stateful:  # the other sections' figures stay as the last full run wrote them
+    if args.only_stateful or args.only_busy:  # the other figures stay as the last run wrote them
         results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
+        if args.only_busy:
+            busy_machine(results, args)
+            return 0 if results.get("busy_machine", {}).get("bit_identical") else 1
         stateful_figures(results, args)
         return 0 if "error" not in results.get("stateful", {}) else 1
     from .chart import render_chart
@@ -253,6 +281,7 @@ def main(argv=None) -> int:
     if "reuse" in results:
         render_chart(results, args.chart)
     stateful_figures(results, args)
+    busy_machine(results, args)
     soak_and_stalls(results, args)
     print(f"\nwrote {args.out} and {args.chart}")
     return 0 if results["same_suffix_tokens"]["ok"] else 1

@@ -26,6 +26,10 @@ GOALS = {  # upper bounds the project sets itself
     "chain_vs_prefix_static_rows": 1.02,  # chain is no slower where it reuses only the prefix
     "compose_vs_prefix_warm": 0.45,
     "warm_in_place_vs_fastest_limit_recurring": 1.05,
+    # the busy-machine section (busy_machine.py): auto batch threads cost nothing on a quiet
+    # machine and at least halve a batch's time when other programs keep every core busy
+    "quiet_auto_vs_all_cores": 1.02,
+    "busy_auto_vs_all_cores": 0.5,
 }
 
 # name: the mode whose warm time per row is divided by prefix mode's for the same row
@@ -169,3 +173,8 @@ def compose_accuracy(rows: list[dict], mode: str = "compose") -> dict:
         "max_logit_diff_median": statistics.median(diff), "max_logit_diff_max": max(diff),
         "first_diff": [r["first_diff"] for r in ok],
     }
+
+
+def busy_goals(ratios: dict) -> dict:
+    """The busy-machine section's goals."""
+    return _goals(ratios)
