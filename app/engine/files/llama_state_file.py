@@ -8,7 +8,7 @@ Layout (little endian; llama.cpp's ``state_seq_save_file`` in src/llama-context.
     8     4    token count N (u32)
     12    4N   the token ids (int32 each)
     12+4N ...  the sequence's KV data, as ``state_seq_write_data`` streams it: what
-               ``llama_state_seq_get_data`` returns (see seq_payload.py) without that buffer's
+               ``llama_state_seq_get_data`` returns (see seq_state_layout.py) without that buffer's
                first 8 bytes (u32 0xAF143CD8 and the source sequence id, which only the
                in-memory form carries; checked against llama.cpp's source and by the tests)
 

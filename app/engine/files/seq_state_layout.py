@@ -128,12 +128,14 @@ class Stream:
     def seq_id_counts(self) -> np.ndarray:
         return self.cells[:, 1]
 
-    def in_position_order(self) -> "Stream":
-        order = np.argsort(self.positions, kind="stable")
-        if np.array_equal(order, np.arange(self.n_cells)):
-            return self
+    def reordered(self, order: np.ndarray) -> "Stream":
+        """The cells in ``order`` (indices), each with its K and V rows."""
         return replace(self, cells=self.cells[order], k=tuple(r._taken(order) for r in self.k),
                        v=tuple(r._taken(order) for r in self.v))
+
+    def in_position_order(self) -> "Stream":
+        order = np.argsort(self.positions, kind="stable")
+        return self if np.array_equal(order, np.arange(self.n_cells)) else self.reordered(order)
 
 
 @dataclass(frozen=True)
