@@ -69,18 +69,13 @@ def runs_known_format() -> bool:
     return (f.seq_state_version, f.session_version) == (READS.seq_state_version, READS.session_version)
 
 
-def version_problem(version: int) -> str:
-    """The one line for a state of another format version ('' for the version this reads)."""
-    if version == READS.seq_state_version:
-        return ""
-    return (f"this state is in llama.cpp's seq-state version {version}, and this KV Primer reads "
+def check_version(version: int) -> None:
+    """Refuse, in one line, a state of another format version than the one this reads."""
+    if version != READS.seq_state_version:
+        raise StateFileError(
+            f"this state is in llama.cpp's seq-state version {version}, and this KV Primer reads "
             f"version {READS.seq_state_version} ({READS.written_for}); load it with a KV Primer "
             "built on the llama.cpp that saved it, or prime the prefix again")
-
-
-def check_version(version: int) -> None:
-    if problem := version_problem(version):
-        raise StateFileError(problem)
 
 
 class LayoutError(ValueError):
@@ -92,10 +87,10 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class Rows:
-    """One layer's K or V data: ``data`` as stored, one row per cell (K, V), or for transposed V
-    ``n_embd`` rows of one ``el_bytes`` element per cell."""
+    """One layer's K or V data as stored: one row per cell, or for transposed V one row per
+    embedding component holding one element per cell."""
     type_id: int
-    data: np.ndarray  # uint8 (cells, row bytes), or transposed (n_embd, cells) of el_bytes words
+    data: np.ndarray  # uint8 (cells, row bytes), or transposed (n_embd, cells) of element words
     transposed: bool = False
 
     @property
