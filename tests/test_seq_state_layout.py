@@ -164,7 +164,23 @@ def test_the_reader_is_for_the_llama_cpp_installed(models, monkeypatch):
         s = parse(state.data, state.seq_state_version)
         shuffled = replace(s, kv=(KvBlock((s.first_stream.reordered(
             np.arange(state.n_tokens)[::-1]),)),)).to_bytes()
-        # under a llama.cpp whose format this reader does not know, nothing rewrites its bytes
-        monkeypatch.setattr(seq_payload, "_known_library", lambda: False)
+        # under a llama.cpp whose format this reader does not know, nothing rewrites its bytes,
+        # and no state is restored unchecked
+        line = "KV Primer runs llama-cpp-python 9.9 (llama.cpp seq-state version 3, session 11)"
+        monkeypatch.setattr(seq_payload, "_library_problem", lambda: line)
         assert in_position_order(shuffled) is shuffled
         assert v_transposed(state.data) is None
+        with pytest.raises(StateFileError, match="llama-cpp-python 9.9") as e:
+            eng.restore(state, 2)
+        _one_line(e)
+        assert not eng.resident[2]
+
+
+def test_the_line_for_another_llama_cpp_names_both(monkeypatch):
+    from app.engine.files import seq_state_layout as layout
+
+    monkeypatch.setattr(layout, "running_format", lambda: layout.StateFormat(
+        3, 11, "llama-cpp-python 0.3.40"))
+    line = layout.library_problem()
+    assert "llama-cpp-python 0.3.40" in line and "session version 11" in line
+    assert READS.written_for in line and "\n" not in line

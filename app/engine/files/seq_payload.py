@@ -17,7 +17,7 @@ from functools import cache
 import numpy as np
 
 from ..errors import StateFileError
-from .seq_state_layout import READS, LayoutError, SeqState, Stream, parse, running_format, runs_known_format
+from .seq_state_layout import READS, LayoutError, SeqState, Stream, library_problem, parse
 
 FAMILIES = ("attention", "hybrid", "recurrent")  # what a model's layers keep per sequence
 _FAMILY_WORDS = {"attention": "a model with attention layers only",
@@ -25,15 +25,10 @@ _FAMILY_WORDS = {"attention": "a model with attention layers only",
                  "recurrent": "a recurrent model"}
 
 
-@cache
-def _running_version() -> int:
-    return running_format().seq_state_version
-
-
 def live_state(data: bytes, family: str | None = None) -> SeqState | None:
     """The description of bytes the running llama.cpp wrote; None when this reader does not
     know that llama.cpp's format, or the bytes are not a state of it."""
-    if not _known_library():
+    if _library_problem():
         return None
     try:
         return parse(data, READS.seq_state_version, family)
@@ -42,8 +37,8 @@ def live_state(data: bytes, family: str | None = None) -> SeqState | None:
 
 
 @cache
-def _known_library() -> bool:
-    return runs_known_format()
+def _library_problem() -> str:
+    return library_problem()
 
 
 def check_seq_payload(data: bytes, n_tokens: int, type_ids: tuple[int, int] | None = None,
@@ -57,7 +52,9 @@ def check_seq_payload(data: bytes, n_tokens: int, type_ids: tuple[int, int] | No
     ``type_ids``: the ggml type ids of K and V the state claims (its metadata); every layer's
     rows must be of those types.
     """
-    version = _running_version() if version is None else version
+    if problem := _library_problem():  # what this reader would check is not what llama.cpp reads
+        raise StateFileError(problem)
+    version = READS.seq_state_version if version is None else version  # (the running one's)
     try:
         found = parse(data, version).family
     except LayoutError:

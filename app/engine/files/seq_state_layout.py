@@ -62,11 +62,16 @@ def running_format() -> StateFormat:
                        int(llama_cpp.LLAMA_SESSION_VERSION), f"llama-cpp-python {llama_cpp.__version__}")
 
 
-def runs_known_format() -> bool:
-    """Does the running llama.cpp write the format this reader knows? When not, live states
-    are left as llama.cpp wrote them (nothing reorders or takes apart bytes it cannot read)."""
+def library_problem() -> str:
+    """'' when the running llama.cpp writes the format this reader knows; else the one line
+    (its states are then neither checked nor rewritten: nothing reads bytes it cannot)."""
     f = running_format()
-    return (f.seq_state_version, f.session_version) == (READS.seq_state_version, READS.session_version)
+    if (f.seq_state_version, f.session_version) == (READS.seq_state_version, READS.session_version):
+        return ""
+    return (f"KV Primer runs {f.written_for} (llama.cpp seq-state version {f.seq_state_version}, "
+            f"session version {f.session_version}), and its state reader was written for "
+            f"{READS.written_for} (versions {READS.seq_state_version} and "
+            f"{READS.session_version}); install that llama-cpp-python to save and load states")
 
 
 def check_version(version: int) -> None:
