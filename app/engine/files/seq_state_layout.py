@@ -79,8 +79,8 @@ def check_version(version: int) -> None:
     if version != READS.seq_state_version:
         raise StateFileError(
             f"this state is in llama.cpp's seq-state version {version}, and this KV Primer reads "
-            f"version {READS.seq_state_version} ({READS.written_for}); load it with a KV Primer "
-            "built on the llama.cpp that saved it, or prime the prefix again")
+            f"version {READS.seq_state_version} ({READS.written_for}); save it with a llama.cpp of "
+            "that version (llama-server or KV Primer), or prime the prefix again")
 
 
 class LayoutError(ValueError):
