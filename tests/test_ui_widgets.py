@@ -7,7 +7,7 @@ from app.engine import BenchResult, BenchRow, EngineConfig, Template
 from app.engine.session import Session
 from app.ui.fillings_panel import FillingsPanel
 from app.ui.rows_model import RowsModel
-from app.ui.states_library import StatesLibrary, state_meta
+from app.ui.states_library import StatesLibrary
 from app.ui.template_editor import TemplateHighlighter
 
 
@@ -215,7 +215,7 @@ def test_highlighter_marks_placeholders_and_special_tokens(qtbot):
 def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
     import os
 
-    from app.engine.files.llama_state_file import save_state
+    from app.engine.files.llama_state_file import save_state, state_file_info
     from app.ui.states_library import LLAMA_MODEL
 
     state = engine.prime(Template.parse("hello world of the answer " * 5 + "<q>"))
@@ -232,7 +232,7 @@ def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
     lib.refresh()
     assert lib.table.item(0, 1).text() == state.model_name
     assert lib.table.item(0, 2).text() == str(state.n_tokens)
-    assert state_meta(tmp_path / "one.kvstate")["n_tokens"] == state.n_tokens
+    assert state_file_info(tmp_path / "one.kvstate").n_tokens == state.n_tokens
     lib.select(tmp_path / "one.kvstate")
     assert lib.rename_selected("two") == tmp_path / "two.kvstate"
     assert lib.rename_selected("a/b") is None and "slash" in lib.message.text()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import struct
 from pathlib import Path
 
 from PySide6.QtCore import QUrl, Signal
@@ -20,29 +19,11 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHea
                                QVBoxLayout, QWidget)
 
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
-from ..engine.files.llama_state_file import is_llama_state
+from ..engine.files.llama_state_file import state_file_info
 from ..engine.files.prefix_state import SUFFIX
-from ..engine.files.prefix_state import read_state_meta
 from .units import size_text
 
 LLAMA_MODEL = "llama.cpp state (names no model)"
-
-
-def state_meta(path: str | os.PathLike) -> dict:
-    """What a state file holds, from its first bytes: a .kvstate's metadata, or for a llama.cpp
-    sequence-state file its token count (the header: magic, version, token count)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-    except OSError:
-        return {"error": "unreadable"}
-    if not is_llama_state(head):
-        return read_state_meta(path)
-    if len(head) < 12:
-        return {"error": "truncated"}
-    _magic, version, n_tokens = struct.unpack("<III", head)
-    return {"model_name": LLAMA_MODEL, "n_tokens": n_tokens, "format": "llama.cpp",
-            "seq_state_version": version, "created": os.path.getmtime(path)}
 
 COLUMNS = ["name", "model", "tokens", "size", "created", "template"]
 
@@ -96,18 +77,16 @@ class StatesLibrary(QDockWidget):
     def refresh(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         found = list(self.folder.glob(f"*{SUFFIX}")) + [
-            p for p in self.folder.glob(f"*{LLAMA_SUFFIX}") if state_meta(p).get("format")]
+            p for p in self.folder.glob(f"*{LLAMA_SUFFIX}") if state_file_info(p).format]
         self.paths = sorted(found, key=lambda p: -p.stat().st_mtime)
         self.table.setRowCount(len(self.paths))
         for r, p in enumerate(self.paths):
-            m = state_meta(p)
-            created = m.get("created")
-            cells = [p.stem, m.get("model_name", m.get("error", "?")),
-                     f"{m['n_tokens']:,}" if isinstance(m.get("n_tokens"), int) else "?",
+            m = state_file_info(p)
+            model = LLAMA_MODEL if m.format == "llama.cpp" else m.model_name or m.error or "?"
+            cells = [p.stem, model, f"{m.n_tokens:,}" if m.n_tokens is not None else "?",
                      size_text(p.stat().st_size),
-                     dt.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M")
-                     if isinstance(created, (int, float)) else "?",
-                     " ".join(str(m.get("text", "")).split())[:60]]
+                     dt.datetime.fromtimestamp(m.created).strftime("%Y-%m-%d %H:%M")
+                     if m.created is not None else "?", m.text[:60]]
             for c, v in enumerate(cells):
                 item = QTableWidgetItem(v)
                 item.setToolTip(str(p))

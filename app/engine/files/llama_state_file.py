@@ -8,7 +8,7 @@ Layout (little endian; llama.cpp's ``state_seq_save_file`` in src/llama-context.
     8     4    token count N (u32)
     12    4N   the token ids (int32 each)
     12+4N ...  the sequence's KV data, as ``state_seq_write_data`` streams it: what
-               ``llama_state_seq_get_data`` returns (see seq_payload.py) without that buffer's
+               ``llama_state_seq_get_data`` returns (see seq_state_layout.py) without that buffer's
                first 8 bytes (u32 0xAF143CD8 and the source sequence id, which only the
                in-memory form carries; checked against llama.cpp's source and by the tests)
 
@@ -25,29 +25,60 @@ equal what llama.cpp writes for the same sequence, and that llama.cpp's loader r
 from __future__ import annotations
 
 import os
-import struct
 import sys
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import StateFileError
 from ..llama.ggml_types import KV_TYPES
-from .prefix_state import PrefixState
-from .seq_payload import IO_MAGIC, row_layout
+from .prefix_state import PrefixState, read_state_meta
+from .seq_payload import row_layout
+from .seq_state_layout import (FILE_HEAD_BYTES, buffer_head, check_version, file_head,
+                               has_buffer_head, is_file_head, read_file_head)
 from .user_files import atomic_write, open_user_file
 
-LLAMA_STATE_SEQ_MAGIC = 0x67677371  # 'ggsq'
-_HEAD = struct.Struct("<III")
 SUFFIX = ".bin"  # what llama-server's slot save uses; any name is read by content
 FORMATS = ("kvprimer", "llama")
 _TYPE_NAMES = {t.id: name for name, t in KV_TYPES.items()}
-_BUFFER_HEAD = struct.Struct("<Ii")  # the in-memory form's magic and source sequence
+is_llama_state = is_file_head  # True when a file's first bytes are llama.cpp's 'ggsq' magic
 
 
-def is_llama_state(head: bytes) -> bool:
-    """True when the first bytes of a file are llama.cpp's sequence-state magic."""
-    return len(head) >= 4 and struct.unpack_from("<I", head)[0] == LLAMA_STATE_SEQ_MAGIC
+@dataclass(frozen=True)
+class StateFileInfo:
+    """What a state file holds, read from its first bytes (not its KV data), for listings."""
+    format: str  # "kvprimer", "llama.cpp", or "" when it is no state we can read
+    model_name: str = ""  # a llama.cpp file names none
+    n_tokens: int | None = None
+    created: float | None = None  # seconds since the epoch (a llama.cpp file: its mtime)
+    text: str = ""  # the prefix text a .kvstate records
+    seq_state_version: int | None = None
+    error: str = ""  # why it cannot be read
+
+
+def state_file_info(path: str | os.PathLike) -> StateFileInfo:
+    """A .kvstate's metadata, or a llama.cpp sequence-state file's token count and version."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(FILE_HEAD_BYTES)
+    except OSError:
+        return StateFileInfo("", error="unreadable")
+    if is_file_head(head):
+        fh = read_file_head(head)
+        if fh is None:
+            return StateFileInfo("", error="truncated")
+        return StateFileInfo("llama.cpp", n_tokens=fh.n_tokens, seq_state_version=fh.version,
+                             created=os.path.getmtime(path))
+    m = read_state_meta(path)
+    if "error" in m:
+        return StateFileInfo("", error=str(m["error"]))
+    n, created, version = m.get("n_tokens"), m.get("created"), m.get("seq_state_version")
+    return StateFileInfo("kvprimer", model_name=str(m.get("model_name", "?")),
+                         n_tokens=n if type(n) is int else None,
+                         created=float(created) if isinstance(created, (int, float)) else None,
+                         text=" ".join(str(m.get("text", "")).split()),
+                         seq_state_version=version if type(version) is int else None)
 
 
 def read_any_state(path: str | os.PathLike) -> PrefixState:
@@ -66,15 +97,17 @@ def read_llama_state(f: BinaryIO, size: int, name: str) -> PrefixState:
     Checks the header and token ids here; the version, context size, vocabulary and KV layout
     are checked against the loaded model by ``Engine.check_state`` before a restore.
     """
-    if size < _HEAD.size:
+    if size < FILE_HEAD_BYTES:
         raise StateFileError(f"{name} is truncated: {size} bytes is less than a llama.cpp "
                              "state header")
-    magic, version, n_tokens = _HEAD.unpack(f.read(_HEAD.size))
-    if magic != LLAMA_STATE_SEQ_MAGIC:
+    head = read_file_head(f.read(FILE_HEAD_BYTES))
+    if head is None:
         raise StateFileError(f"{name} is not a llama.cpp sequence state (wrong magic)")
+    version, n_tokens = head.version, head.n_tokens
+    check_version(version)  # before any other byte is read as this version's
     if n_tokens == 0:
         raise StateFileError(f"{name} holds no tokens; save a sequence that holds a prefix")
-    if _HEAD.size + 4 * n_tokens > size:
+    if FILE_HEAD_BYTES + 4 * n_tokens > size:
         raise StateFileError(f"{name} is truncated or corrupt: its header declares {n_tokens:,} "
                              f"tokens but the file has {size:,} bytes")
     toks = array("i")
@@ -84,11 +117,11 @@ def read_llama_state(f: BinaryIO, size: int, name: str) -> PrefixState:
     toks = _server_tokens(toks, name)
     if min(toks) < 0:
         raise StateFileError(f"{name} is corrupt: it holds a negative token id")
-    body = f.read(size - _HEAD.size - 4 * n_tokens)
+    body = f.read(size - FILE_HEAD_BYTES - 4 * n_tokens)
     if not body:
         raise StateFileError(f"{name} is truncated: it has tokens but no KV data")
-    data = _BUFFER_HEAD.pack(IO_MAGIC, 0) + body
-    layout = row_layout(data)
+    data = buffer_head() + body
+    layout = row_layout(data, version)
     # KV types from the first layer; check_payload later requires every layer to match them.
     # An unknown layout leaves them empty, and check_payload names what is malformed.
     type_k = type_v = ""
@@ -122,11 +155,11 @@ def save_llama_state(state: PrefixState, path: str | os.PathLike) -> int:
     toks = array("i", state.tokens)
     if sys.byteorder != "little":  # pragma: no cover - big-endian hosts only
         toks.byteswap()
-    head = _HEAD.pack(LLAMA_STATE_SEQ_MAGIC, state.seq_state_version, len(state.tokens))
+    head = file_head(state.seq_state_version, len(state.tokens))
     tok_bytes = toks.tobytes()
     body = memoryview(state.data)
-    if len(body) >= _BUFFER_HEAD.size and _BUFFER_HEAD.unpack_from(body)[0] == IO_MAGIC:
-        body = body[_BUFFER_HEAD.size:]  # no copy of the KV bytes
+    if has_buffer_head(body):
+        body = body[len(buffer_head()):]  # no copy of the KV bytes
     atomic_write(Path(path), (head, tok_bytes, body), StateFileError, "state")
     return len(head) + len(tok_bytes) + len(body)
 
@@ -144,7 +177,7 @@ def check_rows_fit(state: PrefixState, n_layer: int, kv_bytes_per_token: int) ->
     """Raise StateFileError when a llama.cpp state's layer count or row sizes cannot be this
     model's. Only the plain case is judged (one cache block, rows the same in every layer);
     llama.cpp itself refuses other mismatches on restore."""
-    layout = row_layout(state.data)
+    layout = row_layout(state.data, state.seq_state_version)
     if not layout or len(layout) != 1:
         return
     layers = layout[0]

@@ -14,7 +14,8 @@ no KV type: loading it under another model fails late or not at all. Layout (lit
 llama_state_file.py reads llama.cpp's own per-sequence file into a PrefixState with
 ``origin == "llama.cpp"`` and no model identity; ``Engine.load_state`` takes either file.
 
-Every field is checked before any byte reaches llama.cpp. The checksum runs on every load, so
+Every field is checked before any byte reaches llama.cpp; llama.cpp's seq-state version in the
+meta first (seq_state_layout.py reads one version: another is refused in one line). The checksum runs on every load, so
 it is XXH3-128 (about 13 ms for a 40 MB state here, SHA-256 about 100 ms): it guards against
 truncation and corruption, not tampering. Version 1 files (SHA-256) are still read. Writes are atomic: a temp file in the
 same folder, fsync, then rename, so a crash leaves the old file or none, never half of one.
@@ -37,6 +38,7 @@ from ..errors import StateFileError
 from ..llama.ggml_types import KV_TYPES
 from .user_files import atomic_write, open_user_file
 from .seq_payload import check_seq_payload
+from .seq_state_layout import check_version
 
 MAGIC = b"KVPSTATE"
 FORMAT_VERSION = 2  # the version written
@@ -122,10 +124,12 @@ class PrefixState:
             )
 
     def _check_version(self, seq_state_version: int) -> None:
-        if self.seq_state_version != seq_state_version:
+        check_version(self.seq_state_version)  # a format this reader does not know
+        if self.seq_state_version != seq_state_version:  # the running llama.cpp's is another
             raise StateFileError(
-                f"this state was written by llama.cpp seq-state version {self.seq_state_version}, "
-                f"this build reads version {seq_state_version}; prime the prefix again"
+                f"this state is in llama.cpp's seq-state version {self.seq_state_version}, and "
+                f"the llama.cpp this KV Primer runs reads version {seq_state_version}; prime "
+                "the prefix again"
             )
 
     def check_payload(self, n_vocab: int, family: str = "attention",
@@ -133,13 +137,14 @@ class PrefixState:
         """Raise StateFileError unless the tokens and KV bytes are safe to give llama.cpp.
 
         Cheap (a walk over the layout, see seq_payload); run before every restore, since a
-        state may come from a file whose checksum was recomputed after tampering.
+        state may come from a file whose checksum was recomputed after tampering. A state of a
+        seq-state version this reader does not know is refused before its bytes are read.
         """
         if min(self.tokens) < 0 or max(self.tokens) >= n_vocab:
             raise StateFileError(f"this state holds token ids outside this model's vocabulary of "
                                  f"{n_vocab}; it is corrupt or for another model; prime again")
         check_seq_payload(self.data, self.n_tokens, _type_ids(self.type_k, self.type_v), family,
-                          recurrent_bytes)
+                          recurrent_bytes, self.seq_state_version)
 
     # ---- file format -------------------------------------------------------------------
 
@@ -192,6 +197,8 @@ class PrefixState:
             raise StateFileError(f"{name} is {what} ({size:,} bytes, header declares {expected:,})")
         meta_raw = f.read(meta_len)
         meta = _parse_meta(meta_raw)
+        if meta is not None:  # llama.cpp's bytes of another version: refused before reading them
+            check_version(meta["seq_state_version"])
         h = _CHECKSUMS[version](meta_raw)
         sizes_ok = meta is not None and meta["n_tokens"] > 0 and \
             meta["n_tokens"] * 4 + meta["data_bytes"] == body_len
