@@ -177,3 +177,25 @@ def test_window_and_cli_give_the_same_rows_kept_in_the_project(qtbot, window, tm
     assert (reopened.deployed.slot, reopened.deployed.prefix_tokens, reopened.deployed.path) == \
         (deployed.slot, deployed.prefix_tokens, deployed.path)
     assert reopened.options.max_tokens == 4
+
+
+def test_the_front_ends_reach_servers_only_through_the_flows():
+    """The window imports nothing of app.servers, and the CLI only what starts a server
+    (`kvprimer serve`): checking, deploying and running rows go through server_flows."""
+    import ast
+
+    app_dir = Path(__file__).resolve().parent.parent / "app"
+    allowed = {("cli", "server_commands.py"): {"llama_server_process"}}
+    for front in ("ui", "cli"):
+        for src in (app_dir / front).glob("*.py"):
+            for node in ast.walk(ast.parse(src.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom):
+                    module = (node.module or "").split(".")
+                    names = ({a.name for a in node.names} if "servers" in module
+                             else {"servers"} & {a.name for a in node.names})
+                elif isinstance(node, ast.Import):
+                    names = {a.name for a in node.names if "servers" in a.name.split(".")}
+                else:
+                    continue
+                assert names <= allowed.get((front, src.name), set()), \
+                    f"{front}/{src.name} imports {names} from app.servers"
