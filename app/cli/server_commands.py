@@ -124,8 +124,8 @@ def cmd_check_server(args) -> int:
 
 def cmd_bench_server(args) -> int:
     target = _target(args)
-    tpl = read_template(args.template)
     project = read_project(args.template) if Path(args.template).suffix == SUFFIX else None
+    tpl = project.template if project else read_template(args.template)
     plan = flows.server_bench_plan(tpl, rows_of(args, tpl), target,
                                    session_options(args, project and project.options),
                                    slot=args.slot, deployed=project and project.deployed)
