@@ -171,6 +171,26 @@ def project_options(path: str) -> Options | None:
     return read_project(path).options if Path(path).suffix == SUFFIX else None
 
 
+def check_save(args) -> None:
+    """--save stores results in the project given as the template: a plain template is refused
+    before any work."""
+    if args.save and Path(args.template).suffix != SUFFIX:
+        raise KvPrimerError("--save stores results in a project file: give a .kvproj instead "
+                            "of the template")
+
+
+def save_results(args, keep) -> None:
+    """With --save: ``keep(session)`` puts the results into the project's session, as the
+    window does, and the project file is written again."""
+    if not args.save:
+        return
+    session = read_project(args.template)
+    keep(session)
+    session.to_project().save(args.template)
+    if not args.json:
+        print(f"saved the results in {args.template}")
+
+
 def rows_of(args, tpl: Template) -> list:
     """--rows, else the rows of the project given as the template."""
     if args.rows:

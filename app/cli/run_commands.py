@@ -12,15 +12,15 @@ from pathlib import Path
 from ..engine import KvPrimerError, Row, read_rows, report_dict
 from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import FORMATS, save_state
-from ..engine.files.project_file import SUFFIX
 from ..engine.runs.prompt_runs import check_reuse_modes
 from ..engine.session import Options
-from .engine_options import (cancel_on_interrupt, load_state_file, open_engine, progress_printer,
-                             project_options, read_project, read_template, rows_of,
-                             session_options)
+from .engine_options import (cancel_on_interrupt, check_save, load_state_file, open_engine,
+                             progress_printer, project_options, read_template, rows_of,
+                             save_results, session_options)
 from .exit_codes import ExitCode, verdicts_code
 from .kv_commands import cmd_bench_forked
-from .server_commands import cmd_bench_server, server_target_options
+from .server_commands import (check_server_options, cmd_bench_server, cmd_check_server,
+                              server_target_options)
 from .output import emit, yes_no
 
 _O = Options()
@@ -29,6 +29,7 @@ _O = Options()
 def info_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remeasure", action="store_true",
                    help="time both attention kernels again instead of using the cached measurement")
+    check_server_options(p)
 
 
 def prime_options(p: argparse.ArgumentParser) -> None:
@@ -89,6 +90,8 @@ def no_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_info(args) -> int:
+    if args.server:
+        return cmd_check_server(args)
     with open_engine(args) as eng:
         info = eng.info.as_dict()
 
@@ -208,9 +211,7 @@ def cmd_bench(args) -> int:
         return cmd_bench_forked(args)
     tpl = read_template(args.template)
     rows = rows_of(args, tpl)
-    if args.save and Path(args.template).suffix != SUFFIX:
-        raise KvPrimerError("--save stores results in a project file: give a .kvproj instead "
-                            "of the template")
+    check_save(args)
     modes = check_reuse_modes(args.reuse) if args.reuse else ("prefix",) if args.state else None
     opts = session_options(args, project_options(args.template), bench_modes=modes,
                            repeat=args.repeat, recompute=args.recompute,
@@ -235,12 +236,7 @@ def cmd_bench(args) -> int:
             print(line)
 
     emit(args, res.as_dict(), words)
-    if args.save:
-        session = read_project(args.template)
-        session.set_bench(res)
-        session.to_project().save(args.template)
-        if not args.json:
-            print(f"saved the results in {args.template}")
+    save_results(args, lambda session: session.set_bench(res))
     if res.cancelled:  # Ctrl+C: the rows finished are above (and saved with --save)
         return ExitCode.INTERRUPTED
     return verdicts_code([(r.reuse, r.verdict()) for r in res.rows],

@@ -1,17 +1,21 @@
-"""`kvprimer serve | deploy` and `kvprimer bench --server`: the same templates and rows on
-llama-server and OpenAI-compatible servers (app/servers)."""
+"""`kvprimer serve`, `deploy`, `bench --server` and `info --server`: the same templates and
+rows on llama-server and OpenAI-compatible servers. `serve` starts a server (app/servers); the
+others make their flow's plan (app/engine/server_flows.py, the flows the window's Server tab
+runs, with the same defaults and refusals) before the model loads, then run the flow's body."""
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-from dataclasses import asdict
-
-from ..engine import GenerationConfig, KvPrimerError
+from ..engine import KvPrimerError
+from ..engine import server_flows as flows
+from ..engine.files.project_file import SUFFIX
 from ..optional_extras import require_server_clients
-from .engine_options import open_engine, progress_printer, read_template, rows_of
+from .engine_options import (check_save, open_engine, progress_printer, read_project,
+                             read_template, rows_of, save_results, session_options)
 from .exit_codes import ExitCode
 from .output import emit, yes_no
 
@@ -20,18 +24,33 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-def server_target_options(p: argparse.ArgumentParser) -> None:
-    """The options that name a server (bench --server adds them to bench's own)."""
+def _target_options(p: argparse.ArgumentParser, server_help: str) -> None:
     g = p.add_argument_group("server target")
-    g.add_argument("--server", metavar="URL", help="run the rows on this server instead of locally")
+    g.add_argument("--server", metavar="URL", help=server_help)
     g.add_argument("--api", default="llama", choices=("llama", "openai"),
                    help="llama: llama-server's own API (token-id prompts, slots); openai: any "
                         "OpenAI-compatible /v1/completions (llama-server, vLLM, SGLang) (llama)")
     g.add_argument("--flavor", default="auto", choices=("auto", "llama", "vllm", "sglang"),
                    help="openai API: whose server it is, for how to run cold (auto: ask it)")
     g.add_argument("--api-key", default="", help="openai API: a bearer token, if the server wants one")
-    g.add_argument("--slot", type=int, default=None, metavar="N",
-                   help="llama-server: the slot to use (default: the server chooses)")
+
+
+def server_target_options(p: argparse.ArgumentParser) -> None:
+    """The options that name a server (bench --server adds them to bench's own)."""
+    _target_options(p, "run the rows on this server instead of locally")
+    p.add_argument("--slot", type=int, default=None, metavar="N",
+                   help="llama-server: the slot to use (default: the slot of the project's last "
+                        "deployment to this server, else the server chooses)")
+
+
+def check_server_options(p: argparse.ArgumentParser) -> None:
+    """info --server: what the window's Check says of a server."""
+    _target_options(p, "describe this server instead: health, model (the one loaded here?), "
+                       "slots, context, build")
+
+
+def _target(args) -> flows.ServerTarget:
+    return flows.server_target(args.server, args.api, args.flavor, args.api_key)
 
 
 def serve_options(p: argparse.ArgumentParser) -> None:
@@ -46,10 +65,13 @@ def serve_options(p: argparse.ArgumentParser) -> None:
 def deploy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("template")
     p.add_argument("--server", required=True, metavar="URL", help="the llama-server to deploy to")
-    p.add_argument("--slot", type=int, default=0, metavar="N", help="the slot to restore into (0)")
+    p.add_argument("--slot", type=int, default=flows.DEPLOY_SLOT, metavar="N",
+                   help=f"the slot to restore into ({flows.DEPLOY_SLOT})")
     p.add_argument("--slot-dir", required=True, metavar="DIR",
                    help="the server's slot directory (its --slot-save-path)")
     p.add_argument("--name", default="", help="the state file's name (kvprimer-<template>.bin)")
+    p.add_argument("--save", action="store_true",
+                   help="store the deployment in the project file given as the template")
 
 
 def cmd_serve(args) -> int:
@@ -81,32 +103,37 @@ def cmd_serve(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    require_server_clients()
-    from .. import servers
-    from ..servers import deploy as deploy_mod
-
-    tpl = read_template(args.template)
-    with servers.LlamaServer(args.server) as server, open_engine(args) as eng:
-        res = deploy_mod.deploy(eng, tpl, server, args.slot, args.slot_dir,
-                                progress_printer(), args.name)
+    plan = flows.deploy_plan(read_template(args.template), flows.server_target(args.server),
+                             args.slot_dir, args.slot, args.name)
+    check_save(args)
+    with open_engine(args) as eng:
+        res = flows.deploy(eng, plan, progress_printer())
     emit(args, asdict(res), lambda: (print(res.describe()),
                                      print(f"state file: {res.path}; the server runs {res.model}")))
+    save_results(args, lambda session: session.set_deployed(res))
+    return ExitCode.OK
+
+
+def cmd_check_server(args) -> int:
+    target = _target(args)
+    with open_engine(args) as eng:
+        facts = flows.check_target(eng, target)
+    emit(args, asdict(facts), lambda: print(facts.describe()))
     return ExitCode.OK
 
 
 def cmd_bench_server(args) -> int:
-    require_server_clients()
-    from .. import servers
-    from ..servers import server_bench as bench_mod
-
-    tpl = read_template(args.template)
-    rows = rows_of(args, tpl)
-    with servers.connect(args.server, args.api, args.flavor, api_key=args.api_key) as server, \
-            open_engine(args) as eng:
-        n = args.n_predict if args.n_predict is not None else GenerationConfig().max_tokens
-        res = bench_mod.bench_on_server(eng, tpl, rows, server, max_tokens=n,
-                                        slot=args.slot, task=progress_printer())
+    target = _target(args)
+    project = read_project(args.template) if Path(args.template).suffix == SUFFIX else None
+    tpl = project.template if project else read_template(args.template)
+    plan = flows.server_bench_plan(tpl, rows_of(args, tpl), target,
+                                   session_options(args, project and project.options),
+                                   slot=args.slot, deployed=project and project.deployed)
+    check_save(args)
+    with open_engine(args) as eng:
+        res = flows.bench_on_server(eng, plan, progress_printer())
     emit(args, res.as_dict(), lambda: _print_server_bench(res))
+    save_results(args, lambda session: session.set_server_bench(res))
     s = res.summary()
     differ = s.get("compared") and s["tokens_equal"] < s["compared"]
     return ExitCode.RUNS_DIFFER if differ else ExitCode.OK
@@ -128,9 +155,4 @@ def _print_server_bench(res) -> None:
             print(f"     miss: {r.miss_reason}")
         if r.output_note:
             print(f"     output: {r.output_note}")
-    s = res.summary()
-    if s["rows"]:
-        print(f"median warm {s['median_warm_ms']:.1f} ms, cold {s['median_cold_ms']:.1f} ms "
-              f"(speedup {s['median_speedup']:.1f}x); {s['misses']} of {s['rows']} rows missed "
-              f"the static prefix" + (f"; {s['tokens_equal']} of {s['compared']} rows gave the "
-                                      "local cold run's tokens" if s["compared"] else ""))
+    print(res.describe())

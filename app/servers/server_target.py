@@ -1,11 +1,10 @@
 """What a server target is, in one line for people: health, kind, model (and whether it is the
-one loaded here), slots, context and build. The window's Check and `kvprimer info --server`
-style reports use it."""
+one loaded here), slots, context and build: the window's Check and `kvprimer info --server`
+(through app/engine/server_flows.py's check_target)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import connect
 from .http_stream import ServerError
 from .model_match import match_model
 
@@ -37,30 +36,28 @@ class TargetFacts:
         return " · ".join(parts)
 
 
-def target_facts(url: str, api: str, engine=None) -> TargetFacts:
-    with connect(url, api) as server:
-        health = server.health()
-        if health != "ok":
-            return TargetFacts(server.url, api, server.flavor, health, "",
-                               None, "the server is still loading its model")
-        slots = n_ctx = None
-        build = ""
-        if api == "llama":
-            p = server.props()
-            model, slots, n_ctx, build = p.model_path, p.total_slots, p.n_ctx, p.build_info
-        else:
-            model = server.model
-        if engine is None:
-            same, note = None, "no model loaded here"
-        else:
-            m = match_model(engine.info.path, engine.info.sha256, model)
-            same, note = m.same, m.how
-        return TargetFacts(server.url, api, server.flavor, health, model,
-                           same, note, slots, n_ctx, build)
+def target_facts(server, engine=None) -> TargetFacts:
+    """The facts of a connected client (LlamaServer or OpenAIServer); ``engine``: the model
+    loaded here, to compare with the server's."""
+    api = server.api
+    health = server.health()
+    if health != "ok":
+        return TargetFacts(server.url, api, server.flavor, health, "",
+                           None, "the server is still loading its model")
+    slots = n_ctx = None
+    build = ""
+    if api == "llama":
+        p = server.props()
+        model, slots, n_ctx, build = p.model_path, p.total_slots, p.n_ctx, p.build_info
+    else:
+        model = server.model
+    if engine is None:
+        same, note = None, "no model loaded here"
+    else:
+        m = match_model(engine.info.path, engine.info.sha256, model)
+        same, note = m.same, m.how
+    return TargetFacts(server.url, api, server.flavor, health, model,
+                       same, note, slots, n_ctx, build)
 
 
-def describe_target(url: str, api: str, engine=None) -> str:
-    return target_facts(url, api, engine).describe()
-
-
-__all__ = ["ServerError", "TargetFacts", "describe_target", "target_facts"]
+__all__ = ["ServerError", "TargetFacts", "target_facts"]

@@ -84,7 +84,7 @@ class MainWindow(QMainWindow):
         self.fillings = FillingsPanel(self.session, self.edits, folders=self.folders)
         self.run_panel = RunPanel(self.session, self.edits)
         self.bench = BenchView(self.session, self.edits, folders=self.folders, worker=self.worker)
-        self.server_view = ServerView(self.worker, self.session, self.settings)
+        self.server_view = ServerView(self.worker, self.session, self.settings, edits=self.edits)
         self.errors = ErrorPanel(self, log_path)
         self.errors.install_excepthook()
         self.model_panel = ModelPanel(self.session, self.engine_status, self.edits, self)

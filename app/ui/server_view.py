@@ -3,11 +3,13 @@ and slots; Deploy the template's prefix into a llama-server slot; run the sessio
 the server and compare them with KV Primer's local cold runs (charts: time to first token, and
 the tokens the server reused per row).
 
-It only shows and forwards: the work is app.servers' deploy and bench_on_server, run on the
-engine worker (they need the engine to prime, tokenize and run the local cold reference). Their
-results are the session's (``session.server``, ``session.deployed``), saved in the project like
-benchmark results: rows arrive there as they finish, and this view shows whatever the session
-holds, a reopened project's too.
+It only shows and forwards: each button makes its flow's plan (app/engine/server_flows.py, the
+flows `kvprimer info --server`, `deploy` and `bench --server` run, with the same defaults and
+refusals) and runs the flow's body on the engine worker (it primes, tokenizes and runs the local
+cold reference). The results are the session's (``session.server``, ``session.deployed``),
+saved in the project like benchmark results: rows arrive there as they finish, and this view
+shows whatever the session holds, a reopened project's too. The new-token box is the session's
+option, the one the Run tab's box sets.
 """
 from __future__ import annotations
 
@@ -17,15 +19,13 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from ..optional_extras import require_server_clients
 from ..engine import KvPrimerError
-from ..engine import session_flows as flows
-from ..engine.errors import RowsError
-from ..engine.runs.server_results import ServerBench
+from ..engine import server_flows as flows
 from ..engine.session import Session
 from .charts import COLD, WARM, BarSeries, TtftChart
 from .engine_worker import EngineWorker, JobKind
 from .model_events import follow
+from .session_edits import SessionEdits
 
 LOCAL = QColor("#7a7a7a")
 COLUMNS = [("row", "row"), ("prompt_tokens", "prompt"), ("prefix_tokens", "prefix"),
@@ -57,9 +57,10 @@ class ServerView(QWidget):
     message = Signal(str)  # a one-line outcome or error, for the status bar
 
     def __init__(self, worker: EngineWorker, session: Session, settings: QSettings | None = None,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, edits: SessionEdits | None = None):
         super().__init__(parent)
         self.worker, self.session = worker, session
+        self.edits = edits or SessionEdits(session, self)
         self.settings = settings or QSettings("kvprimer", "KV Primer")
         self.url = QLineEdit(str(self.settings.value("server/url", "http://127.0.0.1:8080")))
         self.url.setObjectName("serverUrl")
@@ -72,7 +73,7 @@ class ServerView(QWidget):
         self.status = QLabel("not checked")
         self.status.setObjectName("serverStatus")
         self.status.setWordWrap(True)
-        self.slot = QSpinBox(minimum=0, maximum=255)
+        self.slot = QSpinBox(minimum=0, maximum=255, value=flows.DEPLOY_SLOT)
         self.slot_dir = QLineEdit(str(self.settings.value("server/slot_dir", "")))
         self.slot_dir.setPlaceholderText("the server's --slot-save-path")
         browse = QPushButton("Browse…")
@@ -80,8 +81,11 @@ class ServerView(QWidget):
         self.deploy_button = QPushButton("Deploy prefix")
         self.deploy_button.setToolTip("Prime the template's static prefix, restore it into the "
                                       "slot and check the server reuses it")
-        # the runs' own new-token count (the CLI's default too)
+        # the session's new-token count: the local runs' (the Run tab sets it too) and the CLI's
         self.max_tokens = QSpinBox(minimum=1, maximum=512, value=session.options.max_tokens)
+        self.max_tokens.valueChanged.connect(
+            lambda v: self.edits.set_option("max_tokens", v, merge=True))
+        session.events.options.connect(lambda o: self.max_tokens.setValue(o.max_tokens))
         self.bench_button = QPushButton("Run rows on server")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels([h for _, h in COLUMNS])
@@ -160,21 +164,26 @@ class ServerView(QWidget):
         self.bench_button.setEnabled(ready)
         self.deploy_button.setEnabled(ready and self.api.currentText() == "llama")
 
+    # ---- jobs (plans here, bodies on the worker: they block on the network and use the engine)
+    def _plan(self, make):
+        """The flow's plan, or None after saying in one line why the flow cannot start."""
+        try:
+            return make(flows.server_target(self.url.text(), self.api.currentText()))
+        except KvPrimerError as e:
+            self._failed(str(e))
+            return None
+        finally:
+            self._remember()
 
-    # ---- jobs (on the worker: they block on the network and use the engine)
     def check(self):
-        url, api = self.url.text(), self.api.currentText()
-        self._remember()
-
-        def job(engine, task):
-            require_server_clients()
-            from ..servers.server_target import describe_target
-            return describe_target(url, api, engine)
-
+        target = self._plan(lambda t: t)
+        if target is None:
+            return None
         self.status.setText("checking…")
-        return self.worker.submit(JobKind.SERVER_CHECK, job, label="check server",
-                                  on_done=self._checked, on_error=self._failed,
-                                  cancel_running=False)
+        return self.worker.submit(JobKind.SERVER_CHECK,
+                                  lambda e, task: flows.check_target(e, target, task),
+                                  label="check server", on_done=lambda f: self._checked(f.describe()),
+                                  on_error=self._failed, cancel_running=False)
 
     def _checked(self, text: str) -> None:
         self.status.setText(text)
@@ -185,55 +194,27 @@ class ServerView(QWidget):
         self.message.emit(msg)
 
     def deploy(self):
-        tpl = self.session.template
-        if tpl is None or not tpl.static_prefix:
-            self._failed("the template has no static prefix to deploy")
+        plan = self._plan(lambda t: flows.session_deploy_plan(
+            self.session, t, self.slot_dir.text(), self.slot.value()))
+        if plan is None:
             return None
-        url, slot, slot_dir = self.url.text(), self.slot.value(), self.slot_dir.text().strip()
-        if not slot_dir:
-            self._failed("give the server's slot directory (its --slot-save-path) to deploy into")
-            return None
-        self._remember()
-
-        def job(engine, task):
-            require_server_clients()
-            from ..servers import LlamaServer
-            from ..servers.deploy import deploy
-            with LlamaServer(url) as server:
-                return deploy(engine, tpl, server, slot, slot_dir, task)
 
         def done(result):
             self.session.set_deployed(result)
             self._checked(result.describe())
 
-        return self.worker.submit(JobKind.SERVER, job, label="deploy", on_done=done,
-                                  on_error=self._failed)
+        return self.worker.submit(JobKind.SERVER, lambda e, task: flows.deploy(e, plan, task),
+                                  label="deploy", on_done=done, on_error=self._failed)
 
     def bench(self):
-        try:  # the rows a local benchmark would run, refused as it refuses them (a blank row)
-            tpl = flows.session_template(self.session)
-            rows = self.session.all_rows()
-            if not rows:
-                raise RowsError("there are no rows to run on the server; import or add rows first")
-            flows.check_filled(tpl, rows)
-        except KvPrimerError as e:
-            self._failed(str(e))
+        plan = self._plan(lambda t: flows.session_server_bench_plan(self.session, t))
+        if plan is None:
             return None
-        url, api, n = self.url.text(), self.api.currentText(), self.max_tokens.value()
-        slot = self.slot.value() if api == "llama" else None
-        self._remember()
         # the rows so far are the session's as they finish, so a cancel keeps them
-        self.session.set_server_bench(ServerBench(url, api, "", "", None, []))
-
-        def job(engine, task):
-            require_server_clients()
-            from ..servers import connect
-            from ..servers.server_bench import bench_on_server
-            with connect(url, api) as server:
-                return bench_on_server(engine, tpl, rows, server, max_tokens=n, slot=slot, task=task)
-
-        self._bench_job = self.worker.submit(JobKind.SERVER, job, label="rows on server",
-                                             on_done=self._benched, on_error=self._failed)
+        self.session.set_server_bench(flows.started(plan))
+        self._bench_job = self.worker.submit(
+            JobKind.SERVER, lambda e, task: flows.bench_on_server(e, plan, task),
+            label="rows on server", on_done=self._benched, on_error=self._failed)
         return self._bench_job
 
     def _on_partial(self, job, item) -> None:
@@ -242,11 +223,7 @@ class ServerView(QWidget):
 
     def _benched(self, res) -> None:
         self.session.set_server_bench(res)
-        s = res.summary()
-        self._checked(f"{s['rows']} rows on {res.url}: median warm {s.get('median_warm_ms', 0):.0f} ms, "
-                      f"cold {s.get('median_cold_ms', 0):.0f} ms; {s.get('misses', 0)} missed the "
-                      f"static prefix; {s.get('tokens_equal', 0)} of {s.get('compared', 0)} gave "
-                      "the local cold tokens")
+        self._checked(res.describe())
 
     # ---- view
     @property

@@ -59,6 +59,17 @@ class ServerBench:
                 "tokens_equal": sum(bool(r.tokens_equal) for r in compared),
                 "compared": len(compared)}
 
+    def describe(self) -> str:
+        """One line: the medians, the misses and how many rows gave the local cold tokens."""
+        s = self.summary()
+        if not s["rows"]:
+            return f"no rows run on {self.url}"
+        same = (f"; {s['tokens_equal']} of {s['compared']} rows gave the local cold run's tokens"
+                if s["compared"] else "")
+        return (f"{s['rows']} rows on {self.url}: median warm {s['median_warm_ms']:.1f} ms, cold "
+                f"{s['median_cold_ms']:.1f} ms (speedup {s['median_speedup']:.1f}x); "
+                f"{s['misses']} of {s['rows']} rows missed the static prefix{same}")
+
     def as_dict(self) -> dict:
         return {"server": self.url, "api": self.api, "flavor": self.flavor,
                 "model": self.model, "same_model": self.same_model,
