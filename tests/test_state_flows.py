@@ -75,3 +75,24 @@ def test_a_llama_cpp_state_belongs_to_the_model_it_was_loaded_with(tiny_model, o
     s.set_state(theirs, "p.bin")  # it names no model: the one it was checked against stands in
     assert s.set_model(info) == "" and s.state is theirs
     assert "loaded for another model" in s.set_model(other_info) and s.state is None
+
+
+def test_the_window_keeps_the_state_through_a_reload_and_says_why_another_model_drops_it(
+        qtbot, make_window, other_tiny_model):
+    from app.ui.engine_worker import JobKind
+    from tests.ui_actions import PRIME, trigger, wait_for_job
+
+    w = make_window()
+    w.editor.set_text(TPL.source)
+    assert trigger(qtbot, w, PRIME).outcome == "done"
+    primed = w.session.state
+    # the same model in a larger context: the state still belongs to it (it used to be dropped)
+    wait_for_job(qtbot, w, JobKind.LOAD_MODEL, lambda: w.load_model(replace(w.config, n_ctx=2048)))
+    assert w.session.state is primed
+    wait_for_job(qtbot, w, JobKind.LOAD_MODEL,
+                 lambda: w.load_model(replace(w.config, model_path=str(other_tiny_model))))
+    assert w.session.state is None
+    said = w.status.currentMessage()
+    assert "the primed state was dropped: this state was made with another model" in said
+    with pytest.raises(StateFileError, match="another model"):  # and Undo cannot bring it back
+        w.session.set_state(primed)
