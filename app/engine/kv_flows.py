@@ -97,10 +97,10 @@ def fork_prefix(engine, template: Template, forks: int,
     borrowed sequences go back to the cache before this returns, whatever happens."""
     most = most_forks(engine)
     if forks < 0:
-        raise KvPrimerError(f"--fork must be 0 or more, not {forks}")
+        raise KvPrimerError(f"the number of forks of the static prefix is 0 or more, not {forks}")
     if forks > most:
-        raise KvPrimerError(f"--fork {forks} needs {forks} more sequences; this context has room "
-                            f"to fork into at most {most}")
+        raise KvPrimerError(f"{forks} forks of the static prefix need {forks} more sequences; "
+                            f"this context has room to fork into at most {most}")
     node = engine.prime_node(template, task)
     fork_to_user(engine, node.seq)
     borrowed: list[int] = []
