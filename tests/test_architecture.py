@@ -159,3 +159,16 @@ def test_the_cache_never_calls_the_engine_back():
             if isinstance(node, ast.Attribute):
                 assert node.attr not in ("e", "_e", "engine", "_engine"), \
                     f"{src.name}:{node.lineno} holds the engine (.{node.attr})"
+
+
+def test_the_windows_flows_go_through_the_engines():
+    """The KV dock, the KV grid, state loading, paste and export call the engine's flows
+    (kv_flows, state_flows, prompts/rows, runs/bench_export): no view walks the cache tree,
+    decides which sequence it may change, loads a state file, parses rows or writes CSV itself."""
+    reaches = ("cache.tree", "check_user_sequence", "load_any_state", ".keep_only(",
+               ".cache.clear(", "seqs.clear(", "seqs.trim(", "seqs.shift(", "seqs.divide(",
+               "seqs.fork", "import csv", "set_state(None)")
+    for src in (ROOT / "app" / "ui").rglob("*.py"):
+        text = src.read_text()
+        found = [r for r in reaches if r in text]
+        assert not found, f"{src.name} does itself what an engine flow does: {found}"

@@ -35,10 +35,17 @@ def test_kv_text_and_too_many_forks(tpl, tiny_model, capsys):
     assert main(["kv", str(tpl), "--fork", "1", "-m", str(tiny_model), "-t", "1", "-c", "512"]) == 0
     out = capsys.readouterr().out
     assert "source: debug-log" in out and "/512 cells" in out
-    most = 64 - 3  # beside sequence 0, the prefix's node and the cache's scratch sequence
+    # beside sequence 0, the prefix's node and the cache's holding and scratch sequences
+    most = 64 - 4
     assert main(["kv", str(tpl), "--fork", str(most + 1), "-m", str(tiny_model), "-t", "1",
                  "-c", "512"]) == 2
     assert f"fork into at most {most}" in capsys.readouterr().err
+    # at the most, the prefix's node keeps its sequence (it was pushed into the holding
+    # sequence, 62, when the limit was n_seq_max - 3)
+    assert main(["kv", str(tpl), "--fork", str(most), "--json", "-m", str(tiny_model), "-t", "1",
+                 "-c", "512"]) == 0
+    seqs = [s["seq"] for s in json.loads(capsys.readouterr().out)["sequences"]]
+    assert len(seqs) == most + 2 and 62 not in seqs and 63 not in seqs
 
 
 def test_bench_fork_compares_with_one_by_one_runs(tpl, tiny_model, tmp_path, capsys):

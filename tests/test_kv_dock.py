@@ -115,3 +115,20 @@ def test_views_arrive_while_a_job_still_runs(qtbot, dock):
     finally:
         gate.set()
     qtbot.waitUntil(lambda: dock.view.used_cells == 42, timeout=10000)  # the refresh after it
+
+
+def test_keep_only_empties_the_cache_as_the_flow_does(qtbot, dock):
+    """The dock's Keep only is kv_flows.keep_only: the radix cache goes first, so no node is
+    left claiming a sequence that lost its cells."""
+    dock.worker.submit(JobKind.PRIME, lambda e, t: e.prime(TPL, task=t))
+    qtbot.waitUntil(lambda: bool(dock.nodes), timeout=10000)
+    (S, _node), = dock.nodes.items()
+    dock.select_seq(S)
+    dock.fork_btn.click()
+    qtbot.waitUntil(lambda: dock.view.seq(0) is not None, timeout=10000)
+    dock.select_seq(0)
+    assert dock.keep_btn.isEnabled()
+    dock.keep_btn.click()
+    qtbot.waitUntil(lambda: "keep only: done" in dock.status.text(), timeout=10000)
+    assert dock.nodes == {} and [u.seq for u in dock.view.sequences] == [0]
+    assert dock.watch.picture.cache.nodes == []

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template,
                       read_rows)
 from ..engine.llama.ggml_types import KV_TYPES
-from ..engine.files.llama_state_file import load_any_state
+from ..engine import state_flows
 from ..engine.files.project_file import SUFFIX, ProjectFile
 from ..engine.session import Options, Session
 from ..engine.task_state import Progress, progress_line
@@ -138,11 +138,12 @@ def session_options(args, base: Options | None = None, **given) -> Options:
 
 
 def load_state_file(eng: Engine, path: str | None, tpl: Template):
-    """The --state file of either format (None without one); a llama.cpp file is checked
-    against the template's prefix, and the user is told how little it could be checked."""
+    """The --state file of either format (None without one), loaded as the window's Load state
+    loads it (state_flows.load_state: checked, then adopted into the cache); the user is told
+    how little a llama.cpp file could be checked."""
     if not path:
         return None
-    state = load_any_state(eng, path, tpl)
+    state = state_flows.load_state(eng, path, tpl)
     if state.warning:
         print(f"kvprimer: note: {state.warning}", file=sys.stderr)
     return state

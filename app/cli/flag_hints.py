@@ -20,6 +20,7 @@ HINTS: tuple[tuple[str, str], ...] = (
     ("new tokens", "-n/--n-predict"),
     ("recompute k", "--recompute"),
     ("rows per batch", "--fork K"),
+    ("forks of the static prefix", "--fork K"),
 )
 
 

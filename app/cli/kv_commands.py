@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine import KvPrimerError
+from ..engine import kv_flows
 from ..engine.runs.forked_bench import bench_forked
 from .engine_options import (load_state_file, open_engine, progress_printer, project_options,
                              read_template, rows_of, session_options)
@@ -19,18 +19,8 @@ def kv_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_kv(args) -> int:
     tpl = read_template(args.template)
-    if args.fork < 0:
-        raise KvPrimerError(f"--fork must be 0 or more, not {args.fork}")
     with open_engine(args) as eng:
-        most = eng.config.n_seq_max - 3  # the prefix's node and the cache's scratch sequence
-        if args.fork > most:
-            raise KvPrimerError(f"--fork {args.fork} needs {args.fork} more sequences; this "
-                                f"context has room to fork into at most {most}")
-        node = eng.prime_node(tpl, progress_printer())
-        eng.seqs.fork(node.seq, 0)
-        for _ in range(args.fork):
-            eng.seqs.fork(0, eng.cache.take_work_seq())
-        view = eng.kv_view()
+        view = kv_flows.fork_prefix(eng, tpl, args.fork, progress_printer())
 
     def words():
         print(f"{'seq':>3} {'cells':>7} {'positions':>13} {'shared':>7}")

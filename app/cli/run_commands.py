@@ -12,6 +12,7 @@ from pathlib import Path
 from ..engine import KvPrimerError, Row, read_rows, report_dict
 from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import FORMATS, save_state
+from ..engine.runs.bench_export import results_dict, write_results
 from ..engine.runs.prompt_runs import check_reuse_modes
 from ..engine.session import Options
 from .engine_options import (cancel_on_interrupt, check_save, load_state_file, open_engine,
@@ -79,6 +80,8 @@ def bench_options(p: argparse.ArgumentParser) -> None:
                                    "prime now); benchmarked in prefix mode")
     p.add_argument("--fork", type=int, default=0, metavar="K",
                    help="run the rows as forked batches of K against the same rows one by one warm")
+    p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV to FILE (the "
+                                                 "window's Export columns)")
     reuse_options(p, f"a comma list compares several ({','.join(_O.bench_modes)}; "
                      "prefix with --state)")
     noise_option(p)
@@ -205,6 +208,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.csv and (args.server or args.fork):
+        raise KvPrimerError("--csv writes a cold/warm benchmark's rows; with --server or --fork "
+                            "use --json-out")
     if args.server:
         return cmd_bench_server(args)
     if args.fork:
@@ -235,7 +241,11 @@ def cmd_bench(args) -> int:
         for line in res.mode_lines():
             print(line)
 
-    emit(args, res.as_dict(), words)
+    emit(args, results_dict(res), words)
+    if args.csv:
+        write_results(args.csv, res, fmt="csv")
+        if not args.json:
+            print(f"wrote {args.csv}")
     save_results(args, lambda session: session.set_bench(res))
     if res.cancelled:  # Ctrl+C: the rows finished are above (and saved with --save)
         return ExitCode.INTERRUPTED

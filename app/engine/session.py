@@ -20,6 +20,7 @@ from .events import Event
 from .runs.generation import GenerationConfig
 from .engine_config import EngineConfig
 from .files.prefix_state import PrefixState
+from .state_flows import check_belongs, state_problem
 from .runs.prefix_sweep import SweepPoint
 from .files.project_file import ProjectFile, SavedResults, read_results, result_dicts
 from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes
@@ -80,6 +81,7 @@ class StateRef:
     """The prefix state runs start from: in memory, and the file it came from or went to."""
     state: PrefixState | None = None
     path: str = ""
+    model_sha256: str = ""  # the model's it was checked against (a llama.cpp state names none)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class Session:
         self.current = -1  # the row the form edits
         self.options = options or Options()
         self.state_ref = StateRef()
+        self.model = None  # the ModelInfo of the model the engine has loaded (set_model)
         self.runs: list[RunRecord] = []
         self.bench: BenchResult | None = None
         self.sweep: list[SweepPoint] = []
@@ -249,8 +252,18 @@ class Session:
         return self.state_ref.state
 
     def set_state(self, state: PrefixState | None, path: str = "") -> None:
-        self.state_ref = StateRef(state, path)
+        """Raises StateFileError for a state of another model than the loaded one."""
+        if state is not None and self.model is not None:
+            check_belongs(state, self.model)
+        self.state_ref = StateRef(state, path, self.model.sha256 if self.model else "")
         self.events.state.emit(self.state_ref)
+
+    def set_model(self, info) -> str:
+        """The engine loaded ``info``'s model: a state not of it is dropped; returns why."""
+        self.model, why = info, state_problem(self.state, info, self.state_ref.model_sha256)
+        if why:
+            self.set_state(None)
+        return why
 
     # ---- results
     def add_run(self, record: RunRecord) -> None:

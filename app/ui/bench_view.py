@@ -11,9 +11,6 @@ through SessionEdits (undoable).
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +20,8 @@ from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QTabWidget, QVBoxLayout, QWidget)
 
-from ..engine import REUSE_MODES, BenchResult, BenchRow
+from ..engine import REUSE_MODES, BenchResult, KvPrimerError
+from ..engine.runs.bench_export import write_results
 from ..engine.session import Session, bench_summary
 from ..engine.task_state import Progress, progress_line
 from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart
@@ -311,21 +309,8 @@ class BenchView(QWidget):
 
     # ---- export
     def export_data(self, path: str | Path) -> None:
-        path = Path(path)
-        bench, sweep = self.session.bench, self.session.sweep
-        if bench is None and not sweep:
-            raise ValueError("nothing to export yet; run a benchmark first")
-        data = bench.as_dict() if bench else {}
-        data["sweep"] = [p.as_dict() for p in sweep]
-        if path.suffix.lower() == ".json":
-            path.write_text(json.dumps(data, indent=1))
-            return
-        out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=list(BenchRow.__dataclass_fields__), extrasaction="ignore")
-        w.writeheader()
-        for r in data.get("rows", []):
-            w.writerow(r)
-        path.write_text(out.getvalue())
+        """The benchmark (and sweep) as CSV or JSON, by the path's suffix (bench_export.py)."""
+        write_results(path, self.session.bench, self.session.sweep)
 
     def export_charts(self, stem: str | Path) -> list[Path]:
         """``stem``.png → stem-rows.png and stem-sweep.png (same for .svg)."""
@@ -345,7 +330,7 @@ class BenchView(QWidget):
         if path:
             try:
                 self.export_data(path)
-            except (OSError, ValueError) as e:
+            except KvPrimerError as e:
                 self.error.emit(f"cannot export results: {e}")
 
     def export_dialog_charts(self) -> None:

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBo
                                QHeaderView, QLabel, QProgressBar, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
+from ..engine import kv_flows
 from ..engine.cache.radix_cache import CacheNodeInfo, TierUsage
 from .cache_watch import CachePicture, CacheSnapshot, CacheWatch
 from .units import size_text
@@ -265,7 +266,7 @@ class CachePanel(QDockWidget):
                      lambda e, i=n.id: e.cache.evict(i))
 
     def clear_all(self) -> None:
-        self._op("cleared the cache", lambda e: e.clear_cache())
+        self._op("cleared the cache", kv_flows.clear_cache)
 
     def toggle_pin(self) -> None:
         n = self.node(self.selected_id())

@@ -23,8 +23,8 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from ..engine.cache.radix_cache import CacheNodeInfo, TierUsage
 from ..engine.kv.kv_view import KvCacheView
+from ..engine.kv_flows import SeqNode, cached_sequences
 from .engine_worker import EngineWorker, JobKind
-from .kv_grid import SeqNode, seq_nodes
 from .model_events import follow
 
 REDRAW_MS = 50  # live pictures: at most ~20 a second
@@ -55,7 +55,7 @@ def read_picture(engine, view: KvCacheView | None = None) -> CachePicture:
     """The cells (``view`` if the engine just published one) and the cache (worker thread)."""
     if engine is None:
         return CachePicture(None)
-    return CachePicture(view or engine.kv_view(), seq_nodes(engine), read_cache(engine))
+    return CachePicture(view or engine.kv_view(), cached_sequences(engine), read_cache(engine))
 
 
 class CacheWatch(QObject):

@@ -1,9 +1,9 @@
 """Fillings: a form generated from the template's placeholders over a table of the session's rows.
 
 The form edits the current row. Rows come from CSV/JSONL files (read and checked by
-app.engine.prompts.rows), from the clipboard (tab-separated, as spreadsheets copy), or by hand. The
-session holds the rows and the selection; this panel shows them and writes the user's edits
-back through SessionEdits, so each can be undone.
+app.engine.prompts.rows), from the clipboard (parsed there too: tab- or comma-separated, quoted),
+or by hand. The session holds the rows and the selection; this panel shows them and writes the
+user's edits back through SessionEdits, so each can be undone.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFormLayout, QHBoxLayout,
                                QSplitter, QTableView, QVBoxLayout, QWidget)
 
 from ..engine import KvPrimerError, read_rows
+from ..engine.prompts.rows import parse_pasted
 from ..engine.session import RowsChange, Session
 from .file_folders import FileFolders
 from .rows_model import RowsModel
@@ -171,14 +172,16 @@ class FillingsPanel(QWidget):
         self.edits.remove_rows(self.session.selection)
 
     def paste(self, text: str | None = None) -> int:
-        """Rows of tab-separated cells; a first line naming the placeholders is a header."""
+        """Rows from the clipboard, parsed by rows.parse_pasted (tab- or comma-separated,
+        quoted, with or without a header); a bad paste says why and changes nothing."""
         text = QGuiApplication.clipboard().text() if text is None else text
-        names = self.session.placeholders
-        lines = [ln for ln in text.replace("\r\n", "\n").split("\n") if ln.strip()]
-        if lines and [c.strip() for c in lines[0].split("\t")] == names:
-            lines = lines[1:]
-        self.edits.add_rows([dict(zip(names, ln.split("\t"))) for ln in lines], "paste rows")
-        return len(lines)
+        try:
+            rows = parse_pasted(text, self.session.placeholders)
+        except KvPrimerError as e:
+            self.error.emit(str(e))
+            return 0
+        self.edits.add_rows([r.values for r in rows], "paste rows")
+        return len(rows)
 
     def import_file(self, path: str, undoable: bool = True) -> int:
         """``undoable=False``: part of opening something new (an example), not an edit."""

@@ -21,10 +21,12 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QFrame, QGridLayout, QHBo
                                QWidget)
 
 from .units import size_text
+from ..engine import kv_flows
 from ..engine.kv.kv_view import KvCacheView
+from ..engine.kv_flows import SeqNode
 from .cache_watch import CachePicture, CacheWatch
 from .engine_worker import EngineWorker, JobKind
-from .kv_grid import EMPTY, KvGrid, SeqNode, seq_color
+from .kv_grid import EMPTY, KvGrid, seq_color
 from .model_events import follow
 
 __all__ = ["EMPTY", "KvCacheDock", "seq_color"]
@@ -136,15 +138,13 @@ class KvCacheDock(QDockWidget):
         self.setWidget(box)
 
         self.fork_btn.clicked.connect(self.fork_selected)
-        self.keep_btn.clicked.connect(
-            lambda: self._op("keep only", lambda e, s: (e.cache.clear(), e.keep_only(s))))
-        self.clear_btn.clicked.connect(lambda: self._op("clear", lambda e, s: e.seqs.clear(s)))
-        self.trim_btn.clicked.connect(
-            lambda: self._op("trim", lambda e, s, p=self.trim_pos.value(): e.seqs.trim(s, p)))
+        self.keep_btn.clicked.connect(lambda: self._op("keep only", kv_flows.keep_only))
+        self.clear_btn.clicked.connect(lambda: self._op("clear", kv_flows.clear_sequence))
+        self.trim_btn.clicked.connect(lambda: self._op("trim", kv_flows.trim, self.trim_pos.value()))
         self.shift_btn.clicked.connect(lambda: self._op(
-            "shift", lambda e, s, p=self.shift_from.value(), d=self.shift_delta.value(): e.seqs.shift(s, p, d)))
+            "shift", kv_flows.shift, self.shift_from.value(), self.shift_delta.value()))
         self.div_btn.clicked.connect(lambda: self._op(
-            "divide", lambda e, s, p=self.div_from.value(), d=self.div_by.value(): e.seqs.divide(s, p, d)))
+            "divide", kv_flows.divide, self.div_from.value(), self.div_by.value()))
         self._set_enabled(False)
 
     def _button(self, text: str, tip: str) -> QPushButton:
@@ -289,19 +289,14 @@ class KvCacheDock(QDockWidget):
         if self.view and self.view.seq(0) is not None:
             self._say("Sequence 0 is in use: clear it first, then fork into it.")
             return
-        self._op("fork to 0", lambda e, s: e.seqs.fork_into_user_sequence(s), seq=self.selected_seq,
-                 own_only=False)
+        self._op("fork to 0", kv_flows.fork_to_user)
 
-    def _op(self, name: str, fn, seq: int | None = None, own_only: bool = True) -> None:
-        seq = self.selected_seq if seq is None else seq
-
-        def act(engine):
-            # the engine decides, when the job runs: the view the buttons followed may be old
-            if own_only:
-                engine.cache.check_user_sequence(seq)
-            fn(engine, seq)
-
+    def _op(self, name: str, flow, *args) -> None:
+        """Run ``flow(engine, seq, *args)`` on the selected sequence; the flow decides, when
+        the job runs, whether that sequence may change (the view the buttons followed may be
+        old)."""
+        seq = self.selected_seq
         self._say(f"{name} sequence {seq}…")
-        self.watch.submit(act, kind=JobKind.KV_OP, label=f"KV {name}",
-                          on_done=lambda _picture: self._say(f"{name}: done"), on_error=self._say)
-
+        self.watch.submit(lambda engine: flow(engine, seq, *args), kind=JobKind.KV_OP,
+                          label=f"KV {name}", on_done=lambda _picture: self._say(f"{name}: done"),
+                          on_error=self._say)

@@ -13,8 +13,6 @@ length (a recurrent model has that strip only).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from PySide6.QtCore import QEvent, QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QPainter
@@ -22,6 +20,7 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from ..engine.kv.kv_cells import _lowest_bit
 from ..engine.kv.kv_view import KvCacheView, RecurrentSlot
+from ..engine.kv_flows import SeqNode
 from .units import size_text
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -29,27 +28,6 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 EMPTY = "#d4d4d4"
 BACKGROUND = "#ffffff"
 SLOT_H, SLOT_W, SLOT_GAP = 22, 150, 4  # the recurrent states' strip: pixels
-
-
-@dataclass(frozen=True)
-class SeqNode:
-    """The radix-cache node a sequence holds: its label and its own token range."""
-    seq: int
-    label: str  # "static prefix", "<c1> = the value…", "saved state"
-    start: int  # first position of the node's own tokens (earlier ones are its ancestors')
-    end: int  # tokens from position 0 to the node's end
-
-    def describe(self) -> str:
-        return f"seq {self.seq}: {self.label} ({self.end:,} tokens)"
-
-
-def seq_nodes(engine) -> dict[int, SeqNode]:
-    """Which radix node each resident sequence holds (engine thread)."""
-    out = {}
-    for n in engine.cache.tree:
-        if n.seq is not None:
-            out[n.seq] = SeqNode(n.seq, n.label or "cached prompt", n.start, n.depth)
-    return out
 
 
 def cell_colours(owners: np.ndarray, pos: np.ndarray,

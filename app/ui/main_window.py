@@ -281,9 +281,10 @@ class MainWindow(QMainWindow):
         name = Path(config.model_path).name if config.model_path else "the default model"
 
         def done(info):
-            self.session.set_state(None)  # a state belongs to the model it was primed on
+            dropped = self.session.set_model(info)  # a state of another model goes
             self.show_status(f"loaded {Path(info.path).name}: {info.n_layer} layers, "
-                             f"context {info.n_ctx:,} tokens")
+                             f"context {info.n_ctx:,} tokens"
+                             + (f"; the primed state was dropped: {dropped}" if dropped else ""))
             if config.model_path:
                 self._add_recent(config.model_path)
 

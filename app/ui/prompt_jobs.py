@@ -17,7 +17,8 @@ from PySide6.QtCore import QObject, Signal
 
 from ..engine import BenchResult, KvPrimerError, PrefixState, TextDelta
 from ..engine import session_flows as flows
-from ..engine.files.llama_state_file import load_any_state, save_state
+from ..engine import state_flows
+from ..engine.files.llama_state_file import save_state
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind
 from .session_edits import SessionEdits
@@ -144,14 +145,12 @@ class PromptJobs(QObject):
         path = str(path)
         tpl = self.session.template
 
-        def job(engine, task):
-            state = load_any_state(engine, path, tpl)
-            engine.adopt(state)
-            return state
-
         def done(state):
             # the state it replaces (primed, or loaded before) comes back with Undo
-            self.edits.state_loaded(state, path, f"load state {Path(path).name}")
+            try:
+                self.edits.state_loaded(state, path, f"load state {Path(path).name}")
+            except KvPrimerError as e:  # another model loaded since: the session refuses it
+                return failed(str(e))
             self.state_loaded.emit(path, state)
             note = f" ({state.warning})" if state.warning else ""
             self.status.emit(f"loaded the state {path}{note}")
@@ -160,7 +159,8 @@ class PromptJobs(QObject):
             self.state_load_failed.emit(msg)
             self._fail(msg)
 
-        return self._submit(JobKind.LOAD_STATE, job, done, on_error=failed)
+        return self._submit(JobKind.LOAD_STATE, lambda e, t: state_flows.load_state(e, path, tpl),
+                            done, on_error=failed)
 
     # ---- runs
     def run(self, mode: str = "both", oneshot: bool | None = None) -> Job | None:

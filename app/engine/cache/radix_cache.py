@@ -108,6 +108,11 @@ class RadixCache:
     def holding(self) -> int | None:
         return self.sequences.holding
 
+    def reserved_sequences(self) -> tuple[int, ...]:
+        """The sequences never lent to a job nor given to a node: the user's 0, scratch and
+        holding (when there is one)."""
+        return tuple(s for s in (0, self.holding, self.scratch) if s is not None)
+
     @property
     def folder(self):
         return self.placement.folder

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,29 +52,72 @@ def parse_csv(text: str, name: str = "rows") -> list[Row]:
         header = next(reader)
     except csv.Error as e:
         raise RowsError(f"{name} row 1: {e}") from None
-    header = [h.strip() for h in header]
+    return _csv_rows(reader, _header(header, name), name)
+
+
+def _header(cells: list[str], name: str) -> list[str]:
+    header = [h.strip() for h in cells]
     for col, h in enumerate(header, 1):
         if not h:
             raise RowsError(f"{name} row 1, column {col}: empty column name; name every column")
     dupes = sorted({h for h in header if header.count(h) > 1})
     if dupes:
         raise RowsError(f"{name} row 1: column {dupes[0]!r} appears twice; rename one")
+    return header
+
+
+def _csv_rows(reader, header: list[str], name: str, first: list[str] | None = None,
+              fill: bool = True) -> list[Row]:
+    """The rows ``reader`` has left (``first`` before them): blank lines skipped, cells named
+    by ``header`` (a file's, or the placeholders in order), every column filled unless not
+    ``fill``."""
+    columns = (f"the header names {len(header)} columns" if fill else
+               f"the template has {len(header)} placeholders")
     rows = []
     try:
-        for cells in reader:
+        # reader.line_num: the line the last row read ends on (the first's, before the rest)
+        for cells in itertools.chain([first] if first is not None else [], reader):
             number = reader.line_num
             if not any(c.strip() for c in cells):
                 continue
             if len(cells) > len(header):
-                raise RowsError(f"{name} row {number}: {len(cells)} cells but the header names "
-                                f"{len(header)} columns; quote values that contain the delimiter")
-            values = dict(zip(header, cells))
+                raise RowsError(f"{name} row {number}: {len(cells)} cells but {columns}; quote "
+                                "values that contain the delimiter")
             missing = header[len(cells):]
-            if missing:
+            if missing and fill:
                 raise RowsError(f"{name} row {number}: no value in column {missing[0]!r}")
-            rows.append(Row(number, values))
+            rows.append(Row(number, dict(zip(header, cells))))
     except csv.Error as e:
         raise RowsError(f"{name} row {reader.line_num}: {e}") from None
+    return rows
+
+
+def parse_pasted(text: str, placeholders: list[str], name: str = "pasted text,") -> list[Row]:
+    """Rows pasted from a spreadsheet or typed: tab-separated cells, as spreadsheets copy them
+    (comma-separated when there is no tab and more than one placeholder), quoted as CSV quotes
+    them (a quoted cell may hold the separator, line breaks and doubled quotes). A first line
+    that names placeholders is a header, read and checked as the CSV import reads one; without
+    one, cells fill the placeholders in order, and those left out stay blank for the form."""
+    if not placeholders:
+        raise RowsError("the template has no placeholders to paste values into; add one first")
+    text = text.lstrip("\r\n")
+    if not text.strip():
+        raise RowsError("there is nothing to paste; copy rows of cells first")
+    sep = "\t" if "\t" in text or len(placeholders) < 2 else ","
+    csv.field_size_limit(MAX_ROWS_BYTES)
+    # strict: a quote left open is an error, not a cell swallowing every line after it
+    reader = csv.reader(io.StringIO(text), delimiter=sep, strict=True)
+    try:
+        first = next(reader)
+    except csv.Error as e:
+        raise RowsError(f"{name} row 1: {e}") from None
+    if all(c.strip() in placeholders for c in first):
+        rows = _csv_rows(reader, _header(first, name), name)
+        check_rows(rows, placeholders, name)
+    else:
+        rows = _csv_rows(reader, list(placeholders), name, first, fill=False)
+    if not rows:
+        raise RowsError("the pasted text holds a header and no row of values; copy rows too")
     return rows
 
 
