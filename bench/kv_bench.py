@@ -23,7 +23,7 @@ import sys
 import time
 
 from app.engine import Engine, EngineConfig, GenerationConfig, Template, read_rows
-from app.engine.runs.forked_bench import bench_forked
+from app.engine.benchmarks.forked_bench import bench_forked
 from app.resources_path import examples_dir
 
 

@@ -26,7 +26,7 @@ def test_engine_and_server_sources_import_no_qt():
 
 
 def test_importing_engine_and_cli_loads_no_qt():
-    code = ("import sys, app.engine, app.cli, app.servers.deploy, app.servers.server_bench; "
+    code = ("import sys, app.engine, app.cli, app.servers.deploy, app.engine.benchmarks.server_bench; "
             "bad = [m for m in sys.modules if m.split('.')[0] in %r]; print(bad); "
             "sys.exit(1 if bad else 0)" % (QT,))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -163,7 +163,7 @@ def test_the_cache_never_calls_the_engine_back():
 
 def test_the_windows_flows_go_through_the_engines():
     """The KV dock, the KV grid, state loading, paste and export call the engine's flows
-    (kv_flows, state_flows, prompts/rows, runs/bench_export): no view walks the cache tree,
+    (kv_flows, state_flows, prompts/rows, benchmarks/bench_export): no view walks the cache tree,
     decides which sequence it may change, loads a state file, parses rows or writes CSV itself."""
     reaches = ("cache.tree", "check_user_sequence", "load_any_state", ".keep_only(",
                ".cache.clear(", "seqs.clear(", "seqs.trim(", "seqs.shift(", "seqs.divide(",

@@ -1,4 +1,4 @@
-"""Benchmark export (app/engine/runs/bench_export.py): `kvprimer bench --csv/--json-out` and
+"""Benchmark export (app/engine/benchmarks/bench_export.py): `kvprimer bench --csv/--json-out` and
 the window's Export write the same files."""
 import csv
 import json
@@ -8,7 +8,7 @@ import pytest
 from app.cli import main
 from app.engine import KvPrimerError
 from app.engine.files.project_file import ProjectFile
-from app.engine.runs.bench_export import CSV_COLUMNS, write_results
+from app.engine.benchmarks.bench_export import CSV_COLUMNS, write_results
 from app.engine.session import Session
 from app.ui.bench_view import BenchView
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from app.engine import Engine, EngineConfig, Template, run_prompt
-from app.engine.runs import prefix_sweep as sweep_mod
+from app.engine.benchmarks import prefix_sweep as sweep_mod
 from app.engine.errors import KvPrimerError
 from app.engine.runs.generation import GenerationConfig
 from tests.tiny_model import write_arch_model

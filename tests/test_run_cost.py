@@ -11,7 +11,7 @@ from app.cli import main
 from app.engine import GenerationConfig, Template, report_dict, run_prompt
 from app.engine.files.project_file import bench_from_dict, report_from_dict
 from app.engine.llama.kernel_choice import SPLIT, KernelChoice, KernelTiming
-from app.engine.runs.bench_rows import bench_rows
+from app.engine.benchmarks.bench_rows import bench_rows
 from app.engine.runs.cold_reference import ColdReference
 from app.engine.runs.verdict import compare_runs, judge
 from app.engine.runs.warm_cost import BatchCost, batching_note

@@ -228,7 +228,7 @@ def test_compose_and_forked_runs_are_refused_in_one_line(stateful_model):
 
 
 def test_prefix_sweep_runs(stateful_model):
-    from app.engine.runs.prefix_sweep import prefix_sweep
+    from app.engine.benchmarks.prefix_sweep import prefix_sweep
 
     with _engine(stateful_model) as eng:
         points = prefix_sweep(eng, TPL, {"c1": A, "c2": B, "question": "why?"},

@@ -229,7 +229,7 @@ def test_compose_on_an_attention_model_is_not_refused_by_the_header(arch_models,
 def test_the_sweep_on_a_stateful_model_runs_or_says_why_in_words(arch_models, arch):
     from app.engine import Template
     from app.engine.errors import KvPrimerError
-    from app.engine.runs.prefix_sweep import prefix_sweep
+    from app.engine.benchmarks.prefix_sweep import prefix_sweep
 
     tpl = Template.parse("you are a helpful assistant of the world and the answer is hello " * 4
                          + "<q>")

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QAbstractItemView, QPushButton
 
 from app.engine import BenchResult
 from app.engine.cache.radix_cache import TierUsage
-from app.engine.runs import bench_rows
+from app.engine.benchmarks import bench_rows
 from app.engine.runs.server_results import ServerBench, ServerRow
 from app.ui.cache_panel import tier_text
 from app.ui.units import size_text

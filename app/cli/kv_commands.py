@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..engine import kv_flows
-from ..engine.runs.forked_bench import bench_forked
+from ..engine.benchmarks.forked_bench import bench_forked
 from .engine_options import (load_state_file, open_engine, progress_printer, project_options,
                              read_template, rows_of, session_options)
 from .exit_codes import ExitCode

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..engine import KvPrimerError, Row, read_rows, report_dict
 from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import FORMATS, save_state
-from ..engine.runs.bench_export import results_dict, write_results
+from ..engine.benchmarks.bench_export import results_dict, write_results
 from ..engine.runs.prompt_runs import check_reuse_modes
 from ..engine.session import Options
 from .engine_options import (cancel_on_interrupt, check_save, load_state_file, open_engine,

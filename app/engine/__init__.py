@@ -10,7 +10,7 @@
 
 This package imports no Qt: the CLI and the window both call it.
 """
-from .runs.bench_rows import BenchResult, BenchRow, bench_rows
+from .benchmarks.bench_rows import BenchResult, BenchRow, bench_rows
 from .errors import (CacheError, Cancelled, ContextError, ContextOverflowError, KvPrimerError,
                      MissingValuesError, ModelError, RowsError, StateFileError, StoreError,
                      TemplateError, TemplateSyntaxError)

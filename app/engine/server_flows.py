@@ -149,7 +149,7 @@ def deploy(engine, plan: DeployPlan, task: TaskState | None = None) -> DeployRes
 def bench_on_server(engine, plan: ServerBenchPlan, task: TaskState | None = None) -> ServerBench:
     """Run the plan's rows on the server, warm then cold, each compared with a local cold run;
     each ServerRow goes out as a partial result as it finishes."""
-    from ..servers.server_bench import bench_on_server as run_rows
+    from .benchmarks.server_bench import bench_on_server as run_rows
     with plan.target.connect() as server:
         d = plan.deployed
         here = d if d is not None and d.url == server.url else None

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
-from .runs.bench_rows import BenchResult, bench_summary  # noqa: F401 (the window's import)
+from .benchmarks.bench_rows import BenchResult, bench_summary  # noqa: F401 (the window's import)
 from .errors import KvPrimerError, TemplateSyntaxError
 from .events import Event
 from .runs.generation import GenerationConfig
 from .engine_config import EngineConfig
 from .files.prefix_state import PrefixState
 from .state_flows import check_belongs, state_problem
-from .runs.prefix_sweep import SweepPoint
+from .benchmarks.prefix_sweep import SweepPoint
 from .files.project_file import ProjectFile, SavedResults, read_results, result_dicts
 from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes
 from .runs.server_results import DeployResult, ServerBench, ServerRow

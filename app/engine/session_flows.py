@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .runs.bench_rows import BenchResult, bench_rows, check_repeat
+from .benchmarks.bench_rows import BenchResult, bench_rows, check_repeat
 from .errors import KvPrimerError, MissingValuesError, RowsError
 from .files.prefix_state import PrefixState
-from .runs.prefix_sweep import SweepPoint, prefix_sweep
+from .benchmarks.prefix_sweep import SweepPoint, prefix_sweep
 from .runs.prompt_runs import check_recompute, check_reuse_modes, run_prompt
 from .prompts.prompt_tokens import common_prefix
 from .prompts.rows import Row

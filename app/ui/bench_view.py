@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QTabWidget, QVBoxLayout, QWidget)
 
 from ..engine import REUSE_MODES, BenchResult, KvPrimerError
-from ..engine.runs.bench_export import write_results
+from ..engine.benchmarks.bench_export import write_results
 from ..engine.session import Session, bench_summary
 from ..engine.task_state import Progress, progress_line
 from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart

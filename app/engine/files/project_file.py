@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runs.bench_rows import BenchResult, BenchRow
+from ..benchmarks.bench_rows import BenchResult, BenchRow
 from ..errors import KvPrimerError
-from ..runs.prefix_sweep import SweepPoint
+from ..benchmarks.prefix_sweep import SweepPoint
 from ..runs.prompt_runs import PathResult, RunReport, report_dict
 from ..runs.server_results import DeployResult, ServerBench, ServerRow
 from .user_files import atomic_write

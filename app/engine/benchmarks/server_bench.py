@@ -10,15 +10,15 @@ where it stopped and why.
 """
 from __future__ import annotations
 
-from app.engine.runs.generation import GenerationConfig
-from app.engine.runs.server_results import ServerBench, ServerRow
-from app.engine.prompts.prompt_tokens import common_prefix
-from app.engine.prompts.rows import Row
-from app.engine.task_state import TaskState
-from app.engine.prompts.template import Template
+from ..runs.generation import GenerationConfig
+from ..runs.server_results import ServerBench, ServerRow
+from ..prompts.prompt_tokens import common_prefix
+from ..prompts.rows import Row
+from ..task_state import TaskState
+from ..prompts.template import Template
 
-from .http_stream import Completion
-from .model_match import match_model
+from ...servers.http_stream import Completion
+from ...servers.model_match import match_model
 
 
 def expected_reuse(prefix_tokens: int, block: int) -> int:

@@ -16,14 +16,14 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from ..errors import Cancelled, KvPrimerError, MissingValuesError
-from .generation import GenerationConfig
+from ..runs.generation import GenerationConfig
 from ..files.prefix_state import PrefixState
-from .prompt_runs import check_reuse_modes, refuse_compose, run_prompt
+from ..runs.prompt_runs import check_reuse_modes, refuse_compose, run_prompt
 from ..prompts.rows import Row
 from ..task_state import TaskState
 from ..prompts.template import Template
-from .verdict import Verdict
-from .warm_cost import WarmBreakdown
+from ..runs.verdict import Verdict
+from ..runs.warm_cost import WarmBreakdown
 
 
 @dataclass

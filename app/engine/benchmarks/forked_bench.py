@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..errors import KvPrimerError
-from .forked_runs import compare_with_sequential, run_forked
+from ..runs.forked_runs import compare_with_sequential, run_forked
 from ..kv_engine import Engine
 from ..files.prefix_state import PrefixState
-from .generation import GenerationConfig
+from ..runs.generation import GenerationConfig
 from ..prompts.rows import Row
 from ..task_state import TaskState
 from ..prompts.template import Template

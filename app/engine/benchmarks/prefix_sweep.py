@@ -18,10 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from .batch_plan import batch_starts
+from ..runs.batch_plan import batch_starts
 from ..errors import KvPrimerError
-from .generation import GenerationConfig
-from .prompt_runs import _evaluate_and_generate
+from ..runs.generation import GenerationConfig
+from ..runs.prompt_runs import _evaluate_and_generate
 from ..prompts.prompt_tokens import common_prefix
 from ..task_state import TaskState
 from ..prompts.template import Template
