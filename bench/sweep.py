@@ -26,7 +26,7 @@ def run_sweep(ours: OurPaths, full: PrefixState, work: Workload, points, repeats
         e.seqs.clear(seq)
         e.restore(full, seq)
         e.seqs.trim(seq, n)
-        state_n = e.snapshot(seq)
+        state_n = e.sequence_state(seq)
         e.seqs.clear(seq)
         out.append(_sweep_point(ours, state_n, truncated(work.prefix, row, n), repeats, log))
 

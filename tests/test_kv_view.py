@@ -44,7 +44,7 @@ def test_cell_map_matches_llama_cpp_after_operations(engine):
     engine.seqs.fork(0, 1)
     engine.seqs.trim(1, 20)
     engine.evaluate(toks(10, 3), 1)
-    state = engine.snapshot(1)
+    state = engine.sequence_state(1)
     engine.restore(state, 2)
     engine.seqs.clear(0)
     engine.evaluate(toks(33, 5), 3)  # its log shows the cache before: checked against our record
@@ -98,7 +98,7 @@ def test_shift_and_divide_move_positions_and_keep_resident_honest(engine):
     with pytest.raises(KvPrimerError, match="shifted or divided"):
         engine.evaluate([5], 2)
     with pytest.raises(KvPrimerError, match="shifted or divided"):
-        engine.snapshot(2)
+        engine.sequence_state(2)
     engine.seqs.trim(2, 10)  # back to the exact part
     assert 2 not in engine.resident.moved and engine.kv_view().seq(2).cells == 10
     engine.evaluate(toks(40)[10:], 2)

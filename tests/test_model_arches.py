@@ -180,7 +180,7 @@ def test_restore_is_bit_identical_without_a_window(arch_models, arch_name, n_bat
         cold = _cold(eng, toks, prefix)
         eng.clear_all()
         eng.evaluate(toks[:prefix], 0, want_logits=False)
-        state = eng.snapshot(0)
+        state = eng.sequence_state(0)
         eng.clear_all()
         eng.restore(state, 0)
         assert _diff(eng.evaluate(toks[prefix:], 0), cold) == 0.0
@@ -190,7 +190,7 @@ def _restored_then_suffix(eng: Engine, toks, prefix: int, saved: int):
     """Save ``saved`` tokens, restore them into a clear cache, trim to ``prefix``, add the rest."""
     eng.clear_all()
     eng.evaluate(toks[:saved], 0, want_logits=False)
-    state = eng.snapshot(0)
+    state = eng.sequence_state(0)
     eng.clear_all()
     eng.restore(state, 0)
     eng.seqs.trim(0, prefix)
@@ -230,7 +230,7 @@ def test_restored_state_trimmed_to_a_shorter_prefix(arch_models, arch_name, pref
         cold = _cold(eng, toks, prefix)
         eng.clear_all()
         eng.evaluate(saved, 0, want_logits=False)
-        state = eng.snapshot(0)
+        state = eng.sequence_state(0)
         eng.clear_all()
         eng.restore(state, 0)
         eng.seqs.trim(0, prefix)
@@ -251,7 +251,7 @@ def test_recurrent_state_is_checked_as_such_and_restored_exactly(arch_models):
         cold = _cold(eng, toks, 40)
         eng.clear_all()
         eng.evaluate(toks[:40], 0, want_logits=False)
-        state = eng.snapshot(0)
+        state = eng.sequence_state(0)
         raw = eng.ctx.state_get(0)
         eng.evaluate(toks[40:44], 0, want_logits=False)
         assert len(eng.ctx.state_get(0)) == len(raw)  # the same size whatever the length

@@ -45,7 +45,7 @@ def good(eng):
     """A real state of seq 0, and the contents seqs 1 and 2 hold during the tests."""
     eng.clear_all()
     eng.evaluate(eng.model.tokenize(PREFIX), 0, want_logits=False)
-    state = eng.snapshot(0)
+    state = eng.sequence_state(0)
     eng.seqs.clear(0)
     eng.evaluate(eng.model.tokenize(OTHER), 1, want_logits=False)
     eng.evaluate(eng.model.tokenize(OTHER + " and"), 2, want_logits=False)
@@ -290,7 +290,7 @@ def test_state_refused_by_llama_cpp_puts_the_sequence_back(eng, good, tmp_path):
     wide = write_tiny_model(tmp_path / "three.gguf", n_layer=3)
     with Engine(EngineConfig(model_path=str(wide), n_ctx=256, n_batch=32, n_threads=1)) as other:
         other.evaluate(other.model.tokenize(PREFIX), 0, want_logits=False)
-        foreign = replace(other.snapshot(0), model_sha256=good.model_sha256)
+        foreign = replace(other.sequence_state(0), model_sha256=good.model_sha256)
     before = context_view(eng)
     assert before[0][1]  # seq 1 holds something to lose
     with pytest.raises(StateFileError, match="rejected"):
@@ -363,7 +363,7 @@ def test_a_fragmented_sequence_saves_in_position_order_and_restores(tiny_model, 
         raw = e.ctx.state_get(0)
         assert cell_positions(raw, 15) != list(range(15))  # really out of order
         check_seq_payload(raw, 15)  # accepted as it is
-        state = e.snapshot(0)
+        state = e.sequence_state(0)
         assert cell_positions(state.data, 15) == list(range(15))
         assert len(state.data) == len(raw) and in_position_order(state.data) is state.data
         e.seqs.clear(0)

@@ -50,11 +50,11 @@ def test_run_selected_rows_reports_each_row_and_snapshots_the_prefix(engine):
     assert started == [1, 3] and records == list(out.records)
     assert all(r.report.verdict.exact and r.report.oneshot is None for r in out.records)
     assert all(len(r.report.warm.tokens) <= 3 for r in out.records)  # the options' max_tokens
-    # the snapshot Save writes: the static prefix, as Prime gives it
+    # the state Save writes: the static prefix, as Prime gives it
     primed = flows.prime(engine, plan.template)
     assert out.state.tokens == primed.tokens and out.state.n_tokens > 0
     # a state the session already holds, still a prefix of the template's, is kept as it is
-    assert flows.snapshot(engine, plan.template, out.state) is out.state
+    assert flows.state_to_save(engine, plan.template, out.state) is out.state
 
 
 def test_cold_only_runs_take_no_snapshot_and_the_cli_asks_for_none(engine):

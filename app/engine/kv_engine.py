@@ -278,7 +278,8 @@ class Engine:
         self.kv_listeners.remove(fn)
 
     # ---- states
-    def snapshot(self, seq: int = 0, template: Template | None = None, text: str = "") -> PrefixState:
+    def sequence_state(self, seq: int = 0, template: Template | None = None,
+                       text: str = "") -> PrefixState:
         """The state of one sequence (its KV cells only: no logits, no other sequences)."""
         self.seqs.check(seq)
         if not self.resident.count(seq):
@@ -389,5 +390,5 @@ class Engine:
         save to a file)."""
         node = self.prime_node(template, task)
         # a stateful model's node sequence holds its recurrent state too (cache_tiers.py)
-        return self.snapshot(node.seq, template, template.static_prefix)
+        return self.sequence_state(node.seq, template, template.static_prefix)
 

@@ -174,11 +174,11 @@ def prime(engine, template: Template, task: TaskState | None = None) -> PrefixSt
     return engine.prime(template, task=task)
 
 
-def snapshot(engine, template: Template, state: PrefixState | None,
-             task: TaskState | None = None) -> PrefixState:
+def state_to_save(engine, template: Template, state: PrefixState | None,
+                  task: TaskState | None = None) -> PrefixState:
     """The state Save writes after a run: ``state`` (the session's) when it is a prefix of the
-    template's static prefix, else a snapshot of the cached static prefix. Runs never need it:
-    they fork the radix cache's node."""
+    template's static prefix, else the state of the cached static prefix (primed if need be).
+    Runs never need it: they fork the radix cache's node."""
     if state is not None:
         prefix = engine.tokenize(template.prefix_prompt())
         if common_prefix(state.tokens, prefix) == state.n_tokens:
@@ -208,7 +208,7 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
         task.partial(records[-1])
     state = None
     if plan.snapshot and plan.paths != "cold":
-        state = snapshot(engine, plan.template, plan.state, task)
+        state = state_to_save(engine, plan.template, plan.state, task)
     return RunOutcome(tuple(records), state)
 
 
@@ -221,7 +221,7 @@ def bench(engine, plan: BenchPlan, task: TaskState | None = None) -> BenchOutcom
                         modes=o.bench_modes, recompute=o.recompute, state=plan.restore,
                         gen=o.generation(), task=task, noise=o.measure_noise)
     # a cancelled benchmark comes back with the rows it finished, and nothing more is done
-    state = (snapshot(engine, plan.template, plan.state, task)
+    state = (state_to_save(engine, plan.template, plan.state, task)
              if plan.snapshot and not result.cancelled else None)
     return BenchOutcome(result, state)
 
