@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 from .cache.cache_tiers import CacheLimits
 from .llama.crash_probe import CpuKernels
@@ -41,6 +41,24 @@ class EngineConfig:
     flash_attn: str = field(default_factory=lambda: os.environ.get("KVPRIMER_FLASH_ATTN", "auto"))
     remeasure_kernels: bool = False  # measure again even when a measurement is cached
     n_ubatch: int = _CTX.n_ubatch  # micro-batch (llama.cpp's -ub); 0: the batch size
+
+    @classmethod
+    def from_stored(cls, d) -> "EngineConfig | None":
+        """The settings a project file stored; fields this version does not know are left out."""
+        if not isinstance(d, dict):
+            return None
+        defaults, kw = cls(), {}
+        for f in fields(cls):
+            if f.name in d:
+                v, default = d[f.name], getattr(defaults, f.name)
+                if is_dataclass(default) and isinstance(v, dict):  # nested settings, as a dict
+                    names = {g.name for g in fields(default)}
+                    v = replace(default, **{k: x for k, x in v.items() if k in names})
+                kw[f.name] = v
+        try:
+            return cls(**kw)
+        except (TypeError, ValueError):
+            return None
 
     def for_model(self, traits) -> "EngineConfig":
         """These settings for a model with these traits (model_traits.py): llama.cpp keeps a

@@ -12,7 +12,7 @@ placeholders are shown and saved.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from .benchmarks.bench_rows import BenchResult, bench_summary  # noqa: F401 (the window's import)
 from .errors import KvPrimerError, TemplateSyntaxError
@@ -351,7 +351,7 @@ class Session:
                 opts["bench_modes"] = check_reuse_modes(s["bench_modes"])
         except (TypeError, ValueError, KvPrimerError):
             problems.append("the project's run options are unreadable; the defaults are used")
-        cfg = engine_config(s.get("engine"))
+        cfg = EngineConfig.from_stored(s.get("engine"))
         if cfg is not None:
             opts["engine"] = cfg
         self.set_options(**opts)
@@ -378,22 +378,3 @@ class Session:
         self.set_server_bench(None)
         self.set_deployed(None)
         self.mark_clean("")
-
-
-def engine_config(d) -> EngineConfig | None:
-    """The EngineConfig a project file stored; fields this version does not know are left out."""
-    if not isinstance(d, dict):
-        return None
-    defaults = EngineConfig()
-    kw = {}
-    for f in fields(EngineConfig):
-        if f.name in d:
-            v, default = d[f.name], getattr(defaults, f.name)
-            if is_dataclass(default) and isinstance(v, dict):  # nested settings, stored as a dict
-                names = {g.name for g in fields(default)}
-                v = replace(default, **{k: x for k, x in v.items() if k in names})
-            kw[f.name] = v
-    try:
-        return EngineConfig(**kw)
-    except (TypeError, ValueError):
-        return None
