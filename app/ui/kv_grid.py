@@ -20,7 +20,7 @@ from PySide6.QtCore import QEvent, QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from ..engine.kv.kv_cells import _lowest_bit
+from ..engine.kv.cell_ledger import lowest_bit
 from ..engine.kv.kv_view import KvCacheView, RecurrentSlot
 from .units import size_text
 
@@ -60,7 +60,7 @@ def cell_colours(owners: np.ndarray, pos: np.ndarray,
     primary = np.full(owners.shape, -1, dtype=np.int64)
     used = owners != 0
     if used.any():
-        primary[used] = _lowest_bit(owners[used])
+        primary[used] = lowest_bit(owners[used])
     node_bits = np.uint64(0)
     for s, n in nodes.items():
         bit = np.uint64(1) << np.uint64(s)
@@ -73,7 +73,7 @@ def cell_colours(owners: np.ndarray, pos: np.ndarray,
     secondary = np.full(owners.shape, -1, dtype=np.int64)
     rest = others != 0
     if rest.any():
-        secondary[rest] = _lowest_bit(others[rest])
+        secondary[rest] = lowest_bit(others[rest])
     return primary, secondary
 
 
