@@ -111,6 +111,10 @@ def parse_cell_map(text: str, pos: np.ndarray, ranges: dict[int, tuple[int, int]
     size = len(pos)
     body = text[1:] if text.startswith("\n") else text
     body = body[:-1] if body.endswith("\n") else body
+    out = np.full(size, EMPTY, dtype=np.int16)
+    flat = body.replace(" *\n", "")
+    if len(flat) == size:  # one character per cell (the usual case): read the map at once
+        return out if _read_narrow(flat, pos, ranges, out) else None
     groups = body.split(" *\n")
     if size % GROUP == 0:
         if groups[-1] != "":
@@ -118,7 +122,6 @@ def parse_cell_map(text: str, pos: np.ndarray, ranges: dict[int, tuple[int, int]
         groups.pop()
     if len(groups) != -(-size // GROUP):
         return None
-    out = np.full(size, EMPTY, dtype=np.int16)
     for g, line in enumerate(groups):
         a = g * GROUP
         if not _read_group(line, pos[a:a + GROUP], ranges, out[a:a + GROUP]):
