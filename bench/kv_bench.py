@@ -95,7 +95,8 @@ def debug_log_cost(model_path: str | None = None, *, n_tokens: int = 512, n_gen:
 
 def debug_log_overhead_ms(n_ctx: int = 4096, n_decodes: int = 300, repeats: int = 5) -> dict:
     """The debug log's own cost per ubatch, on the tiny random model (its compute is ~nothing,
-    so what remains is llama.cpp writing the map, our callback, parsing and checking it)."""
+    so what remains is llama.cpp writing the map and our log callback; the map is read only when
+    a view asks for it)."""
     import tempfile
     from pathlib import Path
 

@@ -172,3 +172,27 @@ def test_the_windows_flows_go_through_the_engines():
         text = src.read_text()
         found = [r for r in reaches if r in text]
         assert not found, f"{src.name} does itself what an engine flow does: {found}"
+
+
+def test_one_owner_changes_what_the_cache_contexts_sequences_hold():
+    """Every change of the cache context's sequences (their cells and their tokens) goes
+    through kv/sequence_ops.py: nothing else calls that context's seq_* / state_set / clear /
+    decode or changes ``resident`` (the work context, the cold reference and the kernel
+    measurement have contexts of their own)."""
+    import re
+
+    ops = r"\.(?:seq_rm|seq_cp|seq_keep|seq_add|seq_div|state_set|decode|clear)\("
+    cache_ctx = re.compile(r"\b(?:engine|eng|e|parts)\.ctx" + ops)
+    own_ctx = re.compile(r"\bself\.ctx" + ops)  # in the engine, self.ctx is the cache's
+    tokens = re.compile(r"\bresident\.(?:set|extend|clear|clear_all|keep_only|truncate|trim|"
+                        r"copy|moved_from)\(")
+    owner = {ENGINE / "kv" / "sequence_ops.py", ENGINE / "kv" / "kv_debug_log.py"}
+    bad = []
+    for src in (ROOT / "app").rglob("*.py"):
+        if src in owner:
+            continue
+        for i, line in enumerate(src.read_text().splitlines(), 1):
+            if cache_ctx.search(line) or tokens.search(line) or (
+                    src.name == "kv_engine.py" and own_ctx.search(line)):
+                bad.append(f"{src.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert bad == [], "changes of the cache's sequences outside SequenceOps:\n" + "\n".join(bad)

@@ -19,7 +19,7 @@ from .engine_config import EngineConfig, model_info
 from .llama.crash_probe import checked_cpu_kernels
 from .engine_kernels import EngineKernels, KernelStatus
 from .llama.kernel_choice import KernelChoice
-from .errors import ContextError, ContextOverflowError, KvPrimerError, StateFileError
+from .errors import ContextOverflowError, KvPrimerError, StateFileError
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
@@ -75,11 +75,11 @@ class Engine:
         config = self.config
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
         self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
-                                  config.kv_debug_log)
+                                  config.kv_debug_log, self._early.n_swa > 0)
         self.info = model_info(self.model, self.ctx, config, self._path, self._sha256,
                                with_context(self._early, self.ctx), self.kernels, self.cpu_kernels)
         # token ids resident in each sequence (position i holds resident[seq][i]) and the
-        # sequences that also hold shifted cells; seqs: clear, trim, fork, shift… of them
+        # sequences that also hold shifted cells; seqs: every change of them (sequence_ops.py)
         self.resident = SequenceTokens(config.n_seq_max)
         self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self.kv_listeners.changed
@@ -139,16 +139,13 @@ class Engine:
     def clear_all(self) -> None:
         """Empty every sequence; the cache's nodes lose their cells (not their snapshots)."""
         with self.ctx.held_changes():  # views see the cells and the nodes change together
-            self.ctx.clear()
-            self.resident.clear_all()
+            self.seqs.clear_all()
             self.cache.lost_sequences()
 
     def keep_only(self, seq: int) -> None:
         """Drop every other sequence; cells ``seq`` shared with them become its own."""
-        self.seqs.check(seq)
         with self.ctx.held_changes():
-            self.ctx.seq_keep(seq)
-            self.resident.keep_only(seq)
+            self.seqs.keep_only(seq)
             self.cache.lost_sequences(kept=seq)
 
     def clear_cache(self) -> None:
@@ -243,30 +240,16 @@ class Engine:
 
     def decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
         """One llama_decode of (token, position, (seq,), wants logits) entries, possibly for
-        several sequences, each entry appending its token to its sequence's resident tokens."""
-        try:
-            self.ctx.decode(entries)
-        except ContextError:
-            for seq in {e[2][0] for e in entries}:
-                self._resync(seq)
-            raise
-        for tok, _pos, seqs, _logits in entries:
-            self.resident.extend(seqs[0], (tok,))
-
-    def _resync(self, seq: int) -> None:
-        """After a failed decode, trust llama.cpp's own position range."""
-        lo, hi = self.ctx.pos_range(seq)
-        if lo != 0:
-            self.ctx.seq_rm(seq)
-            self.resident.clear(seq)
-        else:
-            self.resident.truncate(seq, hi + 1)
+        several sequences, each entry appending its token to its sequence's resident tokens
+        (the sequence owner's, sequence_ops.py; after a failure it trusts llama.cpp's range)."""
+        self.seqs.decode(entries)
 
     # ---- the KV cache view
     def kv_view(self) -> KvCacheView:
-        """Every cell's position and owners, and a summary per sequence (see kv_view.py)."""
-        self.ctx.verify()
-        return build_view(self.ctx.mirror, self.ctx.pos_range, self.config.n_seq_max,
+        """Every cell's position and owners, and a summary per sequence (see kv_view.py): llama.cpp
+        is asked for its cell map now."""
+        report, why = self.seqs.report()
+        return build_view(report, why, self.ctx.ledger, self.ctx.pos_range, self.config.n_seq_max,
                           self.info.kv_bytes_per_token, self.resident.counts(),
                           RecurrentLayers.of(self.info.traits, self.ctx))
 
@@ -316,19 +299,9 @@ class Engine:
         self.seqs.check(seq)
         self.check_state(state)
         t0 = time.perf_counter()
-        # llama.cpp clears the sequence before it finds a layer/row/V-layout mismatch; keep a
-        # copy to put back (run paths restore into an empty sequence, so this costs them nothing)
-        old, was_moved = self.resident[seq], self.resident.is_moved(seq)
-        backup = self.ctx.state_get(seq) if old else None
-        self.ctx.seq_rm(seq)
-        self.resident.clear(seq)
-        if not self.ctx.state_set(state.data, seq):
-            self.ctx.seq_rm(seq)
-            if backup and self.ctx.state_set(backup, seq):
-                self.resident.set(seq, old, moved=was_moved)
+        if not self.seqs.restore(seq, state.data, state.tokens):
             raise StateFileError("llama.cpp rejected the state's KV data (layer or row sizes differ); "
                                  "prime the prefix again with this model")
-        self.resident.set(seq, state.tokens)
         return time.perf_counter() - t0
 
     def adopt(self, state: PrefixState, label: str = "saved state") -> RadixNode:

@@ -4,7 +4,9 @@ A cell takes the colour of the cached prompt (radix node) whose own tokens it ho
 node shares with its ancestors keep the ancestors' colours, so a chain of cached prompts reads
 as segments (static prefix, then each cached value). Cells of other sequences (the user's
 sequence 0, a run's working sequence) take their sequence's colour; a cell also held by such a
-sequence is hatched. The image is built with numpy (8,192 cells redraw in about a millisecond),
+sequence is hatched. A used cell whose owners llama.cpp's report does not tell (kv_view.py) is
+striped grey and white, and a line under the grid says how many there are: never a guessed
+colour. The image is built with numpy (8,192 cells redraw in about a millisecond),
 not one widget per cell.
 
 On a hybrid or recurrent model, a strip above the cells holds one slot per sequence: its
@@ -18,7 +20,7 @@ from PySide6.QtCore import QEvent, QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from ..engine.kv.kv_cells import _lowest_bit
+from ..engine.kv.cell_ledger import lowest_bit
 from ..engine.kv.kv_view import KvCacheView, RecurrentSlot
 from ..engine.kv_flows import SeqNode
 from .units import size_text
@@ -26,6 +28,7 @@ from .units import size_text
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#393b79"]
 EMPTY = "#d4d4d4"
+UNREPORTED = ("#6e6e6e", "#f4f4f4")  # striped: a used cell whose owners are not reported
 BACKGROUND = "#ffffff"
 SLOT_H, SLOT_W, SLOT_GAP = 22, 150, 4  # the recurrent states' strip: pixels
 
@@ -38,7 +41,7 @@ def cell_colours(owners: np.ndarray, pos: np.ndarray,
     primary = np.full(owners.shape, -1, dtype=np.int64)
     used = owners != 0
     if used.any():
-        primary[used] = _lowest_bit(owners[used])
+        primary[used] = lowest_bit(owners[used])
     node_bits = np.uint64(0)
     for s, n in nodes.items():
         bit = np.uint64(1) << np.uint64(s)
@@ -51,7 +54,7 @@ def cell_colours(owners: np.ndarray, pos: np.ndarray,
     secondary = np.full(owners.shape, -1, dtype=np.int64)
     rest = others != 0
     if rest.any():
-        secondary[rest] = _lowest_bit(others[rest])
+        secondary[rest] = lowest_bit(others[rest])
     return primary, secondary
 
 
@@ -90,6 +93,15 @@ class KvGrid(QWidget):
         self.update()
 
     # ---- geometry
+    def bottom(self) -> int:
+        """Pixels below the cells: the legend line of cells whose owners are not reported."""
+        return self.fontMetrics().lineSpacing() + 4 if self.unreported_line() else 0
+
+    def unreported_line(self) -> str:
+        n = self.view.unreported_cells if self.view is not None else 0
+        return (f"▨ owner not reported: {n:,} used cell{'s' if n != 1 else ''} whose owners "
+                "llama.cpp's map does not tell apart") if n else ""
+
     def top(self) -> int:
         """Pixels above the cells: the recurrent states' strip, on models that have them."""
         return SLOT_H + SLOT_GAP if self.view is not None and self.view.recurrent else 0
@@ -117,7 +129,7 @@ class KvGrid(QWidget):
     def cell_size(self) -> tuple[int, int, int]:
         """(pixels per cell, columns, rows): the largest cells with which all fit."""
         n = self.view.n_cells if self.view else 0
-        w, h = max(self.width(), 1), max(self.height() - self.top(), 1)
+        w, h = max(self.width(), 1), max(self.height() - self.top() - self.bottom(), 1)
         for cs in range(16, 1, -1):
             cols = max(1, w // cs)
             rows = -(-n // cols)
@@ -147,6 +159,10 @@ class KvGrid(QWidget):
         if v is None or not v.has_cells:
             return ""
         owners = v.owners(cell)
+        if v.cell_unreported is not None and v.cell_unreported[cell]:
+            return (f"cell {cell:,}: position {int(v.cell_pos[cell]):,}, owners not reported "
+                    "(llama.cpp's map prints \"M\" for every shared cell and runs sequence ids "
+                    "above 9 together)")
         if not owners:
             return f"cell {cell:,}: empty"
         pos = int(v.cell_pos[cell])
@@ -181,6 +197,9 @@ class KvGrid(QWidget):
         stripe = colour.copy()
         hatched = secondary >= 0
         stripe[:n][hatched] = table[secondary[hatched]]
+        if v.cell_unreported is not None:
+            colour[:n][v.cell_unreported] = _rgb(UNREPORTED[0])
+            stripe[:n][v.cell_unreported] = _rgb(UNREPORTED[1])
         px = np.repeat(np.repeat(colour.reshape(rows, cols), cs, 0), cs, 1)
         stripes = np.repeat(np.repeat(stripe.reshape(rows, cols), cs, 0), cs, 1)
         ys, xs = np.indices(px.shape)
@@ -208,13 +227,17 @@ class KvGrid(QWidget):
                        " keep one recurrent state per sequence, shown above.")
         elif not v.has_cells:
             p.drawText(below, Qt.AlignCenter | Qt.TextWordWrap,
-                       "No cell map to draw: llama.cpp's debug log gives none that can be trusted "
-                       f"({v.note}). The legend shows each sequence's position range only.")
+                       f"No cell map to draw: llama.cpp could not be asked for its own ({v.note})."
+                       " The legend shows each sequence's position range only.")
         else:
             if self._image is None or self._layout != self.cell_size():
                 self._layout = self.cell_size()
                 self._image = self._build_image()
             p.drawImage(0, self.top(), self._image)
+            line = self.unreported_line()
+            if line:
+                p.setPen(self.palette().text().color())
+                p.drawText(self.rect().adjusted(4, 0, -4, -2), Qt.AlignBottom | Qt.AlignLeft, line)
         p.end()
 
     def _draw_slots(self, p: QPainter) -> None:

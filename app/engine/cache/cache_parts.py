@@ -1,8 +1,10 @@
 """What the radix cache uses of the engine, handed to it once: the engine calls the cache, the
 cache never calls the engine back.
 
-The cache's context is the engine's main context; its sequences' tokens are ``resident``'s
-(changed only through ``seqs``, which keeps the two in step); the work context is where runs
+The cache's context is the engine's main context. Every change of its sequences (decode, fork,
+clear, hold, restore, laying the cells out again) goes through ``seqs``, the one owner
+(sequence_ops.py), which keeps their tokens (``resident``) and cells in step; ``ctx`` and
+``resident`` are for reading (sizes, states, held changes). The work context is where runs
 evaluate and where the cache copies cells to and from.
 """
 from __future__ import annotations
@@ -17,9 +19,9 @@ from ..runs.work_context import WorkContext
 
 @dataclass(frozen=True)
 class CacheParts:
-    ctx: NativeContext  # the main context, whose sequences hold the resident nodes
-    seqs: SequenceOps  # fork, clear, copy cells in and out of its sequences
-    resident: SequenceTokens  # the tokens each of its sequences holds
+    ctx: NativeContext  # the main context, whose sequences hold the resident nodes (read only)
+    seqs: SequenceOps  # every change of its sequences: fork, clear, hold, copy cells in and out
+    resident: SequenceTokens  # the tokens each of its sequences holds (read only)
     work: WorkContext
     model: NativeModel  # token pieces, for the nodes' previews
     kv_bytes_per_token: int

@@ -50,8 +50,9 @@ class CacheSequences:
     def release(self, seq: int) -> None:
         """A node's sequence is no longer needed: its cells go to the holding sequence."""
         if self.holding is not None:
-            self.parts.ctx.seq_cp(seq, self.holding)
-        self.parts.seqs.clear(seq)
+            self.parts.seqs.hold(seq, self.holding)
+        else:
+            self.parts.seqs.clear(seq)
         self.free.append(seq)
 
     def forget(self, seq: int) -> None:

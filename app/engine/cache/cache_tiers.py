@@ -198,7 +198,7 @@ class CacheTiers(RecurrentSnapshots):
             # exactly the node's state (the cells' state carried a stale recurrent part)
             if not self.parts.seqs.add_cells(data, seq, self.sequences.scratch, node.tokens()) \
                     or (node.rs is not None
-                        and not self.parts.ctx.state_set(node.rs, seq, partial=True)):
+                        and not self.parts.seqs.set_recurrent(seq, node.rs)):
                 self.sequences.put_back(seq)
                 raise CacheError("llama.cpp refused a cached snapshot; clear the cache")
             self.forget_snapshot(node)
@@ -265,7 +265,7 @@ class CacheTiers(RecurrentSnapshots):
     def ensure_free_cells(self, n: int) -> None:
         """Evict (and compact) until ``n`` more cells fit in the context."""
         seqs = self.sequences
-        if seqs.holding is not None and not seqs.lent and self.parts.ctx.mirror.has_holes():
+        if seqs.holding is not None and not seqs.lent and self.parts.seqs.has_holes():
             relayout(self)  # cells freed in the middle (the user's sequence): put back in order
         room = self.parts.ctx.n_ctx - n
         while self.parts.seqs.used_cells() > room:

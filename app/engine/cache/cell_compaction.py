@@ -16,31 +16,26 @@ from ..errors import CacheError
 
 def relayout(tiers) -> None:
     """Lay every resident node's cells out again in tree order (``tiers``: CacheTiers)."""
-    e, scratch = tiers.parts, tiers.sequences.scratch
+    seqs, scratch = tiers.parts.seqs, tiers.sequences.scratch
     plan = []
     for node in tiers.tree:  # parents before children
         if node.seq is None:
             continue
         base = tiers.resident_ancestor(node)
         start = base.depth if base is not None else 0
-        plan.append((node, base, e.seqs.cells_of(node.seq, start, node.depth, scratch)))
-    user_tokens, user_moved = e.resident[0], e.resident.is_moved(0)
-    user = e.ctx.state_get(0) if user_tokens or user_moved else b""
-    e.ctx.clear()
-    e.resident.clear_all()
+        plan.append((node, base, seqs.cells_of(node.seq, start, node.depth, scratch)))
+    user = seqs.take_out(0)
+    seqs.clear_all()
     for node, base, data in plan:
         if base is not None:
-            e.seqs.fork(base.seq, node.seq)
+            seqs.fork(base.seq, node.seq)
         # (a hybrid or recurrent node's cells come without its recurrent state: put it back)
-        if not e.seqs.add_cells(data, node.seq, scratch, node.tokens()) or (
-                node.rs is not None and not e.ctx.state_set(node.rs, node.seq, partial=True)):
-            e.ctx.clear()
-            e.resident.clear_all()
+        if not seqs.add_cells(data, node.seq, scratch, node.tokens()) or (
+                node.rs is not None and not seqs.set_recurrent(node.seq, node.rs)):
+            seqs.clear_all()
             tiers.lost_sequences()  # every node now says it holds nothing, as it does
             raise CacheError("llama.cpp refused cells while compacting the cache; it was "
                              "cleared, and the next runs cache their prompts again")
-    if user:
-        if not e.ctx.state_set(user, 0):
-            raise CacheError("sequence 0 could not be put back after compacting the cache; "
-                             "fork or evaluate it again")
-        e.resident.set(0, user_tokens, moved=user_moved)
+    if not seqs.put_back(0, user):
+        raise CacheError("sequence 0 could not be put back after compacting the cache; "
+                         "fork or evaluate it again")

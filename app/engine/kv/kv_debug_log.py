@@ -1,38 +1,39 @@
-"""Reading llama.cpp's KV cell map from its debug log, and keeping the cell mirror up to date.
+"""The cache's context: every KV operation kept in the cell ledger, and llama.cpp asked for its
+own cell map when a view wants it.
 
-With ``LLAMA_KV_CACHE_DEBUG=3`` in the environment when a context is created, every find_slot
-(one per ubatch placed, and one per state restore) logs, at debug level:
+llama.cpp logs its cell map (cell_report.py) at the start of every find_slot, that is *before*
+a ubatch is placed: after the last decode the newest cells are in no record. So ``report()``
+makes llama.cpp log its map as it is now, with a probe that changes nothing: a sequence state
+of ``size`` cells (metadata only) restored into an empty sequence. llama.cpp
+(llama-kv-cache.cpp, state_read_meta) removes that sequence's cells (it has none: nothing
+changes, the head stays), logs the map in find_slot, finds no room for ``size`` cells while any
+cell is used, and fails before it changes a cell, the head or any data (state_clear's seq_rm
+again finds nothing). The probe is made only when that argument holds: a cell is used, an
+empty sequence exists, and the first cache read is one without a sliding window (a windowed
+cache may reuse masked cells). The errors it makes llama.cpp log are expected, not warnings.
 
-    find_slot: stream[0], n =    40, used =    40, head =    40, size =   512, n_swa =     0
-    "\\n" + one character per cell ('.', the sequence id, or 'M' when shared), " *\\n" every 256 + "\\n"
-    "\\n" + each cell's position or '.', left-aligned in 5 characters, 64 a line + "\\n"
-    find_slot: stream[0] min[0] =     0, max[0] =    39      (one line per non-empty sequence)
-
-That is the cache *before* the ubatch lands. ``TrackedContext`` applies every operation and
-ubatch to the ``CellMirror`` itself, so the mirror is current after every call, and checks it
-against the logged map (see TrackedContext._take_record). A sequence id above 9 takes two
-characters and makes the map ambiguous: while such a sequence holds cells the map is not
-read, and the mirror (which applies every operation itself) is shown unchecked. The log callback is process-wide, so a listener only
-accepts lines logged on the thread of a call it is waiting for.
+The log callback is process-wide: a listener only takes lines logged on the thread of a call
+it is waiting for.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import re
+import struct
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
-from .kv_cells import DISAGREES, CellMirror, LoggedMap, agrees
-from ..llama.native import ContextParams, NativeContext, NativeModel, add_log_listener, remove_log_listener
+from ..errors import ContextError
 from ..files.hybrid_payload import attention_span
+from ..llama.llama_backend import expected_errors
+from ..llama.native import ContextParams, NativeContext, NativeModel, add_log_listener, remove_log_listener
+from .cell_ledger import CellLedger
+from .cell_report import EMPTY, CellReport, last_report
 
 ENV = "LLAMA_KV_CACHE_DEBUG"
-_HEADER = re.compile(r"find_slot: stream\[(\d+)\], n =\s*(\d+), used =\s*(\d+), head =\s*(\d+), "
-                     r"size =\s*(\d+)")
 _env_lock = threading.Lock()
+_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic: the first bytes of a sequence state
 
 
 @contextlib.contextmanager
@@ -53,52 +54,12 @@ def debug_env(on: bool):
                 os.environ[ENV] = old
 
 
-def parse_cell_map(text: str, size: int) -> np.ndarray | None:
-    """The per-cell owner from the character map: id, -1 empty, -2 shared; None if ambiguous."""
-    body = text.encode("ascii", "replace").replace(b" *", b"").translate(None, b"\n")
-    if len(body) != size:  # a sequence id above 9 (two characters), or another format
-        return None
-    raw = np.frombuffer(body, dtype=np.uint8)
-    out = raw.astype(np.int16) - ord("0")
-    out[raw == ord(".")] = -1
-    out[raw == ord("M")] = -2
-    if ((out < -2) | (out > 9)).any():
-        return None
-    return out
-
-
-_TENS = 10 ** np.arange(5, dtype=np.int64)
-
-
-def parse_pos_map(text: str, size: int) -> np.ndarray | None:
-    """Each cell's position (-1 empty) from the 5-character-wide map; None if it does not fit."""
-    body = text.encode("ascii", "replace").replace(b" *", b"").translate(None, b"\n")
-    if len(body) != 5 * size:  # a position of 100,000 or more, or another format
-        return None
-    cells = np.frombuffer(body, dtype=np.uint8).reshape(size, 5)
-    if (cells[:, 4] == 32).all():  # every number has at most 4 digits: numpy's text parser
-        pos = np.fromstring(body.replace(b".", b"-1"), dtype=np.int64, sep=" ")
-        if len(pos) == size:
-            return pos
-    # left-aligned numbers padded with spaces, 5-digit ones touching the next: read digits
-    digit = (cells >= 48) & (cells <= 57)
-    n = digit.sum(axis=1)
-    empty = cells[:, 0] == ord(".")
-    if not np.array_equal(digit, np.arange(5) < n[:, None]) or ((n == 0) != empty).any():
-        return None
-    exp = np.clip(n[:, None] - 1 - np.arange(5), 0, 4)
-    pos = np.where(digit, (cells.astype(np.int64) - 48) * _TENS[exp], 0).sum(axis=1)
-    pos[empty] = -1
-    return pos
-
-
 class KvDebugLog:
-    """Collects the find_slot records logged during one call on one thread."""
+    """Collects the lines logged during one call on one thread."""
 
     def __init__(self):
         self._thread: int | None = None
-        self._lines: list[str] = []
-        self.maps_seen = 0
+        self.lines: list[str] = []
         add_log_listener(self._on_log)
 
     def close(self) -> None:
@@ -106,7 +67,7 @@ class KvDebugLog:
 
     @contextlib.contextmanager
     def capture(self):
-        self._lines = []
+        self.lines = []
         self._thread = threading.get_ident()
         try:
             yield self
@@ -115,63 +76,37 @@ class KvDebugLog:
 
     def _on_log(self, level: int, text: str) -> None:
         if self._thread is not None and threading.get_ident() == self._thread:
-            self._lines.append(text)
-
-    def last_record(self) -> RawRecord | None:
-        """The last find_slot record captured (maps not parsed yet), or None."""
-        lines = self._lines
-        for i in range(len(lines) - 1, -1, -1):
-            m = _HEADER.match(lines[i])
-            if m:
-                maps = lines[i + 1:i + 3]
-                if len(maps) < 2 or not all(t.startswith("\n") for t in maps):
-                    return None  # a header without the two maps: debug level below 3
-                self.maps_seen += 1
-                return RawRecord(int(m.group(4)), int(m.group(3)), int(m.group(5)), maps[0], maps[1])
-        return None
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    head: int
-    used: int
-    size: int
-    cell_text: str
-    pos_text: str
-
-    def parse(self, size: int) -> LoggedMap | None:
-        if self.size != size:
-            return None
-        single = parse_cell_map(self.cell_text, size)
-        pos = parse_pos_map(self.pos_text, size) if single is not None else None
-        if single is None or pos is None:
-            return None
-        return LoggedMap(self.head, self.used, size, pos, single)
+            self.lines.append(text)
 
 
 class TrackedContext(NativeContext):
-    """A NativeContext that keeps a CellMirror in step with every KV operation."""
+    """The cache's context: a NativeContext whose KV operations also go to a CellLedger, and
+    which can ask llama.cpp for its cell map. Only the sequence owner (sequence_ops.py) calls
+    its operations."""
 
-    def __init__(self, model: NativeModel, params: ContextParams, debug_log: bool = True):
+    def __init__(self, model: NativeModel, params: ContextParams, debug_log: bool = True,
+                 windowed: bool = False):
         with debug_env(debug_log):
             super().__init__(model, params)
         self.debug_log = debug_log
-        self.mirror = CellMirror(_cache_size(self))
+        self.windowed = windowed  # sliding-window layers: a hybrid's may sit in the first cache
+        self.ledger = CellLedger(int(self.n_ctx))
         self.log = KvDebugLog()
-        self._unchecked = None
+        self.probes = 0  # reports asked of llama.cpp (tests count them)
+        self._report: CellReport | None = None  # llama.cpp's map since the last change
+        self._ext: bool | None = None  # whether this model's state records a cell's ext fields
         # called after every operation (the engine publishes views): on_change(settled), settled
         # when a whole held operation ended (see held_changes), else after one llama.cpp call
         self.on_change = None
         self._holds = 0
         self._held_change = False
-        if not debug_log:
-            self.mirror.distrust("the KV debug log is off")
 
     def close(self) -> None:
         self.log.close()
         super().close()
 
     def _changed(self) -> None:
+        self._report = None
         if self._holds:
             self._held_change = True
         elif self.on_change is not None:
@@ -193,125 +128,120 @@ class TrackedContext(NativeContext):
                 if self.on_change is not None:
                     self.on_change(True)
 
-    # Parsing a map costs about a millisecond at 4,096 cells, more than a 1-token decode's
-    # share allows. So while the record is trusted, only the last map is kept (with the record
-    # as it was then) and checked when a view is built: the map is cumulative, so it catches
-    # any earlier drift too. While it is not trusted, each map is read at once to regain trust.
-    _NO_MAP = "llama.cpp logged no readable cell map (format changed, or a sequence id above 9)"
+    # ---- llama.cpp's report
+    def report(self) -> tuple[CellReport | None, str]:
+        """(llama.cpp's cell map now, "") or (None, why it cannot be had)."""
+        if self._report is not None:
+            return self._report, ""
+        if not self.debug_log:
+            return None, "the KV debug log is off"
+        n_seq = self.params.n_seq_max
+        ranges = {s: self.pos_range(s) for s in range(n_seq)}
+        free = [s for s, (lo, hi) in ranges.items() if lo < 0 and hi < 0]
+        if len(free) == n_seq:  # an empty cache: llama.cpp's ranges say all there is to say
+            size = int(self.n_ctx)
+            self._report = CellReport(0, 0, 0, size, np.full(size, -1, dtype=np.int64),
+                                      np.full(size, EMPTY, dtype=np.int16), {})
+            return self._report, ""
+        if not free:
+            return None, ("every sequence holds cells, so llama.cpp cannot be asked for its "
+                          "cell map without changing one")
+        if self.windowed and self.model.family != "attention":
+            return None, "llama.cpp's cell map is not asked for on a hybrid with a sliding window"
+        for ext in ((False, True) if self._ext is None else (self._ext,)):
+            rep = self._probe(free[-1], ext)
+            if rep is not None:
+                self._ext, self._report = ext, rep
+                return rep, ""
+        return None, "llama.cpp logged no readable cell map (another format?)"
 
-    def _take_record(self) -> RawRecord | None:
-        rec = self.log.last_record()
-        if rec is not None and _has_wide_ids(self.mirror.owners):
-            # llama.cpp prints ids above 9 with two characters: its map cannot be read, but the
-            # mirror, which applies every operation itself, stays as trustworthy as it was
-            self._unchecked = None
-            return rec
-        if rec is None:
-            if self.debug_log:
-                self.mirror.distrust(self._NO_MAP)
-            self._unchecked = None
-        elif self.mirror.trusted:
-            self._unchecked = (rec, self.mirror.pos.copy(), self.mirror.owners.copy())
-        else:
-            m = rec.parse(self.mirror.size)
-            if m is None:
-                self.mirror.distrust(self._NO_MAP)
-            else:
-                self.mirror.check(m)
-            self._unchecked = None
-        return rec
+    def _probe(self, seq: int, ext: bool) -> CellReport | None:
+        size = int(self.n_ctx)
+        fields = [("pos", "<i4"), ("n_seq", "<u4")]
+        fields += [("x", "<i4"), ("y", "<i4"), ("tok", "<i4")] if ext else []
+        meta = np.zeros(size, dtype=fields + [("seq", "<i4")])
+        meta["pos"] = np.arange(size)
+        meta["n_seq"] = 1
+        meta["seq"] = seq
+        if ext:
+            meta["tok"] = -1
+        data = struct.pack("<IiII", _STATE_MAGIC, seq, 1, size) + meta.tobytes()
+        self.probes += 1
+        with self.log.capture(), expected_errors():
+            placed = NativeContext.state_set(self, data, seq)
+        if placed or self.pos_range(seq) != (-1, -1):  # cannot be (no room, no data): say so
+            raise ContextError("llama.cpp took the KV report's probe as a state; clear the cache")
+        return last_report(self.log.lines)
 
-    def verify(self) -> None:
-        """Check the record against the last map llama.cpp logged (see above)."""
-        if self._unchecked is None:
-            return
-        rec, pos, owners = self._unchecked
-        self._unchecked = None
-        if _has_wide_ids(owners):
-            return
-        m = rec.parse(self.mirror.size)
-        if m is None:
-            self.mirror.distrust(self._NO_MAP)
-        elif not agrees(pos, owners, m):
-            self.mirror.distrust(DISAGREES)
+    def has_holes(self) -> bool:
+        """Is a free cell followed by a used one? llama.cpp's report says; without one, any
+        cell freed since the cache was empty may have left one."""
+        rep, _why = self.report()
+        return rep.has_holes if rep is not None else self.ledger.freed
 
+    # ---- the operations, each also kept in the ledger
     def decode(self, entries) -> None:
-        with self.log.capture():
-            super().decode(entries)  # raises on failure: llama.cpp then placed nothing
-        rec = self._take_record()
-        placed = [(pos, tuple(seqs)) for _tok, pos, seqs, _lg in entries]
-        if rec is not None:
-            self.mirror.place(placed, rec.head, rec.used)
-        else:
-            self.mirror.place(placed)
+        try:
+            super().decode(entries)
+        except ContextError:
+            # llama.cpp keeps the ubatches placed before the one that failed
+            top = {s: self.pos_range(s)[1] for s in {e[2][0] for e in entries}}
+            self.ledger.add([(pos, tuple(seqs)) for _t, pos, seqs, _l in entries
+                             if pos <= top[seqs[0]]])
+            self._changed()
+            raise
+        self.ledger.add([(pos, tuple(seqs)) for _tok, pos, seqs, _lg in entries])
         self._changed()
 
     def state_set(self, data: bytes, seq: int, partial: bool = False) -> bool:
-        if partial:  # a recurrent part only: no attention cell moves
-            ok = super().state_set(data, seq, partial=True)
+        ok = super().state_set(data, seq, partial=partial)
+        if partial:  # a recurrent part only: no attention cell changes
             self._changed()
             return ok
-        with self.log.capture():
-            ok = super().state_set(data, seq)
+        lo, hi = self.pos_range(seq)
+        if ok or hi < 0:  # llama.cpp empties the sequence first, and again when it fails
+            self.ledger.seq_rm(seq)
         if ok:
-            self.mirror.seq_rm(seq)
-            rec = self._take_record()
             # a hybrid's range is its recurrent record's too: read the cells' own positions
             span = None
             if self.model.family == "recurrent":
                 span = (-1, -1)
             elif self.model.family == "hybrid":
                 span = attention_span(data)
-            lo, hi = span if span is not None else self.pos_range(seq)
-            # our states hold positions lo..hi, one cell each, placed contiguously
-            entries = [(p, (seq,)) for p in range(lo, hi + 1)] if lo >= 0 else []
-            if rec is not None:
-                self.mirror.place(entries, rec.head, rec.used, contiguous=True)
-            else:
-                self.mirror.place(entries, contiguous=True)
+            lo, hi = span if span is not None else (lo, hi)
+            # our states hold positions lo..hi, one cell each
+            self.ledger.add([(p, (seq,)) for p in range(lo, hi + 1)] if lo >= 0 else [])
         self._changed()
         return ok
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         ok = super().seq_rm(seq, p0, p1)
         if ok:
-            self.mirror.seq_rm(seq, p0, p1)
+            self.ledger.seq_rm(seq, p0, p1)
             self._changed()
         return ok
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         super().seq_cp(src, dst, p0, p1)
-        self.mirror.seq_cp(src, dst, p0, p1)
+        self.ledger.seq_cp(src, dst, p0, p1)
         self._changed()
 
     def seq_keep(self, seq: int) -> None:
         super().seq_keep(seq)
-        self.mirror.seq_keep(seq)
+        self.ledger.seq_keep(seq)
         self._changed()
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         super().seq_add(seq, p0, p1, delta)
-        self.mirror.seq_add(seq, p0, p1, delta)
+        self.ledger.seq_add(seq, p0, p1, delta)
         self._changed()
 
     def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
         super().seq_div(seq, p0, p1, d)
-        self.mirror.seq_div(seq, p0, p1, d)
+        self.ledger.seq_div(seq, p0, p1, d)
         self._changed()
 
     def clear(self) -> None:
         super().clear()
-        self.mirror.clear()
-        if not self.debug_log:
-            self.mirror.distrust("the KV debug log is off")
+        self.ledger.clear()
         self._changed()
-
-
-def _has_wide_ids(owners: np.ndarray) -> bool:
-    """Does any cell belong to a sequence above 9 (two characters in llama.cpp's map)?"""
-    return bool(np.any(owners >> np.uint64(10)))
-
-
-def _cache_size(ctx: NativeContext) -> int:
-    """Cells in the (unified) KV cache: llama.cpp pads n_ctx, so ask for the context size."""
-    return int(ctx.n_ctx)

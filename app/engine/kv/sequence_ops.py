@@ -1,16 +1,21 @@
-"""What the engine does to its sequences besides evaluating: clear, trim, fork, shift,
-divide, and moving cells between sequences, each keeping the engine's account of what every
-sequence holds (``engine.resident``, sequence_tokens.py) in step with llama.cpp's cells.
+"""The one owner of what the cache context's sequences hold: every change of their cells goes
+through here, and each keeps the engine's account of the tokens (``engine.resident``,
+sequence_tokens.py) and the cell ledger (cell_ledger.py, kept by the context) in step with
+llama.cpp's cells.
 
-``engine.seqs``: the engine evaluates, these operations change what sequences already hold.
-Dropping many sequences at once (``Engine.clear_all``, ``Engine.keep_only``) is the engine's:
-the radix cache must learn which of its nodes lost their cells.
+``engine.seqs``: decodes (the engine's evaluation hands its batches here), clear, trim, fork,
+shift, divide, moving cells between sequences, restoring states, and the radix cache's own
+moves (holding an evicted node's cells, laying the cache out again). Nothing else calls the
+cache context's seq_* / state_set / clear / decode or changes ``resident``
+(tests/test_architecture.py checks it). The radix cache learns which nodes lost cells from its
+own callers (``Engine.clear_all``, ``Engine.keep_only``).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ContextError, KvPrimerError
+from .cell_report import CellReport
 from .sequence_tokens import SequenceTokens
 
 
@@ -30,6 +35,81 @@ class SequenceOps:
         self.check(seq)
         self._ctx.seq_rm(seq)
         self._tokens.clear(seq)
+
+    def clear_all(self) -> None:
+        """Empty every sequence."""
+        self._ctx.clear()
+        self._tokens.clear_all()
+
+    def keep_only(self, seq: int) -> None:
+        """Drop every other sequence; cells ``seq`` shared with them become its own."""
+        self.check(seq)
+        self._ctx.seq_keep(seq)
+        self._tokens.keep_only(seq)
+
+    # ---- evaluation's writes
+    def decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+        """One llama_decode of (token, position, (seq,), wants logits) entries, possibly for
+        several sequences, each entry appending its token to its sequence's tokens."""
+        try:
+            self._ctx.decode(entries)
+        except ContextError:
+            for seq in {e[2][0] for e in entries}:
+                self._resync(seq)
+            raise
+        for tok, _pos, seqs, _logits in entries:
+            self._tokens.extend(seqs[0], (tok,))
+
+    def _resync(self, seq: int) -> None:
+        """After a failed decode, trust llama.cpp's own position range."""
+        lo, hi = self._ctx.pos_range(seq)
+        if lo != 0:
+            self._ctx.seq_rm(seq)
+            self._tokens.clear(seq)
+        else:
+            self._tokens.truncate(seq, hi + 1)
+
+    # ---- states
+    def restore(self, seq: int, data: bytes, tokens) -> bool:
+        """Put a state holding ``tokens`` into ``seq``. False when llama.cpp rejects it; the
+        sequence then holds what it held before."""
+        self.check(seq)
+        # llama.cpp clears the sequence before it finds a layer/row/V-layout mismatch; keep a
+        # copy to put back (run paths restore into an empty sequence, so this costs them nothing)
+        old = self.take_out(seq)
+        self._ctx.seq_rm(seq)
+        self._tokens.clear(seq)
+        if not self._ctx.state_set(data, seq):
+            self._ctx.seq_rm(seq)
+            self.put_back(seq, old)
+            return False
+        self._tokens.set(seq, tokens)
+        return True
+
+    def take_out(self, seq: int) -> tuple[list[int], bool, bytes]:
+        """What ``seq`` holds, to ``put_back`` after the cache was cleared (b"": nothing)."""
+        tokens, moved = self._tokens[seq], self._tokens.is_moved(seq)
+        return tokens, moved, self._ctx.state_get(seq) if tokens or moved else b""
+
+    def put_back(self, seq: int, held: tuple[list[int], bool, bytes]) -> bool:
+        """Put back what ``take_out`` took into an empty ``seq``; False if llama.cpp refuses."""
+        tokens, moved, data = held
+        if not data:
+            return True
+        if not self._ctx.state_set(data, seq):
+            return False
+        self._tokens.set(seq, tokens, moved=moved)
+        return True
+
+    def set_recurrent(self, seq: int, data: bytes) -> bool:
+        """Replace the recurrent state of ``seq`` (a hybrid's or recurrent model's), leaving
+        its cells alone; False if llama.cpp refuses it."""
+        return self._ctx.state_set(data, seq, partial=True)
+
+    def hold(self, seq: int, holding: int) -> None:
+        """Move the cells of ``seq`` into ``holding`` (they stay where they lie) and empty it."""
+        self._ctx.seq_cp(seq, holding)
+        self.clear(seq)
 
     def trim(self, seq: int, keep: int) -> None:
         """Keep the first ``keep`` tokens of ``seq``, drop the rest."""
@@ -98,11 +178,17 @@ class SequenceOps:
 
     def used_cells(self, ignoring: int | None = None) -> int:
         """Cells holding some sequence's tokens (besides sequence ``ignoring``'s), by the
-        engine's own account of every operation."""
-        owners = self._ctx.mirror.owners
-        if ignoring is None:
-            return int(np.count_nonzero(owners))
-        return int(np.count_nonzero(owners & ~np.uint64(1 << ignoring)))
+        cell ledger (what the operations make cells hold: no placement involved)."""
+        return self._ctx.ledger.used(ignoring)
+
+    def has_holes(self) -> bool:
+        """Is a free cell followed by a used one (llama.cpp would fill it next)? llama.cpp's
+        report says (kv_debug_log.py); without one, whether any cell was freed."""
+        return self._ctx.has_holes()
+
+    def report(self) -> tuple[CellReport | None, str]:
+        """llama.cpp's own cell map now, or None and why not (kv_debug_log.py)."""
+        return self._ctx.report()
 
     def shift(self, seq: int, p0: int, delta: int) -> None:
         """Add ``delta`` to the positions of ``seq`` from ``p0`` on (llama.cpp's seq_add).
@@ -133,7 +219,7 @@ class SequenceOps:
     def _check_unshared(self, seq: int, p0: int, verb: str) -> None:
         # a cell has one position for all its owners: moving a shared cell moves it for all
         view = self._kv_view()
-        if view.has_cells:
+        if view.has_cells and not view.unreported_cells:
             o = view.cell_owners
             mine = ((o & (1 << seq)) != 0) & (view.cell_pos >= max(p0, 0))
             together = int(np.bitwise_or.reduce(o[mine])) if mine.any() else 0

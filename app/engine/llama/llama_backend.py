@@ -6,8 +6,10 @@ the last warning and first error so a NULL from llama.cpp can be explained.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +20,7 @@ log = logging.getLogger("kvprimer.llama")
 _log_listeners: list[Callable[[int, str], None]] = []
 _backend_ready = False
 _last_problem = ["", ""]  # llama.cpp's last warning and first error, to explain a NULL
+_expected = threading.local()  # see expected_errors
 
 
 @L.llama_log_callback
@@ -27,7 +30,7 @@ def _on_llama_log(level: int, text: bytes, user_data) -> None:  # pragma: no cov
         for fn in list(_log_listeners):
             fn(level, s)
         # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
-        if level in (3, 4):
+        if level in (3, 4) and not getattr(_expected, "on", False):
             # keep the first error: "error loading model: <why>" comes before the generic
             # "failed to load model" that follows it
             if level == 4 and not _last_problem[1]:
@@ -43,6 +46,17 @@ def last_problem() -> str:
     msg = _last_problem[1] or _last_problem[0]
     _last_problem[:] = ["", ""]
     return f" (llama.cpp: {msg})" if msg else ""
+
+
+@contextlib.contextmanager
+def expected_errors():
+    """Errors llama.cpp logs on this thread meanwhile are expected (a call made to fail, such
+    as the KV report's probe): listeners hear them, but they are no warning and no problem."""
+    _expected.on = True
+    try:
+        yield
+    finally:
+        _expected.on = False
 
 
 def add_log_listener(fn: Callable[[int, str], None]) -> None:
