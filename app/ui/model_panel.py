@@ -138,7 +138,8 @@ class ModelPanel(QDockWidget):
         f["kv per token"].setText(f"{info.kv_bytes_per_token:,} bytes ({info.type_k}/{info.type_v})")
         f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
                              f"full KV {size_text(info.n_ctx * info.kv_bytes_per_token)}")
-        f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences")
+        f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences"
+                           + (f"\n{info.batch_threads}" if info.batch_threads else ""))
         self._show_kernels()
         # AMX / repacked weights: what llama.cpp runs this model with, why, and the crash check
         k = info.cpu_kernels
