@@ -113,7 +113,7 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
             max_tokens=cfg.max_tokens), task=TaskState(on_progress=progress))
         out["rows"] = [asdict(r) for r in res.rows]
         out["summary"] = res.summary()
-        out["cache_tiers"] = [asdict(t) for t in engine.cache.tiers()]
+        out["cache_tiers"] = [asdict(t) for t in engine.cache.tier_usage()]
         peers = _peer_run(engine, work, cfg)
     # after the engine is closed: the peers get the cores and the memory to themselves
     out.update(_peers(peers, cfg, log))

@@ -8,7 +8,7 @@ from pathlib import Path
 def assert_sequences_consistent(eng) -> None:
     """Every sequence holds exactly the tokens the engine says (llama.cpp's range agrees);
     the radix cache's holding sequence keeps evicted cells and no tokens of its own."""
-    for seq, toks in eng.resident.items():
+    for seq, toks in eng.seq_tokens.items():
         if seq == eng.cache.holding:
             assert not toks
             continue
@@ -35,7 +35,7 @@ def assert_tree_consistent(eng) -> None:
         if n.seq is not None:
             assert n.seq not in seqs, f"nodes {seqs.get(n.seq)} and {n.id} share sequence {n.seq}"
             seqs[n.seq] = n.id
-            assert eng.resident[n.seq] == n.tokens(), f"node {n.id} in sequence {n.seq}"
+            assert eng.seq_tokens[n.seq] == n.tokens(), f"node {n.id} in sequence {n.seq}"
             assert n.seq not in cache.sequences.free
         if n.tier == "file":
             assert Path(n.file).exists()
@@ -45,7 +45,7 @@ def assert_tree_consistent(eng) -> None:
         if n.rs_file is not None:  # a recurrent state goes to a file with its node's cells
             assert n.tier == "file" and n.rs is None and Path(n.rs_file).exists()
             files.add(Path(n.rs_file).name)
-    for s, toks in eng.resident.items():
+    for s, toks in eng.seq_tokens.items():
         if toks and s != 0:
             assert s in seqs, f"sequence {s} holds {len(toks)} tokens but no node owns it"
     assert not (set(cache.sequences.free) & {0, cache.scratch, cache.holding})

@@ -150,7 +150,7 @@ def test_bench_loads_the_window_code_only_for_its_gui_measure():
 
 
 def test_the_cache_never_calls_the_engine_back():
-    """The engine calls the cache; the cache gets the parts it uses once (cache_parts.py) and
+    """The engine calls the cache; the cache gets the parts it uses once (engine_access.py) and
     holds no engine to call back into."""
     for src in (ENGINE / "cache").glob("*.py"):
         for node in ast.walk(ast.parse(src.read_text(), filename=str(src))):
@@ -177,14 +177,14 @@ def test_the_windows_flows_go_through_the_engines():
 def test_one_owner_changes_what_the_cache_contexts_sequences_hold():
     """Every change of the cache context's sequences (their cells and their tokens) goes
     through kv/sequence_ops.py: nothing else calls that context's seq_* / state_set / clear /
-    decode or changes ``resident`` (the work context, the cold reference and the kernel
+    decode or changes ``seq_tokens`` (the work context, the cold reference and the kernel
     measurement have contexts of their own)."""
     import re
 
     ops = r"\.(?:seq_rm|seq_cp|seq_keep|seq_add|seq_div|state_set|decode|clear)\("
     cache_ctx = re.compile(r"\b(?:engine|eng|e|parts)\.ctx" + ops)
     own_ctx = re.compile(r"\bself\.ctx" + ops)  # in the engine, self.ctx is the cache's
-    tokens = re.compile(r"\bresident\.(?:set|extend|clear|clear_all|keep_only|truncate|trim|"
+    tokens = re.compile(r"\bseq_tokens\.(?:set|extend|clear|clear_all|keep_only|truncate|trim|"
                         r"copy|moved_from)\(")
     owner = {ENGINE / "kv" / "sequence_ops.py", ENGINE / "kv" / "kv_debug_log.py"}
     bad = []

@@ -83,10 +83,10 @@ def test_state_from_another_model_is_refused_and_context_kept(engine, other_tiny
     with Engine(EngineConfig(model_path=str(other_tiny_model), n_ctx=1024, n_batch=32, n_threads=1)) as other:
         other.prime(TPL).save(tmp_path / "other.kvstate")
     engine.prime(TPL)
-    before = (list(engine.resident[0]), engine.ctx.pos_range(0))
+    before = (list(engine.seq_tokens[0]), engine.ctx.pos_range(0))
     with pytest.raises(StateFileError, match="another model"):
         engine.load_state(tmp_path / "other.kvstate")
-    assert (engine.resident[0], engine.ctx.pos_range(0)) == before
+    assert (engine.seq_tokens[0], engine.ctx.pos_range(0)) == before
 
 
 def test_kv_type_mismatch_is_refused(engine, tiny_model, tmp_path):
@@ -104,7 +104,7 @@ def test_rejected_kv_data_leaves_sequence_empty_not_corrupt(engine):
                       seq_state_version=good.seq_state_version)
     with pytest.raises(StateFileError, match="rejected"):
         engine.restore(bad, 0)
-    assert engine.resident[0] == [] and engine.ctx.pos_range(0) == (-1, -1)
+    assert engine.seq_tokens[0] == [] and engine.ctx.pos_range(0) == (-1, -1)
     assert run_prompt(engine, TPL, VALUES, oneshot=False).verdict.exact
 
 
@@ -117,7 +117,7 @@ def test_cancel_prime_between_batches_leaves_a_known_length(engine):
     assert kept == 32
     # the half-primed working sequence was given back: no cells, no node left behind
     assert len(engine.cache.tree) == 0 and engine.seqs.used_cells() == 0
-    assert all(not toks for toks in engine.resident.values())
+    assert all(not toks for toks in engine.seq_tokens.values())
     assert all(engine.ctx.pos_range(s) == (-1, -1) for s in range(engine.config.n_seq_max))
     state = engine.prime(TPL)  # the next job works
     assert state.n_tokens > kept
@@ -156,10 +156,10 @@ def test_the_batch_plan_is_a_value_the_caller_holds(engine):
     assert plan == [10, 26, 30, 46]
     seen: list[int] = []
     engine.evaluate([7] * 40, 3, want_logits=False, starts=plan, marks=[30, 50], at_mark=seen.append)
-    assert seen == [30, 50] and len(engine.resident[3]) == 50
+    assert seen == [30, 50] and len(engine.seq_tokens[3]) == 50
     with pytest.raises(ValueError):  # a plan that does not start where the sequence ends
         engine.evaluate([7] * 4, 3, starts=[0])
     with pytest.raises(ValueError):  # a mark where no batch starts would never be called
         engine.evaluate([7] * 4, 3, starts=[50], marks=[52], at_mark=seen.append)
-    assert len(engine.resident[3]) == 50 and not hasattr(engine, "last_starts")
+    assert len(engine.seq_tokens[3]) == 50 and not hasattr(engine, "last_starts")
     engine.seqs.clear(3)

@@ -90,10 +90,10 @@ def test_forked_run_gives_its_sequences_back_and_reuses_the_prefix(wide):
     for r in batch.rows:
         toks = wide.tokenize(TPL.fill(ROWS[r.index]))
         assert r.prompt_tokens == len(toks) and r.reused_tokens == state.n_tokens
-        assert wide.resident[r.seq] == [] and wide.ctx.pos_range(r.seq) == (-1, -1)
+        assert wide.seq_tokens[r.seq] == [] and wide.ctx.pos_range(r.seq) == (-1, -1)
     # only the prefix's node stays resident, holding exactly the prefix
     assert [n for n in wide.cache.tree] == [node]
-    assert wide.resident[node.seq] == list(state.tokens)
+    assert wide.seq_tokens[node.seq] == list(state.tokens)
     assert wide.seqs.used_cells() == state.n_tokens
     hits = node.hits
     again = run_forked(wide, TPL, ROWS[:2], state=state, gen=GEN)  # same prefix: no restore

@@ -88,7 +88,7 @@ def test_keep_only_frees_the_other_sequences(engine):
     v = engine.kv_view()
     assert [u.seq for u in v.sequences] == [1]
     assert (v.seq(1).cells, v.seq(1).shared_cells, v.used_cells) == (40, 0, 40)
-    assert engine.resident[0] == [] and engine.resident[2] == [] and len(engine.resident[1]) == 40
+    assert engine.seq_tokens[0] == [] and engine.seq_tokens[2] == [] and len(engine.seq_tokens[1]) == 40
 
 
 def test_shift_and_divide_move_positions_and_keep_resident_honest(engine):
@@ -97,40 +97,40 @@ def test_shift_and_divide_move_positions_and_keep_resident_honest(engine):
     v = engine.kv_view()
     assert (v.seq(2).cells, v.seq(2).pos_min, v.seq(2).pos_max) == (40, 0, 139)
     assert engine.ctx.pos_range(2) == (0, 139)
-    assert len(engine.resident[2]) == 10 and 2 in engine.resident.moved
+    assert len(engine.seq_tokens[2]) == 10 and 2 in engine.seq_tokens.moved
     with pytest.raises(KvPrimerError, match="shifted or divided"):
         engine.evaluate([5], 2)
     with pytest.raises(KvPrimerError, match="shifted or divided"):
         engine.sequence_state(2)
     engine.seqs.trim(2, 10)  # back to the exact part
-    assert 2 not in engine.resident.moved and engine.kv_view().seq(2).cells == 10
+    assert 2 not in engine.seq_tokens.moved and engine.kv_view().seq(2).cells == 10
     engine.evaluate(toks(40)[10:], 2)
     engine.seqs.divide(2, 20, 2)  # positions 20..39 become 10..19
     v = engine.kv_view()
     assert (v.seq(2).cells, v.seq(2).pos_max) == (40, 19) and engine.ctx.pos_range(2) == (0, 19)
-    assert len(engine.resident[2]) == 10 and 2 in engine.resident.moved
+    assert len(engine.seq_tokens[2]) == 10 and 2 in engine.seq_tokens.moved
     engine.seqs.shift(2, 0, -15)  # shifted below 0: those cells are freed
     assert engine.kv_view().seq(2).cells == 40 - 15 - 10  # 0..14 and the divided 10..14
-    assert engine.resident[2] == []
+    assert engine.seq_tokens[2] == []
 
 
 def test_the_token_account_changes_only_through_its_owner(engine):
     # reads are copies: the account of what each sequence holds cannot be changed behind the
     # engine's back, only by the operations that change the cells (sequence_tokens.py)
     engine.evaluate(toks(12), 2)
-    engine.resident[2].append(7)
-    assert len(engine.resident[2]) == engine.resident.count(2) == 12
+    engine.seq_tokens[2].append(7)
+    assert len(engine.seq_tokens[2]) == engine.seq_tokens.count(2) == 12
     with pytest.raises(TypeError):
-        engine.resident[2] = []
+        engine.seq_tokens[2] = []
     with pytest.raises(AttributeError):
-        engine.resident.moved.add(2)
+        engine.seq_tokens.moved.add(2)
     engine.evaluate(toks(12), 3)
     engine.seqs.shift(3, 6, 4)  # cells of 3 alone, from position 6
-    assert engine.resident[3] == toks(12)[:6] and engine.resident.moved == {3}
+    assert engine.seq_tokens[3] == toks(12)[:6] and engine.seq_tokens.moved == {3}
     engine.seqs.fork(3, 4)  # a whole copy of a moved sequence holds its moved cells too
-    assert engine.resident.moved == {3, 4} and engine.resident[4] == toks(12)[:6]
+    assert engine.seq_tokens.moved == {3, 4} and engine.seq_tokens[4] == toks(12)[:6]
     engine.seqs.fork(3, 5, upto=4)
-    assert 5 not in engine.resident.moved and engine.resident[5] == toks(12)[:4]
+    assert 5 not in engine.seq_tokens.moved and engine.seq_tokens[5] == toks(12)[:4]
 
 
 def test_shift_of_shared_cells_is_refused(engine):

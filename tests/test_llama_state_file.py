@@ -44,7 +44,7 @@ def _decode(ctx: NativeContext, tokens, start: int, seq: int = 0) -> np.ndarray:
 def _seq_of(eng, state) -> int:
     """The sequence of the radix cache's node holding exactly ``state``'s tokens."""
     node = eng.cache.lookup(list(state.tokens)).node
-    assert node.depth == state.n_tokens and eng.resident[node.seq] == list(state.tokens)
+    assert node.depth == state.n_tokens and eng.seq_tokens[node.seq] == list(state.tokens)
     return node.seq
 
 
@@ -247,7 +247,7 @@ def test_sliding_window_model_files_hold_both_caches(tmp_path):
         back = load_any_state(eng, theirs, TPL)
         assert back.data[8:] == state.data[8:] and back.origin == "llama.cpp"
         eng.restore(back, 3)
-        assert eng.resident[3] == list(state.tokens)
+        assert eng.seq_tokens[3] == list(state.tokens)
     finally:
         eng.close()
 

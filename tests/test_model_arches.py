@@ -53,10 +53,10 @@ def test_each_architecture_loads_and_generates(arch_models, arch):
         assert eng.info.architecture == arch
         toks = eng.model.tokenize("hello world")
         for _ in range(4):  # greedy: each next token from the last logits
-            logits = eng.evaluate(toks[-1:] if eng.resident[0] else toks)
+            logits = eng.evaluate(toks[-1:] if eng.seq_tokens[0] else toks)
             assert np.isfinite(logits).all()
             toks.append(int(np.argmax(logits)))
-        assert len(eng.resident[0]) == len(toks) - 1
+        assert len(eng.seq_tokens[0]) == len(toks) - 1
 
 
 def test_llama_cpp_calls_each_stateful_architecture_what_it_is(arch_models, arch):

@@ -29,7 +29,7 @@ def make(tiny_model, tmp_path, n_ctx=1024, **caps) -> Engine:
 
 
 def assert_caps_hold(eng) -> dict:
-    tiers = {t.name: t for t in eng.cache.tiers()}
+    tiers = {t.name: t for t in eng.cache.tier_usage()}
     assert list(tiers) == ["resident", "ram", "file"]
     for t in tiers.values():
         assert t.used_bytes <= t.cap_bytes, t
@@ -205,7 +205,7 @@ def test_the_users_operations_stay_off_the_caches_sequences(tiny_model, tmp_path
             eng.cache.check_user_sequence(node.seq)
         eng.cache.check_user_sequence(0)
         eng.seqs.fork_into_user_sequence(node.seq)
-        assert eng.resident[0] == node.tokens()
+        assert eng.seq_tokens[0] == node.tokens()
         with pytest.raises(Exception, match="sequence 0 is in use"):
             eng.seqs.fork_into_user_sequence(node.seq)
         assert_tree_consistent(eng)

@@ -230,9 +230,9 @@ def test_corrupted_cells_under_a_node_are_not_bit_identical(engine):
     data = engine.ctx.state_get(0)
     engine.clear_seq(0)
     assert engine.ctx.state_set(data, node.seq)
-    assert engine.resident[node.seq] == node.tokens()  # the cache still believes its tokens
+    assert engine.seq_tokens[node.seq] == node.tokens()  # the cache still believes its tokens
     engine.work.reset()  # the run must take the prefix from the cache, not the work context
-    engine.cache.placement.forget_copy(node)  # ... from the cells, not the copy kept of them
+    engine.cache.tiers.forget_copy(node)  # ... from the cells, not the copy kept of them
     bad = run(engine, vals, reuse="prefix")
     v = bad.verdict
     assert bad.reused_tokens == node.depth

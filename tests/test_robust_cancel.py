@@ -91,10 +91,10 @@ def test_cancel_with_a_saved_state_restored_into_other_sequences(engine, referen
     engine.cache.clear()  # the state is restored into the cache by the run itself
     # the user's sequence holds something else that a cancel must not disturb
     engine.evaluate(engine.model.tokenize("hello world of the answer"), 0, want_logits=False)
-    before0 = list(engine.resident[0])
+    before0 = list(engine.seq_tokens[0])
     cancel_everywhere(engine, lambda task: run_prompt(engine, TPL, VALUES, state=state, gen=GEN,
                                                       task=task))
-    assert engine.resident[0] == before0
+    assert engine.seq_tokens[0] == before0
     check_next_job(engine, reference)
 
 
@@ -130,8 +130,8 @@ def test_kv_cache_full_mid_prompt_leaves_a_known_length(tiny_model):
         with pytest.raises(ContextError, match="KV cache is full"):
             eng.evaluate(toks[:120], 0)
         assert_sequences_consistent(eng)
-        assert 0 < len(eng.resident[0]) < 120 and eng.resident[1] == toks[:200]
+        assert 0 < len(eng.seq_tokens[0]) < 120 and eng.seq_tokens[1] == toks[:200]
         eng.seqs.clear(1)
-        eng.evaluate(toks[len(eng.resident[0]):120], 0)  # the rest fits now
-        assert eng.resident[0] == toks[:120]
+        eng.evaluate(toks[len(eng.seq_tokens[0]):120], 0)  # the rest fits now
+        assert eng.seq_tokens[0] == toks[:120]
         assert_sequences_consistent(eng)

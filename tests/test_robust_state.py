@@ -60,8 +60,8 @@ def good_file(good, tmp_path_factory):
 
 
 def context_view(eng):
-    return ({s: list(t) for s, t in eng.resident.items()},
-            [eng.ctx.pos_range(s) for s in eng.resident])
+    return ({s: list(t) for s, t in eng.seq_tokens.items()},
+            [eng.ctx.pos_range(s) for s in eng.seq_tokens])
 
 
 def layout(state: PrefixState) -> dict[str, int]:
@@ -108,7 +108,7 @@ def try_restore(eng, state: PrefixState, seq: int = 1) -> bool:
         assert context_view(eng) == before
         return False
     # accepted: what we think is resident is what llama.cpp holds
-    assert eng.resident[seq] == list(state.tokens)
+    assert eng.seq_tokens[seq] == list(state.tokens)
     assert eng.ctx.pos_range(seq) == (0, state.n_tokens - 1)
     return True
 
@@ -368,7 +368,7 @@ def test_a_fragmented_sequence_saves_in_position_order_and_restores(tiny_model, 
         assert len(state.data) == len(raw) and in_position_order(state.data) is state.data
         e.seqs.clear(0)
         e.restore(state, 2)
-        assert e.ctx.pos_range(2) == (0, 14) and e.resident[2] == toks
+        assert e.ctx.pos_range(2) == (0, 14) and e.seq_tokens[2] == toks
         # each K/V row moved with its position: trimming to 8 keeps the first 8 tokens' rows,
         # and the next token's logits equal a cold run's bit for bit (a position-only sort
         # gave |Δlogit| 20 here)

@@ -114,7 +114,7 @@ def test_a_state_of_another_version_is_refused_in_one_line(models, tmp_path):
         state = eng.prime(TPL)
         other = replace(state, seq_state_version=READS.seq_state_version + 1)
         v = other.seq_state_version
-        before = {q: list(t) for q, t in eng.resident.items()}
+        before = {q: list(t) for q, t in eng.seq_tokens.items()}
         for call in (lambda: eng.check_state(other), lambda: eng.restore(other, 5),
                      lambda: parse(state.data, v), lambda: other.check_payload(eng.info.n_vocab)):
             with pytest.raises(StateFileError) as e:
@@ -122,7 +122,7 @@ def test_a_state_of_another_version_is_refused_in_one_line(models, tmp_path):
             line = _one_line(e)
             assert f"seq-state version {v}" in line and f"reads version {READS.seq_state_version}" \
                 in line and READS.written_for in line, line
-        assert {q: list(t) for q, t in eng.resident.items()} == before  # nothing restored
+        assert {q: list(t) for q, t in eng.seq_tokens.items()} == before  # nothing restored
         # our file records the version: refused before its KV bytes are read (they are junk)
         path = tmp_path / "other.kvstate"
         replace(other, data=b"\x00junk" * 40).save(path)
@@ -173,7 +173,7 @@ def test_the_reader_is_for_the_llama_cpp_installed(models, monkeypatch):
         with pytest.raises(StateFileError, match="llama-cpp-python 9.9") as e:
             eng.restore(state, 2)
         _one_line(e)
-        assert not eng.resident[2]
+        assert not eng.seq_tokens[2]
 
 
 def test_the_line_for_another_llama_cpp_names_both(monkeypatch):

@@ -185,7 +185,7 @@ def test_caps_evict_and_promote_snapshots(stateful_model):
             if n.tier == "file":
                 cells = Path(n.file).stat().st_size
                 assert cells <= (n.depth - n.ram_start) * (eng.info.kv_bytes_per_token + 24) + 1024
-        file_tier = next(t for t in eng.cache.tiers() if t.name == "file")
+        file_tier = next(t for t in eng.cache.tier_usage() if t.name == "file")
         assert file_tier.used_bytes >= sum(n.rs_bytes for n in nodes)
         eng.work.reset()  # nothing to keep: cells and recurrent state come back from files
         again = run(eng, {"c1": A, "c2": B, "question": "how?"})
@@ -205,7 +205,7 @@ def test_compaction_puts_each_nodes_recurrent_state_back(stateful_model, tmp_pat
         run(eng, {"c1": A, "c2": C, "question": "how?"})
         c1 = next(n for n in eng.cache.nodes() if n.label.startswith("<c1>"))
         eng.cache.evict(c1.id)  # its cells go to the holding sequence
-        relayout(eng.cache.placement)  # (a recurrent model holds no cells: compact() skips it)
+        relayout(eng.cache.tiers)  # (a recurrent model holds no cells: compact() skips it)
         state = eng.prime(TPL)  # the static prefix's sequence, as laid out again
         cold = run(eng, {"c1": C, "c2": A, "question": "who?"})
         eng.clear_cache()

@@ -24,7 +24,7 @@ from app.engine.cache.radix_cache import TierUsage
 from app.engine.benchmarks import bench_rows
 from app.engine.runs.server_results import ServerBench, ServerRow
 from app.ui.cache_panel import tier_text
-from app.ui.units import size_text
+from app.ui.byte_sizes import size_text
 from app.ui.charts import WHISKERS, legend_entries
 from tests.test_ui_window import TPL
 from tests.ui_actions import BENCH, PRIME, RUN_BOTH, RUN_WARM, SWEEP, idle, start, trigger
@@ -80,11 +80,17 @@ def test_the_work_stays_readable_with_the_advanced_panels_open(qtbot, make_windo
 
 
 def resident_cells(view, nodes) -> int:
-    """Cells held by the sequences of the radix cache's nodes, as the KV map draws them."""
+    """Cells held by the sequences of the radix cache's nodes, as the KV map draws them: with
+    owners shown, or "owner not reported" where every sequence that may own it is a node's
+    (sibling prompts' shared cells at one position, which llama.cpp's map does not tell apart)."""
     bits = np.uint64(0)
     for s in nodes:
         bits |= np.uint64(1) << np.uint64(s)
-    return int(np.count_nonzero(view.cell_owners & bits))
+    known = (view.cell_owners & bits) != 0
+    if view.cell_possible is not None:
+        p = view.cell_possible
+        known |= view.cell_unreported & (p != 0) & ((p & ~bits) == 0)
+    return int(np.count_nonzero(known))
 
 
 def agreement(w) -> tuple:

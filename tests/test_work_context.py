@@ -133,7 +133,7 @@ def test_copying_the_prefix_again_takes_no_new_state_of_its_cells(engine128, mon
         rep = run_prompt(e, TPL, v, reuse="prefix", gen=GEN)
         assert rep.copied_tokens == rep.prefix_tokens and rep.verdict.exact, rep.verdict.describe()
     assert calls == []
-    ram = {t.name: t.used_bytes for t in e.cache.tiers()}["ram"]
+    ram = {t.name: t.used_bytes for t in e.cache.tier_usage()}["ram"]
     assert ram >= rep.prefix_tokens * e.info.kv_bytes_per_token  # the kept copy is counted
     # a saved state adopted into an empty cache: its own bytes are the copy
     e.clear_cache()
@@ -155,7 +155,7 @@ def test_the_kept_copy_goes_first_when_ram_is_short(tiny_model, monkeypatch):
             rep = run_prompt(e, TPL, {"c1": B, "c2": A, "question": question}, reuse="prefix",
                              gen=GEN)
             assert rep.copied_tokens == rep.prefix_tokens and rep.verdict.exact
-            assert {t.name: t.used_bytes for t in e.cache.tiers()}["ram"] <= 1024  # not kept
+            assert {t.name: t.used_bytes for t in e.cache.tier_usage()}["ram"] <= 1024  # not kept
         assert len(calls) == 2  # a state of the cells taken for each copy
 
 
@@ -175,7 +175,7 @@ def test_a_node_computed_again_is_never_copied_from_its_old_state(engine128, mon
     assert again.copied_tokens == 0 and prefix.tier == "resident"
     # the copy the cache keeps is a state of the cells the node holds now
     n = prefix.depth
-    kept = e.cache.placement.copy_of(prefix, 0, n)
+    kept = e.cache.tiers.copy_of(prefix, 0, n)
     fresh = e.seqs.cells_of(e.cache.materialise(prefix), 0, n, e.cache.scratch)
     assert _cells_and_rows(kept) == _cells_and_rows(fresh)
     e.work.reset()

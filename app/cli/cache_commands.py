@@ -52,7 +52,7 @@ def cmd_cache(args) -> int:
         if args.clear:
             cleared = len(eng.cache.nodes())
             eng.clear_cache()
-        tiers = [asdict(t) for t in eng.cache.tiers()]
+        tiers = [asdict(t) for t in eng.cache.tier_usage()]
         nodes = [asdict(n) for n in eng.cache.nodes()]
     hits = [{"row": r.row, "reused": r.report.reuse_text()} for r in records]
 

@@ -28,7 +28,7 @@ from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .files.llama_state_file import check_rows_fit, read_any_state
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
 from .files.prefix_state import PrefixState
-from .cache.cache_parts import CacheParts
+from .cache.engine_access import EngineAccess
 from .cache.radix_cache import RadixCache
 from .cache.radix_tree import RadixNode
 from .prompts.prompt_tokens import PromptTokenizer
@@ -78,16 +78,16 @@ class Engine:
                                   config.kv_debug_log, self._early.n_swa > 0)
         self.info = model_info(self.model, self.ctx, config, self._path, self._sha256,
                                with_context(self._early, self.ctx), self.kernels, self.cpu_kernels)
-        # token ids resident in each sequence (position i holds resident[seq][i]) and the
+        # token ids each sequence holds (position i holds seq_tokens[seq][i]) and the
         # sequences that also hold shifted cells; seqs: every change of them (sequence_ops.py)
-        self.resident = SequenceTokens(config.n_seq_max)
-        self.seqs = SequenceOps(self.ctx, self.resident, config.n_seq_max, self.kv_view)
+        self.seq_tokens = SequenceTokens(config.n_seq_max)
+        self.seqs = SequenceOps(self.ctx, self.seq_tokens, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self.kv_listeners.changed
         self.cold = ColdReference(self)
         # the run's sequence, staging
         self.work = WorkContext(self.model, self.context_params(2), self.family)
-        self.cache = RadixCache(CacheParts(
-            self.ctx, self.seqs, self.resident, self.work, self.model,
+        self.cache = RadixCache(EngineAccess(
+            self.ctx, self.seqs, self.seq_tokens, self.work, self.model,
             self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0,
             self.family), config.cache)
 
@@ -110,7 +110,7 @@ class Engine:
         return self.kernel_state.status()
 
     def _switch_kernels(self) -> None:
-        dropped, user = len(self.cache.nodes()), self.resident.count(0)
+        dropped, user = len(self.cache.nodes()), self.seq_tokens.count(0)
         for part in (self.cache, self.work, self.cold, self.ctx):
             part.close()
         self._open_contexts()
@@ -205,7 +205,7 @@ class Engine:
         (default and cap n_batch), and a batch also starts at every absolute position in
         ``marks`` (batch_plan.py). Callers that record the plan (nodes, the cold reference)
         make it here and pass it to ``evaluate``."""
-        start = self.resident.count(seq)
+        start = self.seq_tokens.count(seq)
         return batch_starts(start, start + n_tokens,
                             min(chunk or self.config.n_batch, self.config.n_batch), marks)
 
@@ -221,10 +221,10 @@ class Engine:
         evaluated so far.
         """
         self.seqs.check(seq)
-        if self.resident.is_moved(seq):
+        if self.seq_tokens.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions; trim it to "
-                                f"{self.resident.count(seq)} tokens or clear it before evaluating")
-        start = self.resident.count(seq)
+                                f"{self.seq_tokens.count(seq)} tokens or clear it before evaluating")
+        start = self.seq_tokens.count(seq)
         end = start + len(tokens)
         self.check_fits(end)
         if starts is None:
@@ -240,7 +240,7 @@ class Engine:
 
     def decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
         """One llama_decode of (token, position, (seq,), wants logits) entries, possibly for
-        several sequences, each entry appending its token to its sequence's resident tokens
+        several sequences, each entry appending its token to its sequence's tokens (seq_tokens)
         (the sequence owner's, sequence_ops.py; after a failure it trusts llama.cpp's range)."""
         self.seqs.decode(entries)
 
@@ -250,7 +250,7 @@ class Engine:
         is asked for its cell map now."""
         report, why = self.seqs.report()
         return build_view(report, why, self.ctx.ledger, self.ctx.pos_range, self.config.n_seq_max,
-                          self.info.kv_bytes_per_token, self.resident.counts(),
+                          self.info.kv_bytes_per_token, self.seq_tokens.counts(),
                           RecurrentLayers.of(self.info.traits, self.ctx))
 
     def add_kv_listener(self, fn, min_interval_s: float = 0.05) -> None:
@@ -265,13 +265,13 @@ class Engine:
                        text: str = "") -> PrefixState:
         """The state of one sequence (its KV cells only: no logits, no other sequences)."""
         self.seqs.check(seq)
-        if not self.resident.count(seq):
+        if not self.seq_tokens.count(seq):
             raise KvPrimerError(f"sequence {seq} is empty; prime it first")
-        if self.resident.is_moved(seq):
+        if self.seq_tokens.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
-                                f"state cannot describe; trim it to {self.resident.count(seq)} tokens first")
+                                f"state cannot describe; trim it to {self.seq_tokens.count(seq)} tokens first")
         return PrefixState(
-            tokens=tuple(self.resident[seq]), data=in_position_order(self.ctx.state_get(seq)),
+            tokens=tuple(self.seq_tokens[seq]), data=in_position_order(self.ctx.state_get(seq)),
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
             type_k=self.info.type_k, type_v=self.info.type_v, seq_state_version=SEQ_STATE_VERSION,
             template_sha256=template.sha256 if template else "", text=text)

@@ -2,7 +2,7 @@
 and the Evict and Pin actions.
 
 What it shows comes from the cache watch (cache_watch.py): ``engine.cache.nodes()`` and
-``engine.cache.tiers()`` read on the worker thread in the same picture as the KV dock's cell
+``engine.cache.tier_usage()`` read on the worker thread in the same picture as the KV dock's cell
 map, after every job that can change the cache (its own actions included) and live while jobs
 run, so the panel and the map always agree. Evict moves a node one tier down (resident → RAM
 → file → dropped); a pinned node is never evicted, by the user or by the caps.
@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBo
 from ..engine import kv_flows
 from ..engine.cache.radix_cache import CacheNodeInfo, TierUsage
 from .cache_watch import CachePicture, CacheSnapshot, CacheWatch
-from .units import size_text
+from .byte_sizes import size_text
 from .engine_worker import EngineWorker, JobKind
 
 COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…"),

@@ -48,7 +48,7 @@ def read_cache(engine) -> CacheSnapshot | None:
     """The cache's nodes and tiers (worker thread)."""
     if engine is None:
         return None
-    return CacheSnapshot(engine.cache.nodes(), engine.cache.tiers(), time.monotonic())
+    return CacheSnapshot(engine.cache.nodes(), engine.cache.tier_usage(), time.monotonic())
 
 
 def read_picture(engine, view: KvCacheView | None = None) -> CachePicture:

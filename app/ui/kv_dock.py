@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QFrame, QGridLayout, QHBo
                                QPushButton, QScrollArea, QSpinBox, QSplitter, QVBoxLayout,
                                QWidget)
 
-from .units import size_text
+from .byte_sizes import size_text
 from ..engine import kv_flows
 from ..engine.kv.kv_view import KvCacheView
 from ..engine.kv_flows import SeqNode

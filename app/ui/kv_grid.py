@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 from ..engine.kv.cell_ledger import lowest_bit
 from ..engine.kv.kv_view import KvCacheView, RecurrentSlot
 from ..engine.kv_flows import SeqNode
-from .units import size_text
+from .byte_sizes import size_text
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#393b79"]
@@ -160,9 +160,13 @@ class KvGrid(QWidget):
             return ""
         owners = v.owners(cell)
         if v.cell_unreported is not None and v.cell_unreported[cell]:
+            maybe = int(v.cell_possible[cell]) if v.cell_possible is not None else 0
+            among = [s for s in range(64) if maybe >> s & 1]
+            hint = (f"; one of the owner sets of sequences {', '.join(map(str, among))} at this "
+                    "position" if among else "")
             return (f"cell {cell:,}: position {int(v.cell_pos[cell]):,}, owners not reported "
                     "(llama.cpp's map prints \"M\" for every shared cell and runs sequence ids "
-                    "above 9 together)")
+                    f"above 9 together){hint}")
         if not owners:
             return f"cell {cell:,}: empty"
         pos = int(v.cell_pos[cell])

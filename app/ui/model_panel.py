@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QDockWidget, QFormLayout, QGroupBox, QHBoxLayout,
 from .engine_settings import EngineSettingsForm
 from .model_events import follow
 from .session_edits import SessionEdits
-from .units import size_text
+from .byte_sizes import size_text
 from ..engine import EngineStatus, ModelInfo
 from ..engine.session import Session
 

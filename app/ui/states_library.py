@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHea
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
 from ..engine.files.llama_state_file import state_file_info
 from ..engine.files.prefix_state import SUFFIX
-from .units import size_text
+from .byte_sizes import size_text
 
 LLAMA_MODEL = "llama.cpp state (names no model)"
 

@@ -14,13 +14,13 @@ This class owns the free list and the lent set; nodes' ``seq`` fields are the ti
 from __future__ import annotations
 
 from ..errors import CacheError
-from .cache_parts import CacheParts
+from .engine_access import EngineAccess
 
 MIN_SEQUENCES = 6  # the user's, scratch, holding, a working sequence and two nodes
 
 
 class CacheSequences:
-    def __init__(self, parts: CacheParts):
+    def __init__(self, parts: EngineAccess):
         n = parts.n_seq_max
         if n < MIN_SEQUENCES:
             raise CacheError(f"the radix cache needs a context of at least {MIN_SEQUENCES} "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CacheError
-from .cache_parts import CacheParts
+from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
 from .cell_compaction import relayout
 from .radix_tree import RadixNode, RadixTree
@@ -71,7 +71,7 @@ class _WorkCopy:
 
 
 class CacheTiers(RecurrentSnapshots):
-    def __init__(self, parts: CacheParts, tree: RadixTree, sequences: CacheSequences,
+    def __init__(self, parts: EngineAccess, tree: RadixTree, sequences: CacheSequences,
                  limits: CacheLimits):
         super().__init__()
         self.parts = parts

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import CacheError
 from ..files.seq_payload import in_position_order
-from .cache_parts import CacheParts
+from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
@@ -86,13 +86,13 @@ class RadixCache:
     """Lookup, insertion and the user's actions over the tree; where cells are and how they
     move is the tiers' (cache_tiers.py), which sequences are free the sequences' own."""
 
-    def __init__(self, parts: CacheParts, limits: CacheLimits = CacheLimits()):
+    def __init__(self, parts: EngineAccess, limits: CacheLimits = CacheLimits()):
         self.parts = parts
         self.windowed = parts.windowed
         self.stateful = parts.family != "attention"
         self.tree = RadixTree()
         self.sequences = CacheSequences(parts)
-        self.placement = CacheTiers(parts, self.tree, self.sequences, limits)
+        self.tiers = CacheTiers(parts, self.tree, self.sequences, limits)
         self._generation = itertools.count(1)
         self._last_generation = 0
         # node id, own tokens → its text: views read nodes() many times a second during jobs,
@@ -115,33 +115,34 @@ class RadixCache:
 
     @property
     def folder(self):
-        return self.placement.folder
+        return self.tiers.folder
 
     def busy(self, *nodes: RadixNode | None):
-        return self.placement.busy(*nodes)
+        return self.tiers.busy(*nodes)
 
     @one_change
     def materialise(self, node: RadixNode) -> int:
-        return self.placement.materialise(node)
+        return self.tiers.materialise(node)
 
     @one_change
     def ensure_free_cells(self, n: int) -> None:
-        self.placement.ensure_free_cells(n)
+        self.tiers.ensure_free_cells(n)
 
     @one_change
     def enforce(self) -> None:
-        self.placement.enforce()
+        self.tiers.enforce()
 
     @one_change
     def lost_sequences(self, kept: int | None = None) -> None:
-        self.placement.lost_sequences(kept)
+        self.tiers.lost_sequences(kept)
 
-    def tiers(self) -> list[TierUsage]:
-        return self.placement.usage()
+    def tier_usage(self) -> list[TierUsage]:
+        """Each tier's nodes, bytes and cap."""
+        return self.tiers.usage()
 
     @one_change
     def take_work_seq(self) -> int:
-        return self.sequences.lend(self.placement.take_seq())
+        return self.sequences.lend(self.tiers.take_seq())
 
     @one_change
     def give_back(self, seq: int) -> None:
@@ -202,7 +203,7 @@ class RadixCache:
         # part of a resident node: fork it up to the match (exact unless window cells are lost);
         # a recurrent state cannot be cut back to a part
         if m.matched > reused and not self.stateful:
-            below = self.placement.resident_below(m.child or m.node, usable)
+            below = self.tiers.resident_below(m.child or m.node, usable)
             if below is not None and not (self.windowed and below.depth > m.matched):
                 best, reused = below, m.matched
         if best is None:
@@ -243,8 +244,8 @@ class RadixCache:
         with self.busy(hit.node):
             copied = work.bring(tokens, hit.reused,
                                 [c for c in hit.node.all_cuts() if c < hit.reused],
-                                lambda p0, p1: self.placement.copy_of(hit.node, p0, p1),
-                                lambda: self.placement.rs_of(hit.node))
+                                lambda p0, p1: self.tiers.copy_of(hit.node, p0, p1),
+                                lambda: self.tiers.rs_of(hit.node))
             self.touch(hit.node)
         return copied
 
@@ -260,16 +261,16 @@ class RadixCache:
         node = self._insert(tokens, label, template_sha256, work.cuts)
         with self.busy(node):
             if node.tier == "gone":
-                anchor = self.placement.holding_ancestor(node)
+                anchor = self.tiers.holding_ancestor(node)
                 start = anchor.depth if anchor is not None else 0
                 data = work.cells(start, node.depth)
-                self.placement.hold_snapshot(node, data, start, approx)
+                self.tiers.hold_snapshot(node, data, start, approx)
                 if rs is not None:
-                    self.placement.hold_rs(node, rs)
+                    self.tiers.hold_rs(node, rs)
                 self.materialise(node)
-                self.placement.keep_copy(node, start, node.depth, data)
+                self.tiers.keep_copy(node, start, node.depth, data)
             elif rs is not None and not node.has_rs:
-                self.placement.hold_rs(node, rs)
+                self.tiers.hold_rs(node, rs)
             self.touch(node)
             self.enforce()
         return node
@@ -298,12 +299,12 @@ class RadixCache:
 
         A node must be pristine: on a sliding-window model fork at ``upto`` = None while the
         sequence ends there (a later fork up to a position loses the window cells past it)."""
-        node = self._insert(list(self.parts.resident[work][:upto]), label, template_sha256, starts)
+        node = self._insert(list(self.parts.seq_tokens[work][:upto]), label, template_sha256, starts)
         with self.busy(node):  # the caps hold after every addition; the new node stays
             if node.seq is None:
-                seq = self.placement.take_seq()
+                seq = self.tiers.take_seq()
                 self.parts.seqs.fork(work, seq, upto=upto)
-                self.placement.hold_resident(node, seq, approx)
+                self.tiers.hold_resident(node, seq, approx)
             self.touch(node)
             self.enforce()
         return node
@@ -336,7 +337,7 @@ class RadixCache:
                 and (m.node.has_rs or not self.stateful)):
             self.touch(m.node)
             return m.node
-        seq = self.placement.take_seq()
+        seq = self.tiers.take_seq()
         try:
             if not self.parts.seqs.add_cells(state.data, seq, self.scratch, list(state.tokens)):
                 raise CacheError("llama.cpp refused the saved state's cells; prime the prefix "
@@ -346,9 +347,9 @@ class RadixCache:
             node = self.add(seq, label, self.state_cuts(state),
                             state.template_sha256, APPROX_RESTORED if self.windowed else "")
             if rs is not None and node.depth == state.n_tokens:
-                self.placement.hold_rs(node, rs)
+                self.tiers.hold_rs(node, rs)
             if node.depth == state.n_tokens and not self.windowed:
-                self.placement.keep_copy(node, 0, node.depth, in_position_order(state.data))
+                self.tiers.keep_copy(node, 0, node.depth, in_position_order(state.data))
             return node
         finally:
             self.sequences.put_back(seq)
@@ -369,13 +370,13 @@ class RadixCache:
         n = self.find(node_id)
         if n.pinned:
             raise CacheError("that prompt is pinned; unpin it first")
-        p = self.placement
+        p = self.tiers
         {"resident": p.spill, "ram": p.to_file, "file": p.drop, "gone": p.drop}[n.tier](n)
         self.enforce()
 
     @one_change
     def clear(self) -> None:
-        self.placement.drop_all()
+        self.tiers.drop_all()
         self.tree.clear()
 
     @one_change
@@ -386,9 +387,9 @@ class RadixCache:
         for n in sorted(self.tree, key=lambda n: -n.depth):
             if id(n) not in path and n.parent is not None:
                 n.pinned = False
-                self.placement.drop(n)
-        self.placement.compact()
+                self.tiers.drop(n)
+        self.tiers.compact()
 
     def close(self) -> None:
         self.clear()
-        self.placement.close_folder()
+        self.tiers.close_folder()

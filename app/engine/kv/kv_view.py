@@ -37,7 +37,7 @@ class SeqUsage:
     pos_min: int
     pos_max: int
     shared_cells: int | None  # None: unknown (ranges)
-    exact_tokens: int = 0  # tokens the engine can reuse as-is (see Engine.resident)
+    exact_tokens: int = 0  # tokens the engine can reuse as-is (see Engine.seq_tokens)
 
     def as_dict(self) -> dict:
         return {"seq": self.seq, "cells": self.cells, "pos_min": self.pos_min,
@@ -70,6 +70,9 @@ class KvCacheView:
     layers: str = ""  # which layers are which, on those models ("1 attention layer, ...")
     # bool per cell: used, but llama.cpp's report does not say by which sequences
     cell_unreported: np.ndarray | None = field(default=None, repr=False)
+    # uint64 per cell: of an unreported shared cell, every sequence that may own it (the ledger's
+    # owner sets at its position, one of which is its own); 0 where nothing is known
+    cell_possible: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def unreported_cells(self) -> int:
@@ -185,8 +188,15 @@ def _from_report(rep: CellReport, ledger: CellLedger, n_seq_max: int, kv_bytes_p
     n = int(np.count_nonzero(unknown))
     note = (f"{n:,} cell{'s' if n != 1 else ''}: owner not reported (llama.cpp's map runs "
             "sequence ids above 9 together and marks shared cells \"M\")") if n else ""
+    possible = None
+    if n and agrees:  # sibling prompts' shared cells at one position: which is which is not said
+        possible = np.zeros(len(pos), dtype=np.uint64)
+        multi = is_shared(lmask)
+        for p_, m in zip(lpos[multi].tolist(), lmask[multi].tolist()):
+            possible[(pos == p_) & unknown] |= np.uint64(m)
     return KvCacheView(rep.size, rep.used, "debug-log", seqs, kv_bytes_per_token, n_seq_max,
-                       note, pos.copy(), owners, cell_unreported=unknown if n else None)
+                       note, pos.copy(), owners, cell_unreported=unknown if n else None,
+                       cell_possible=possible)
 
 
 def _usage(pos: np.ndarray, owners: np.ndarray, n_seq_max: int,

@@ -1,12 +1,12 @@
 """The one owner of what the cache context's sequences hold: every change of their cells goes
-through here, and each keeps the engine's account of the tokens (``engine.resident``,
+through here, and each keeps the engine's account of the tokens (``engine.seq_tokens``,
 sequence_tokens.py) and the cell ledger (cell_ledger.py, kept by the context) in step with
 llama.cpp's cells.
 
 ``engine.seqs``: decodes (the engine's evaluation hands its batches here), clear, trim, fork,
 shift, divide, moving cells between sequences, restoring states, and the radix cache's own
 moves (holding an evicted node's cells, laying the cache out again). Nothing else calls the
-cache context's seq_* / state_set / clear / decode or changes ``resident``
+cache context's seq_* / state_set / clear / decode or changes ``seq_tokens``
 (tests/test_architecture.py checks it). The radix cache learns which nodes lost cells from its
 own callers (``Engine.clear_all``, ``Engine.keep_only``).
 """
@@ -194,7 +194,7 @@ class SequenceOps:
         """Add ``delta`` to the positions of ``seq`` from ``p0`` on (llama.cpp's seq_add).
 
         The moved cells keep K/V computed at their old positions (K is re-roped), so they are no
-        longer what evaluating those tokens would give: ``resident[seq]`` keeps only the tokens
+        longer what evaluating those tokens would give: ``seq_tokens[seq]`` keeps only the tokens
         below the moved range, and the sequence is marked moved until trimmed back to them.
         Cells shifted below position 0 are freed.
         """

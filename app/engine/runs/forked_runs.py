@@ -215,7 +215,7 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
             break
         # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
         task.check()
-        engine.decode([(pending[r.index], engine.resident.count(r.seq), (r.seq,), True) for r in step])
+        engine.decode([(pending[r.index], engine.seq_tokens.count(r.seq), (r.seq,), True) for r in step])
         out.gen_decodes += 1
         for i, r in enumerate(step):
             pending[r.index] = samplers[r.index].sample(engine.ctx, i)

@@ -3,8 +3,8 @@ cache never calls the engine back.
 
 The cache's context is the engine's main context. Every change of its sequences (decode, fork,
 clear, hold, restore, laying the cells out again) goes through ``seqs``, the one owner
-(sequence_ops.py), which keeps their tokens (``resident``) and cells in step; ``ctx`` and
-``resident`` are for reading (sizes, states, held changes). The work context is where runs
+(sequence_ops.py), which keeps their tokens (``seq_tokens``) and cells in step; ``ctx`` and
+``seq_tokens`` are for reading (sizes, states, held changes). The work context is where runs
 evaluate and where the cache copies cells to and from.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ from ..runs.work_context import WorkContext
 
 
 @dataclass(frozen=True)
-class CacheParts:
+class EngineAccess:
     ctx: NativeContext  # the main context, whose sequences hold the resident nodes (read only)
     seqs: SequenceOps  # every change of its sequences: fork, clear, hold, copy cells in and out
-    resident: SequenceTokens  # the tokens each of its sequences holds (read only)
+    seq_tokens: SequenceTokens  # the tokens each of its sequences holds (read only)
     work: WorkContext
     model: NativeModel  # token pieces, for the nodes' previews
     kv_bytes_per_token: int
