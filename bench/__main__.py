@@ -89,17 +89,34 @@ def config_from(args):
     )
 
 
+def _section(results: dict, key: str, what: str, fn):
+    """Run one section into ``results[key]``; its failure must not lose the figures already
+    written (it is stored as an error, and said on stderr). Returns the figures or None."""
+    try:
+        results[key] = r = fn()
+        return r
+    except Exception as e:
+        results[key] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"bench: {what} failed: {e}", file=sys.stderr)
+        return None
+
+
+def _publish(results: dict, args, text: str, ratios: dict | None = None,
+             goals: dict | None = None) -> None:
+    """A section's ratios and goals join the others; the file is written, the text printed."""
+    results.setdefault("ratios", {}).update(ratios or {})
+    results.setdefault("goals", {}).update(goals or {})
+    _write(results, args.out)
+    print("\n" + text, flush=True)
+
+
 def kv_bench_figures(results: dict, args) -> None:
     """The KV debug view's cost and forked batches (bench/kv_bench.py), under "kv_bench"."""
     if args.no_kv_bench:
         return
     from .kv_bench import run
 
-    try:
-        results["kv_bench"] = run(quick=args.quick)
-    except Exception as e:  # its failure must not lose this run's figures, already written
-        results["kv_bench"] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"bench: bench/kv_bench.py failed: {e}", file=sys.stderr)
+    _section(results, "kv_bench", "bench/kv_bench.py", lambda: run(quick=args.quick))
 
 
 def kernel_table(results: dict, args) -> None:
@@ -108,14 +125,10 @@ def kernel_table(results: dict, args) -> None:
         return
     from .kernel_table import format_table, run
 
-    try:
-        results["kernel_table"] = t = run(args.threads)
-    except Exception as e:  # its failure must not lose the figures already written
-        results["kernel_table"] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"bench: the kernel table failed: {e}", file=sys.stderr)
+    t = _section(results, "kernel_table", "the kernel table", lambda: run(args.threads))
+    if t is None:
         return
-    _write(results, args.out)
-    print("\n" + format_table(t), flush=True)
+    _publish(results, args, format_table(t))
 
 
 def first_start(results: dict, args) -> None:
@@ -125,16 +138,13 @@ def first_start(results: dict, args) -> None:
         return
     from .first_start import format_line, run
 
-    try:
-        results["first_start"] = r = run(repeats=1 if args.quick else 3)
-    except Exception as e:  # its failure must not lose the figures already written
-        results["first_start"] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"bench: the first-start timing failed: {e}", file=sys.stderr)
+    r = _section(results, "first_start", "the first-start timing",
+                 lambda: run(repeats=1 if args.quick else 3))
+    if r is None:
         return
-    results["ratios"].update(first_start_s=r["first_start_s"],
-                             first_start_vs_llamacpp_load=r["first_start_vs_llamacpp_load"])
-    _write(results, args.out)
-    print("\n" + format_line(r), flush=True)
+    _publish(results, args, format_line(r), {
+        "first_start_s": r["first_start_s"],
+        "first_start_vs_llamacpp_load": r["first_start_vs_llamacpp_load"]})
 
 
 def busy_machine(results: dict, args) -> None:
@@ -145,16 +155,11 @@ def busy_machine(results: dict, args) -> None:
     from .busy_machine import format_lines, run
     from .ratios import busy_goals
 
-    try:
-        results["busy_machine"] = r = run(samples=2 if args.quick else 5)
-    except Exception as e:  # its failure must not lose the figures already written
-        results["busy_machine"] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"bench: the busy-machine section failed: {e}", file=sys.stderr)
+    r = _section(results, "busy_machine", "the busy-machine section",
+                 lambda: run(samples=2 if args.quick else 5))
+    if r is None:
         return
-    results.setdefault("ratios", {}).update(r["ratios"])
-    results.setdefault("goals", {}).update(busy_goals(r["ratios"]))
-    _write(results, args.out)
-    print("\n" + format_lines(r), flush=True)
+    _publish(results, args, format_lines(r), r["ratios"], busy_goals(r["ratios"]))
 
 
 def reuse_figures(results: dict, args) -> None:
@@ -171,16 +176,9 @@ def reuse_figures(results: dict, args) -> None:
                       n_threads=args.threads or os.cpu_count() or 1, n_batch=args.batch,
                       llamacpp=not args.no_llamacpp, native_peer=not args.no_native_peer,
                       server_peer=not args.no_server_peer, server_slots=args.server_slots)
-    try:
-        rz = results["reuse"] = run_reuse(cfg, log=_Log())
-    except Exception as e:  # its failure must not lose the figures already written
-        results["reuse"] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"bench: the reuse section failed: {e}", file=sys.stderr)
-        return
-    results["ratios"].update(rz["ratios"])
-    results["goals"].update(rz["goals"])
-    _write(results, args.out)
-    print("\n" + format_reuse(rz), flush=True)
+    rz = _section(results, "reuse", "the reuse section", lambda: run_reuse(cfg, log=_Log()))
+    if rz is not None:
+        _publish(results, args, format_reuse(rz), rz["ratios"], rz["goals"])
 
 
 def stateful_figures(results: dict, args) -> None:
