@@ -115,3 +115,17 @@ def test_a_batch_gives_the_same_bits_with_any_thread_count(tiny, fa, monkeypatch
     mixed, threads_mixed = run([4, 2, 3, 1])
     assert set(threads_one) == {1} and len(set(threads_mixed)) > 1
     assert np.array_equal(one, mixed)
+
+
+def test_a_run_generates_on_one_pinned_count_whatever_the_load_does():
+    m = Machine()
+    fit = m.fit()
+    m.run(2.0, others=0.0)
+    with fit.pinned() as n:
+        assert n == 4
+        m.run(2.0, others=4.0)  # the machine fills up mid-run
+        assert fit.threads() == 1  # batches follow it (their bits do not depend on it) ...
+        assert fit.generation_threads() == 4  # ... one-token decodes keep the run's count
+        with fit.pinned() as inner:  # a run inside a run (a benchmark's row) keeps the outer
+            assert inner == 4
+    assert fit.generation_threads() == 1  # the next run starts from the load as it is

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .machine_load import busy_time_source, own_cpu_s
@@ -76,6 +77,7 @@ class ThreadFit:
         self._busy, self._own, self._clock = busy_s, own_s, clock
         self.other_cores: float | None = None
         self._last = self._sample()
+        self._pinned = 0  # generation threads held for a run (``pinned``); 0: none
 
     def _sample(self) -> tuple[float, float, float] | None:
         if self._busy is None:
@@ -113,6 +115,24 @@ class ThreadFit:
         self.other_cores = others if self.other_cores is None else (
             (1 - w) * self.other_cores + w * others)
         self._last = now
+
+    # ---- generation: one-token decodes
+    def generation_threads(self) -> int:
+        """Threads for a one-token decode: the count pinned for the run in progress, else the
+        batch count. Flash attention splits a one-token decode's cache by thread count, so a
+        warm run and its cold run must generate on the same count: ``pinned`` holds it."""
+        return self._pinned if self._pinned else self.threads()
+
+    @contextmanager
+    def pinned(self):
+        """One count for every one-token decode inside (a run's warm and cold paths alike)."""
+        outer = self._pinned
+        if not outer:
+            self._pinned = self.threads()
+        try:
+            yield self._pinned
+        finally:
+            self._pinned = outer
 
     def reading(self) -> ThreadReading:
         threads = self.threads()
