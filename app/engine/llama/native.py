@@ -27,6 +27,7 @@ from .decode_problem import decode_problem
 from .layer_kinds import read_layer_kinds
 from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
 from .sampler import NativeSampler
+from .thread_count import llama_default_threads
 
 __all__ = ["ContextParams", "NativeContext", "NativeModel", "NativeSampler", "SEQ_STATE_VERSION",
            "add_log_listener", "check_gpu_layers", "ensure_backend", "last_problem",
@@ -211,16 +212,16 @@ class ContextParams:
     and the window take them from here)."""
     n_ctx: int = 4096
     n_batch: int = 256  # tokens per llama_decode call (llama.cpp's -b)
-    n_threads: int = 0  # threads for batches (llama.cpp's -tb); 0: all cores
+    n_threads: int = 0  # threads for batches (llama.cpp's -tb); 0: llama.cpp's (thread_count.py)
     type_k: str = "f16"
     type_v: str = "f16"
     n_seq_max: int = 8
-    # threads for one-token decodes, i.e. generation (llama.cpp's -t); 0: as n_threads. One-token
-    # decodes split their attention over threads by the size of the whole cache, so in a cache
-    # full of other prompts a warm run would generate with other rounding than its cold run: one
-    # thread keeps generation exact (measured: SmolLM2, 2 threads, |Δlogit| up to 0.8 once the
-    # cache outgrew 2,048 cells; 1 thread, 0)
-    n_threads_gen: int = 1
+    # threads for one-token decodes, i.e. generation (llama.cpp's -t); 0: as n_threads. With
+    # flash attention a one-token decode over 512 cells or more splits the cache by thread count,
+    # so it is exact against a cold run only where the cells and the cache's extent are the cold
+    # run's: the work context's (tests/test_generation_threads.py). Sliding-window models
+    # generate in the cache's shared cells: EngineConfig.for_model gives them one thread
+    n_threads_gen: int = 0
     # flash attention: True/False, or None for llama.cpp's AUTO (on where supported). The
     # engine decides it by measurement (kernel_choice.py); a quantized V cache needs it on.
     flash_attn: bool | None = None
@@ -241,9 +242,7 @@ class NativeContext:
         if not 16 <= params.n_ctx < 1 << 31 or params.n_batch < 1 or not 1 <= params.n_seq_max <= 64:
             raise ContextError("context size must be between 16 and 2147483647, batch size at "
                                "least 1, and sequences between 1 and 64")
-        import os
-
-        threads = params.n_threads or os.cpu_count() or 1
+        threads = params.n_threads or llama_default_threads()
         if not 1 <= threads <= MAX_THREADS:
             raise ContextError(f"batch threads must be between 1 and {MAX_THREADS}, not {threads}")
         if not 0 <= params.n_threads_gen <= MAX_THREADS:
