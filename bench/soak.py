@@ -47,9 +47,10 @@ def leak_bound(unit_bytes: int) -> float:
     return unit_bytes / LEAK_FRACTION
 
 
-def stretch_for(unit_bytes: int) -> int:
-    """Units of work between samples, so that the bound covers the largest page a stretch."""
-    return max(1, -(-LARGEST_PAGE // max(1, int(leak_bound(unit_bytes)))))
+def stretch_for(bound: float) -> int:
+    """Units of work between samples, so that a leak ``bound`` (bytes a unit) covers the
+    largest page a stretch."""
+    return max(1, -(-LARGEST_PAGE // max(1, int(bound))))
 
 
 def rss_bytes() -> int:
@@ -113,7 +114,7 @@ def soak(runs: int = 1000, warmup: int = 20, every: int | None = None,
         questions = ["hello?", "why?", "the answer?", "and you?"]
         with Engine(EngineConfig(model_path=model_path, n_ctx=1024, n_batch=64, n_threads=1)) as eng:
             state = eng.prime(tpl)
-            every = every or stretch_for(state.nbytes)
+            every = every or stretch_for(leak_bound(state.nbytes))
             expected: dict[str, list[int]] = {}
 
             def one(i: int) -> None:

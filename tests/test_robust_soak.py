@@ -52,7 +52,7 @@ def test_pages_of_any_size_stay_under_the_bound():
     """A stretch's bound covers a whole 64 KiB page, so RSS counted in big pages (a small
     allocation rounded up to a page in every stretch) is no leak."""
     for state in (4 << 10, 100 << 10, 4 * MIB):
-        every = stretch_for(state)
+        every = stretch_for(leak_bound(state))
         assert leak_bound(state) * every >= LARGEST_PAGE
         pages = [(i * every, i * LARGEST_PAGE) for i in range(20)]  # a page every stretch
         assert leak_rate(pages) <= leak_bound(state)
