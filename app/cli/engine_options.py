@@ -35,14 +35,14 @@ def engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-ub", "--ubatch-size", type=int, default=_E.n_ubatch, metavar="N",
                    help="tokens per physical batch inside a decode call (0: the batch size)")
     g.add_argument("-t", "--threads", type=int, default=_E.n_threads_gen, metavar="N",
-                   help=f"threads for generation ({_E.n_threads_gen}: warm and cold runs generate "
-                        "bit-identically however full the cache is; 0: as --threads-batch, "
-                        "faster, may differ slightly)")
+                   help="threads for generation (0: as --threads-batch, and 1 on sliding-window "
+                        "models, whose warm runs generate in the cache's shared cells; warm and "
+                        "cold runs stay bit-identical either way)")
     g.add_argument("-tg", "--threads-gen", type=int, dest="threads", default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)  # the old name of -t, kept working
     g.add_argument("-tb", "--threads-batch", type=int, default=_E.n_threads, metavar="N",
-                   help="threads for prompt batches (0: auto: the cores other programs leave free, "
-                        "measured as it runs)")
+                   help="threads for prompt batches (0: auto: the cores other programs leave "
+                        "free, measured as it runs, up to one per physical core)")
     g.add_argument("-ctk", "--cache-type-k", default=_E.type_k, choices=list(KV_TYPES),
                    help=f"K cache type ({_E.type_k})")
     g.add_argument("-ctv", "--cache-type-v", default=_E.type_v, choices=list(KV_TYPES),

@@ -29,7 +29,9 @@ class EngineConfig:
     n_ctx: int = _CTX.n_ctx
     n_batch: int = _CTX.n_batch
     n_threads: int = _CTX.n_threads  # batch threads (llama.cpp's -tb); 0: auto (thread_fit.py)
-    n_threads_gen: int = _CTX.n_threads_gen  # generation threads (llama.cpp's -t); see ContextParams
+    # generation threads (llama.cpp's -t); 0: as the batch threads, held for a run, but 1 on
+    # sliding-window models (for_model; ContextParams says why)
+    n_threads_gen: int = _CTX.n_threads_gen
     type_k: str = _CTX.type_k
     type_v: str = _CTX.type_v
     n_seq_max: int = 64  # sequence 0 is the user's, the radix cache uses the rest
@@ -64,10 +66,15 @@ class EngineConfig:
         """These settings for a model with these traits (model_traits.py): llama.cpp keeps a
         recurrent state for every sequence a context has room for, whether it holds tokens or
         not (tens of MB each on a real hybrid), so a stateful model's cache context gets at most
-        STATEFUL_SEQ_MAX sequences; its RAM and file tiers keep the nodes that find none."""
+        STATEFUL_SEQ_MAX sequences; its RAM and file tiers keep the nodes that find none.
+        A sliding-window model's warm runs generate in the cache's shared cells, where a split
+        over several threads is not the cold run's: the default (0) gives it one thread."""
+        config = self
         if (traits.recurrent or traits.hybrid) and self.n_seq_max > STATEFUL_SEQ_MAX:
-            return replace(self, n_seq_max=STATEFUL_SEQ_MAX)
-        return self
+            config = replace(config, n_seq_max=STATEFUL_SEQ_MAX)
+        if traits.n_swa > 0 and self.n_threads_gen == 0:
+            config = replace(config, n_threads_gen=1)
+        return config
 
     def context_params(self, n_seq_max: int, flash_attn: bool | None = None) -> ContextParams:
         """These settings as a context's, for a context of ``n_seq_max`` sequences."""

@@ -86,12 +86,14 @@ class EngineSettingsForm(QWidget):
         self.flash_attn.setToolTip("llama.cpp's attention kernel (-fa); auto times both on this "
                                    "model once and keeps the faster (the times show below)")
         # advanced
-        self.threads_gen = spin(0, 256, "Threads generating tokens (llama.cpp's -t). 1 keeps "
-                                "warm and cold runs bit-identical however full the cache is; "
-                                "more is faster and may differ slightly", "as batch threads")
+        self.threads_gen = spin(0, 256, "Threads generating tokens (llama.cpp's -t). Default: "
+                                "as the batch threads, warm and cold runs still bit-identical; "
+                                "1 on sliding-window models, whose warm runs generate in the "
+                                "cache's shared cells", "default")
         self.threads_gen.setObjectName("threadsGen")
-        self.threads = spin(0, 256, "Threads evaluating prompts in batches (llama.cpp's -tb); "
-                            "auto: the cores other programs leave free", "auto")
+        self.threads = spin(0, 256, "Threads evaluating prompts in batches (llama.cpp's -tb). "
+                            "Auto: the cores other programs leave free, measured as it runs, "
+                            "up to one per physical core", "auto")
         self.threads.setObjectName("threadsBatch")
         self.batch = spin(1, 8192, "Tokens per decode batch (llama.cpp's -b)")
         self.ubatch = spin(0, 8192, "Tokens per physical batch inside a decode call "

@@ -27,6 +27,7 @@ from .decode_problem import decode_problem
 from .llama_backend import add_log_listener, ensure_backend, last_problem, remove_log_listener, versions
 from .native_model import GPU_OFFLOAD_MISSING, NativeModel, check_gpu_layers, gpu_offload_supported
 from .sampler import NativeSampler
+from .thread_count import llama_default_threads
 from .thread_fit import ThreadReading, shared_fit
 
 __all__ = ["ContextParams", "NativeContext", "NativeModel", "NativeSampler", "SEQ_STATE_VERSION",
@@ -56,16 +57,18 @@ class ContextParams:
     and the window take them from here)."""
     n_ctx: int = 4096
     n_batch: int = 256  # tokens per llama_decode call (llama.cpp's -b)
-    n_threads: int = 0  # threads for batches (llama.cpp's -tb); 0: auto, the cores left free
+    n_threads: int = 0  # threads for batches (llama.cpp's -tb); 0: auto (thread_fit.py)
     type_k: str = "f16"
     type_v: str = "f16"
     n_seq_max: int = 8
-    # threads for one-token decodes, i.e. generation (llama.cpp's -t); 0: as n_threads. One-token
-    # decodes split their attention over threads by the size of the whole cache, so in a cache
-    # full of other prompts a warm run would generate with other rounding than its cold run: one
-    # thread keeps generation exact (measured: SmolLM2, 2 threads, |Δlogit| up to 0.8 once the
-    # cache outgrew 2,048 cells; 1 thread, 0)
-    n_threads_gen: int = 1
+    # threads for one-token decodes, i.e. generation (llama.cpp's -t); 0: as n_threads. With
+    # flash attention a one-token decode over 512 cells or more splits the cache by thread count,
+    # so it is exact against a cold run only where the cells and the cache's extent are the cold
+    # run's: the work context's (tests/test_generation_threads.py), and only on the same count:
+    # with auto batch threads the count is taken when a run starts and held (ThreadFit.pinned).
+    # Sliding-window models generate in the cache's shared cells: EngineConfig.for_model gives
+    # them one thread
+    n_threads_gen: int = 0
     # flash attention: True/False, or None for llama.cpp's AUTO (on where supported). The
     # engine decides it by measurement (kernel_choice.py); a quantized V cache needs it on.
     flash_attn: bool | None = None
@@ -86,9 +89,7 @@ class NativeContext:
         if not 16 <= params.n_ctx < 1 << 31 or params.n_batch < 1 or not 1 <= params.n_seq_max <= 64:
             raise ContextError("context size must be between 16 and 2147483647, batch size at "
                                "least 1, and sequences between 1 and 64")
-        import os
-
-        threads = params.n_threads or os.cpu_count() or 1
+        threads = params.n_threads or llama_default_threads()
         if not 1 <= threads <= MAX_THREADS:
             raise ContextError(f"batch threads must be between 1 and {MAX_THREADS}, not {threads}")
         if not 0 <= params.n_threads_gen <= MAX_THREADS:
@@ -110,8 +111,9 @@ class NativeContext:
         p.n_outputs_max = max(n_batch, params.n_seq_max)
         p.n_threads = min(params.n_threads_gen, threads) if params.n_threads_gen > 0 else threads
         p.n_threads_batch = threads
-        # all cores ("auto"): each batch gets the cores other programs leave (thread_fit.py)
+        # auto: each batch gets the cores other programs leave, up to ``threads`` (thread_fit.py)
         self._fit = shared_fit() if params.n_threads == 0 else None
+        self._cap = threads
         self._threads = (p.n_threads, p.n_threads_batch)
         p.type_k = KV_TYPES[params.type_k].id
         p.type_v = KV_TYPES[params.type_v].id
@@ -162,15 +164,19 @@ class NativeContext:
                 b.seq_id[i][j] = s
             b.logits[i] = logits
         b.n_tokens = n
-        if n > 1 and self._fit is not None:  # one token decodes with the generation threads
-            self._fit_threads(self._fit.threads())
+        if self._fit is not None:  # llama.cpp runs a one-token decode on the generation threads
+            gen, batch = self._threads
+            if n > 1:
+                batch = min(self._cap, self._fit.threads())
+            elif self.params.n_threads_gen == 0:  # as the batch threads: held for a whole run
+                gen = min(self._cap, self._fit.generation_threads())
+            self._set_threads(gen, batch)
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
             raise ContextError(decode_problem(self, rc, entries))
 
-    def _fit_threads(self, batch: int) -> None:
-        gen, now = self._threads  # generation threads stay as set: they decide its rounding
-        if batch != now:
+    def _set_threads(self, gen: int, batch: int) -> None:
+        if (gen, batch) != self._threads:
             L.llama_set_n_threads(self.ptr, gen, batch)
             self._threads = (gen, batch)
 

@@ -12,12 +12,14 @@ also says where the warm time went (warm_cost.py).
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 
 from .batch_plan import EXACT_CHUNK, batch_end_at_or_before, batch_starts
 from .cold_reference import PathResult
 from ..errors import KvPrimerError
+from ..llama.thread_fit import shared_fit
 from .generation import GenerationConfig, TextDelta, generate
 from .module_compose import compose_in_work_context, compose_into, plan_modules
 from .reuse_modes import (EXACT_REUSE_MODES, REUSE_MODES, check_recompute, check_reuse_modes,
@@ -93,6 +95,17 @@ def report_dict(rep: RunReport) -> dict:
             "breakdown": None if rep.breakdown is None else asdict(rep.breakdown)}
 
 
+def _one_generation_count(run):
+    """The run's warm and cold paths generate on one thread count, taken when it starts: with
+    flash attention a one-token decode's rounding depends on the count (thread_fit.py)."""
+    @functools.wraps(run)
+    def held(*args, **kwargs):
+        with shared_fit().pinned():
+            return run(*args, **kwargs)
+    return held
+
+
+@_one_generation_count
 def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str = "chain",
                state: PrefixState | None = None, cold: bool = True, warm: bool = True,
                oneshot: bool | None = None, gen: GenerationConfig = GenerationConfig(),
@@ -133,14 +146,16 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
         # without a warm run to match, the cold run is the plain one a user would make (the
         # one-shot run: one computation serves both)
         plan = report.plan if warm else None
-        key = ("cold", tuple(plan), gen, max_new) if plan else ("oneshot", gen, max_new)
+        threads = shared_fit().generation_threads()  # a cold run kept for later runs: theirs
+        key = (("cold", tuple(plan), gen, max_new, threads) if plan
+               else ("oneshot", gen, max_new, threads))
         if key not in colds:
             colds[key] = engine.cold.run(tokens, plan, gen, max_new, task, "cold", keep_n)
         report.cold = colds[key]
         task.partial(report)
 
     def noise_run() -> PathResult:
-        key = ("oneshot", gen, max_new)
+        key = ("oneshot", gen, max_new, shared_fit().generation_threads())
         if key not in colds:
             colds[key] = engine.cold.run(tokens, None, gen, max_new, task, "oneshot", keep_n)
         return colds[key]
