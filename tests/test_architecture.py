@@ -167,7 +167,7 @@ def test_the_windows_flows_go_through_the_engines():
     decides which sequence it may change, loads a state file, parses rows or writes CSV itself."""
     reaches = ("cache.tree", "check_user_sequence", "load_any_state", ".keep_only(",
                ".cache.clear(", "seqs.clear(", "seqs.trim(", "seqs.shift(", "seqs.divide(",
-               "seqs.fork", "import csv", "set_state(None)")
+               "seqs.fork", "import csv", "set_state(None)", "cache.evict(", "cache.pin(")
     for src in (ROOT / "app" / "ui").rglob("*.py"):
         text = src.read_text()
         found = [r for r in reaches if r in text]

@@ -81,6 +81,16 @@ def clear_cache(engine) -> None:
     engine.clear_cache()
 
 
+def evict(engine, node_id: int) -> None:
+    """Move one cached prompt a tier down (resident → RAM → file → dropped)."""
+    engine.cache.evict(node_id)
+
+
+def pin(engine, node_id: int, pinned: bool = True) -> None:
+    """Pin a cached prompt (never evicted, by the user or by the caps), or unpin it."""
+    engine.cache.pin(node_id, pinned)
+
+
 # ---- `kvprimer kv`: the static prefix in sequence 0, forked into borrowed sequences ---------
 
 

@@ -263,7 +263,7 @@ class CachePanel(QDockWidget):
         n = self.node(self.selected_id())
         if n is not None:
             self._op(f"evicted “{n.label or 'cached prompt'}” from {n.tier}",
-                     lambda e, i=n.id: e.cache.evict(i))
+                     lambda e, i=n.id: kv_flows.evict(e, i))
 
     def clear_all(self) -> None:
         self._op("cleared the cache", kv_flows.clear_cache)
@@ -272,7 +272,7 @@ class CachePanel(QDockWidget):
         n = self.node(self.selected_id())
         if n is not None:
             self._op(("unpinned" if n.pinned else "pinned") + f" “{n.label or 'cached prompt'}”",
-                     lambda e, i=n.id, p=not n.pinned: e.cache.pin(i, p))
+                     lambda e, i=n.id, p=not n.pinned: kv_flows.pin(e, i, p))
 
     def _op(self, done_text: str, fn) -> None:
         self.watch.submit(fn, kind=JobKind.CACHE_OP, on_done=lambda _p: self.show_message(done_text),
