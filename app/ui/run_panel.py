@@ -162,6 +162,7 @@ class RunPanel(QWidget):
         # what the last warm run reused, and its verdict against the cold run
         self.reuse = QLabel("")
         self.reuse.setObjectName("reuseText")
+        self.reuse.setWordWrap(True)  # a chain run's reuse line grows with its values' previews
         self.reuse.setTextInteractionFlags(Qt.TextSelectableByMouse)
         # where the last warm run's time to first token went
         self.breakdown = QLabel("")
