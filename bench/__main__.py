@@ -153,13 +153,13 @@ def busy_machine(results: dict, args) -> None:
     if args.no_busy:
         return
     from .busy_machine import format_lines, run
-    from .ratios import busy_goals
+    from .ratios import goals_of
 
     r = _section(results, "busy_machine", "the busy-machine section",
                  lambda: run(samples=2 if args.quick else 5))
     if r is None:
         return
-    _publish(results, args, format_lines(r), r["ratios"], busy_goals(r["ratios"]))
+    _publish(results, args, format_lines(r), r["ratios"], goals_of(r["ratios"]))
 
 
 def reuse_figures(results: dict, args) -> None:

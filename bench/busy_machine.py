@@ -27,7 +27,8 @@ import numpy as np
 
 from app.engine import Engine, EngineConfig
 from app.engine.llama.native import NativeContext
-from app.engine.llama.thread_fit import shared_fit, usable_cores
+from app.engine.llama.thread_count import logical_cpus
+from app.engine.llama.thread_fit import shared_fit
 from app.engine.runs.batch_feed import feed_batches
 from app.engine.runs.batch_plan import batch_starts
 
@@ -49,7 +50,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def run(samples: int = 5, model_path: str | None = None, log=print) -> dict:
-    cores = usable_cores()
+    cores = logical_cpus()
     loads = {"quiet": 0, "half_busy": max(1, cores // 2), "busy": cores}
     out: dict = {"n_cores": cores, "prefix_tokens": PREFIX, "loads": {}}
     with Engine(EngineConfig(model_path=model_path, n_threads=0)) as e:

@@ -103,10 +103,11 @@ def compute_ratios(results: dict) -> tuple[dict, dict]:
     for name, (a, b) in SIZE_RATIOS.items():
         if sizes.get(a) and sizes.get(b):
             ratios[name] = sizes[a] / sizes[b]
-    return ratios, _goals(ratios)
+    return ratios, goals_of(ratios)
 
 
-def _goals(ratios: dict) -> dict:
+def goals_of(ratios: dict) -> dict:
+    """Each ratio of ``ratios`` that has a goal, with its bound and whether it is met."""
     return {name: {"goal": f"<= {bound}", "value": ratios.get(name),
                    "met": goal_met(ratios.get(name), bound)}
             for name, bound in GOALS.items() if name in ratios}
@@ -149,7 +150,7 @@ def compute_reuse_ratios(reuse: dict) -> tuple[dict, dict]:
             if both:
                 ratios[f"{mode}_vs_{peer_name}_recurring"] = pairwise_ratio(
                     [ours[r]["warm_ms"] for r in both], [peer[r]["ttft_ms"] for r in both])
-    return ratios, _goals(ratios)
+    return ratios, goals_of(ratios)
 
 
 def compose_accuracy(rows: list[dict], mode: str = "compose") -> dict:
@@ -173,8 +174,3 @@ def compose_accuracy(rows: list[dict], mode: str = "compose") -> dict:
         "max_logit_diff_median": statistics.median(diff), "max_logit_diff_max": max(diff),
         "first_diff": [r["first_diff"] for r in ok],
     }
-
-
-def busy_goals(ratios: dict) -> dict:
-    """The busy-machine section's goals."""
-    return _goals(ratios)

@@ -16,12 +16,26 @@ from pathlib import Path
 _TOPOLOGY = "/sys/devices/system/cpu/cpu{}/topology/thread_siblings_list"
 
 
+def usable_cpus() -> list[int]:
+    """The logical CPUs this process may run on (its affinity; empty where the system does
+    not say)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
+def logical_cpus() -> int:
+    """How many logical CPUs this process may run on."""
+    return len(usable_cpus()) or os.cpu_count() or 1
+
+
 @lru_cache(maxsize=1)
 def llama_default_threads() -> int:
     """One thread per physical core this process may run on (hyper-threads share a core's
     arithmetic units: llama.cpp counts cores, not logical CPUs); the logical CPU count where
     the topology is not readable."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cpus = usable_cpus()
     cores = set()
     for cpu in cpus:
         try:

@@ -20,27 +20,19 @@ split between threads whole), and llama.cpp decodes a single token with the gene
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .machine_load import busy_time_source, own_cpu_s
+from .thread_count import logical_cpus
 
 MIN_SPAN_S = 0.1  # /proc/stat counts 10 ms jiffies: shorter spans are mostly rounding
 MEMORY_S = 1.0  # how much recent wall time the estimate stands for
 # give a core to the batch unless others used more than this share of it: background noise
 # (an editor, a browser tab) must not halve a quiet machine's speed
 CORE_FREE_AT = 0.5
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the system says)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -70,7 +62,7 @@ class ThreadFit:
     def __init__(self, fixed: int = 0, n_cores: int | None = None,
                  busy_s: Callable[[], float | None] | None = None,
                  own_s: Callable[[], float] = own_cpu_s, clock: Callable[[], float] = time.monotonic):
-        self.n_cores = n_cores or usable_cores()
+        self.n_cores = n_cores or logical_cpus()
         self.fixed = fixed
         if busy_s is None:
             busy_s = busy_time_source()[0]
@@ -103,12 +95,12 @@ class ThreadFit:
         if self._last is None:
             self._last = self._sample()
             return
+        if self._clock() - self._last[0] < MIN_SPAN_S:
+            return  # every decode asks: read /proc/stat only when the span can count
         now = self._sample()
         if now is None:
             return
         wall = now[0] - self._last[0]
-        if wall < MIN_SPAN_S:
-            return
         others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2])) / wall
         others = min(others, float(self.n_cores))
         w = min(1.0, wall / MEMORY_S)  # a long gap outweighs what came before it
