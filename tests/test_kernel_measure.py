@@ -25,9 +25,11 @@ class FakeModel:
 class Scripted(KernelMeasurement):
     """No llama.cpp: each timed suffix takes what ``times[(kernel, plan)]`` says next."""
 
-    def __init__(self, times, load=MachineLoad(0.0, 2, "injected"), **kw):
+    def __init__(self, times, load=MachineLoad(0.0, 2, "injected"), grouping=None, **kw):
         super().__init__(FakeModel(), ContextParams(n_ctx=4096, n_batch=256), **kw)
         self.times = {k: itertools.cycle(v) for k, v in times.items()}
+        self.grouping = grouping or {}  # the probe's verdict per kernel (default: not exact)
+        self.probed: list[tuple[bool, int]] = []  # (kernel, rounds done) of each probe
         self.load = load
         self.order: list[tuple[bool, str]] = []
 
@@ -42,6 +44,10 @@ class Scripted(KernelMeasurement):
         ms = next(self.times[(kernel, plan)])
         self.samples[(kernel, plan)].append(ms)
         self._sample_s.append(ms / 1000)
+
+    def _probe_grouping(self, kernel):
+        self.probed.append((kernel, self.round))
+        self.grouping_exact[kernel] = self.grouping.get(kernel, False)
 
     def _finish(self):
         super()._finish()

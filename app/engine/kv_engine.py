@@ -85,7 +85,8 @@ class Engine:
         self.ctx.on_change = self.kv_listeners.changed
         self.cold = ColdReference(self)
         # the run's sequence, staging
-        self.work = WorkContext(self.model, self.context_params(2), self.family)
+        self.work = WorkContext(self.model, self.context_params(2), self.family,
+                                lambda: self.grouping_exact)
         self.cache = RadixCache(EngineAccess(
             self.ctx, self.seqs, self.seq_tokens, self.work, self.model,
             self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0,
@@ -131,6 +132,14 @@ class Engine:
         """Warm runs evaluate in the work context (work_context.py), cells laid out as a cold
         run lays them out; sliding-window models fork in the cache's context instead."""
         return self.n_swa == 0
+
+    @property
+    def grouping_exact(self) -> bool:
+        """Cells are reused up to any position, not only where a batch ended: the kernel in use
+        was measured to compute every cell alike however the tokens are batched
+        (kernel_measure.py), runs evaluate in the work context, and the model keeps no recurrent
+        state (kept only where a batch ends)."""
+        return self.runs_in_work_context and not self.stateful and self.kernels.grouping_exact
 
     def clear_seq(self, seq: int) -> None:
         """Empty one sequence (the Python API's; the other operations are ``engine.seqs``)."""

@@ -223,8 +223,9 @@ class RadixCache:
     # ---- using a hit
     def whole_batches(self, hit: CacheHit) -> CacheHit:
         """The hit cut back to the last batch end of its node's history: cells are reused in
-        whole batches, so a cold run replaying those batches computes the same bits."""
-        if hit.node is None:
+        whole batches, so a cold run replaying those batches computes the same bits (any
+        position does on a grouping-exact kernel: the hit as it is)."""
+        if hit.node is None or self.parts.work.grouping_exact():
             return hit
         n = batch_end_at_or_before(hit.node.all_cuts(), hit.node.depth, hit.reused)
         if n == hit.reused:

@@ -7,8 +7,10 @@ gap was small. Exactness no longer depends on the choice (warm runs lay their ce
 cold run does, work_context.py), so the engine takes the faster one.
 
 kernel_measure.py times both kernels on the model until the figures are stable, noting the
-machine's load. The choice weighs the two batch plans by the reuse mode runs use: chain (the
-default) cuts a row's variable part at every segment, so its split plan weighs most; flash
+machine's load, and probes whether each computes cells alike however tokens are batched. The
+choice weighs the two batch plans by the reuse mode runs use: chain (the default) cuts a row's
+variable part at every segment unless the kernel is grouping-exact, so its split plan weighs
+most on a kernel that is not; flash
 attention runs batches under 64 tokens on a slower path, so a kernel that wins the one-batch
 suffix can lose the split one by more (seen on this project's build: 634 against 645 ms in one
 batch, 1,074 against 689 ms in four). ``setting`` overrides it ("on"/"off"); "auto" measures,
@@ -63,6 +65,12 @@ class KernelChoice:
     measured_at: float = 0.0  # time.time() of the measurement
     rounds: int = 0
     mode: str = DEFAULT_MODE  # the reuse mode whose batch plans weighed the choice
+
+    @property
+    def grouping_exact(self) -> bool:
+        """The kernel in use was measured to compute every cell alike however the tokens are
+        grouped into batches (kernel_measure.py); False when not measured."""
+        return any(t.flash_attn == self.flash_attn and t.grouping_exact for t in self.timings)
 
     @property
     def measuring_wanted(self) -> bool:
@@ -156,8 +164,11 @@ TIE = 0.05  # scores closer than this are a tie: the machine's noise can flip th
 
 
 def score(t: KernelTiming, mode: str = DEFAULT_MODE) -> float:
+    """The suffix time the mode's runs would see: its plans weighed; a kernel whose cells come
+    out alike in any batches lets chain evaluate in plain batches (kernel_measure.py)."""
     w_one, w_split = PLAN_WEIGHTS[mode]
-    return w_one * t.suffix_ms + w_split * t.split_suffix_ms
+    split = t.suffix_ms if t.grouping_exact else t.split_suffix_ms
+    return w_one * t.suffix_ms + w_split * split
 
 
 def _decide(timings: tuple[KernelTiming, ...], how: str, cost_ms: float,
@@ -177,7 +188,10 @@ def _decide(timings: tuple[KernelTiming, ...], how: str, cost_ms: float,
 
 
 def _batching_cost(t: KernelTiming) -> float:
-    """How much slower the split suffix is than the one-batch one (1.0: not at all)."""
+    """How much slower the split suffix is than the one-batch one (1.0: not at all, or never
+    split: a grouping-exact kernel's chain runs batch plainly)."""
+    if t.grouping_exact:
+        return 1.0
     return t.split_suffix_ms / t.suffix_ms if t.suffix_ms > 0 else 1.0
 
 
@@ -186,8 +200,8 @@ def _batching_cost(t: KernelTiming) -> float:
 
 def _key(params: ContextParams, model_sha256: str) -> str:
     # the build (version and library files) and the CPU (model and flags) as the crash check
-    # knows them
-    parts = ["kernel-choice 5", build_facts().identity, cpu_facts().identity, model_sha256,
+    # knows them; version 6 added the batch-grouping probe (older entries are measured again)
+    parts = ["kernel-choice 6", build_facts().identity, cpu_facts().identity, model_sha256,
              params.type_k, params.type_v, str(params.n_batch), str(params.n_threads)]
     if params.n_ubatch:  # a micro-batch other than the batch (keys made before it stay valid)
         parts.append(f"ubatch {params.n_ubatch}")

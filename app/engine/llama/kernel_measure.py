@@ -16,12 +16,21 @@ that the figures did not settle. Other processes' CPU use over the timed spans i
 (machine_load.py); a busy machine or unsettled figures make the result provisional, and a busy
 machine also ends it at ``MIN_ROUNDS`` (more rounds would not make it trusted).
 
+After the first round each kernel also evaluates the suffix once more, untimed, in uneven
+batches (one token, then three of different sizes: every residue a kernel could tile by), and
+compares the sequence's cells and last logits with the one-batch evaluation's, bit for bit.
+Equal means the kernel computes each cell alike however the tokens are grouped into batches
+(``grouping_exact``): chain mode then needs no batch of its own per segment (prompt_runs.py).
+Flash attention's tiled path for 64+ tokens is one way to fail it; CPU repacked weights that
+multiply rows in fours could be another; the probe measures rather than assumes.
+
 Every step is short (one batch of the prefix, or one timed suffix), so a job that runs the
 measurement between the user's jobs can stop between any two steps and resume later where it
 stopped: ``run(task)`` raises nothing on cancel, it just returns.
 """
 from __future__ import annotations
 
+import hashlib
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -57,16 +66,20 @@ class KernelTiming:
     suffix_spread: float = 0.0  # relative spread of the one-batch repeats
     split_spread: float = 0.0  # relative spread of the split repeats
     repeats: int = 1
+    # the same cells and logits however the suffix is cut into batches (None: not probed)
+    grouping_exact: bool | None = None
 
     @property
     def spread(self) -> float:
         return max(self.suffix_spread, self.split_spread)
 
     def describe(self) -> str:
+        grouping = {True: "; cells alike in any batches", False: "; batch grouping changes "
+                    "the bits", None: ""}[self.grouping_exact]
         return (f"flash attention {'on' if self.flash_attn else 'off'}: a "
                 f"{self.suffix_tokens}-token suffix {self.suffix_ms:.0f} ms in one batch, "
                 f"{self.split_suffix_ms:.0f} ms in {SPLIT} (±{self.spread:.0%} over "
-                f"{self.repeats}); prefix {self.prefix_ms_per_token:.2f} ms/token")
+                f"{self.repeats}); prefix {self.prefix_ms_per_token:.2f} ms/token{grouping}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,24 @@ class Measured:
             why.append(f"the figures still spread over {max(t.spread for t in self.timings):.0%} "
                        f"after {self.rounds} rounds")
         return " and ".join(why)
+
+
+def probe_sizes(n: int) -> tuple[int, ...]:
+    """Uneven batches for ``n`` tokens: one token, then three of different sizes and residues
+    (for 64: 1, 13, 29, 21), fewer when ``n`` is small."""
+    if n < 2:
+        return (n,)
+    rest = n - 1
+    a = max(1, rest * 2 // 9)
+    b = max(1, (rest - a) * 3 // 5) if rest - a > 1 else 0
+    return tuple(x for x in (1, a, b, rest - a - b) if x > 0)
+
+
+def fingerprint(ctx: NativeContext) -> bytes:
+    """The sequence's cells (its whole state) and the last logits, hashed: equal bits or not."""
+    h = hashlib.sha256(ctx.state_get(0))
+    h.update(ctx.logits(-1).tobytes())
+    return h.digest()
 
 
 def relative_spread(values: list[float]) -> float:
@@ -143,6 +174,8 @@ class KernelMeasurement:
         self.round = 0  # rounds finished
         self._queue: list[tuple[bool, str]] = []  # this round's timings still to take
         self._sample_s: list[float] = []
+        self._one_print: dict[bool, bytes] = {}  # fingerprint of the first one-batch suffix
+        self.grouping_exact: dict[bool, bool] = {}  # the probe's verdict per kernel
         self.result: Measured | None = None
 
     # ---- progress
@@ -156,8 +189,9 @@ class KernelMeasurement:
         prefix_total = batches * len(self.kernels)
         prefix_done = sum(-(-n // self._batch) for n in self._prefix_done.values())
         rounds = max(MIN_ROUNDS, self.round + (0 if self.finished else 1))
-        done = prefix_done + self.round * per_round + (per_round - len(self._queue) if self._queue else 0)
-        total = prefix_total + rounds * per_round
+        done = (prefix_done + self.round * per_round + len(self.grouping_exact)
+                + (per_round - len(self._queue) if self._queue else 0))
+        total = prefix_total + rounds * per_round + len(self.kernels)
         if self.finished:
             return MeasureProgress(total, total, 0.0)
         # what is left, at the speeds seen so far (a suffix timing costs about its suffix's
@@ -197,6 +231,10 @@ class KernelMeasurement:
         for k in self.kernels:
             if k not in self._prefix_state:
                 return self._prefix_batch(k)
+        if not self._queue and self.round >= 1:
+            for k in self.kernels:
+                if k not in self.grouping_exact:
+                    return self._probe_grouping(k)
         if not self._queue:
             self._queue = self._round_order(self.round)
         kernel, plan = self._queue[0]
@@ -235,28 +273,47 @@ class KernelMeasurement:
             self._prefix_ms[kernel] = self._prefix_t[kernel] * 1000 / self.n_prefix
             self._prefix_state[kernel] = ctx.state_get(0)
 
-    def _time_suffix(self, kernel: bool, plan: str) -> None:
+    def _restored(self, kernel: bool) -> NativeContext:
+        """The kernel's context holding the prefix again, put back from its state: works on
+        every model family (see the docstring)."""
         ctx = self._context(kernel)
-        # put the prefix back from its state: works on every model family (see the docstring)
         ctx.seq_rm(0)
         if not ctx.state_set(self._prefix_state[kernel], 0):
             from ..errors import ModelError
 
             raise ModelError("llama.cpp could not restore the timing prefix while measuring the "
                              "attention kernels; set flash attention on or off instead of auto")
+        return ctx
+
+    def _feed_suffix(self, ctx: NativeContext, sizes: tuple[int, ...]) -> None:
         start = self.n_prefix
-        starts = [start + k for k in accumulate((0, *self.plans[plan][:-1]))]
+        starts = [start + k for k in accumulate((0, *sizes[:-1]))]
+        feed_batches(ctx.decode, self.tokens[start:start + self.n_suffix], start, starts)
+
+    def _time_suffix(self, kernel: bool, plan: str) -> None:
+        ctx = self._restored(kernel)
         with self.meter:
             t0 = self.clock()
-            feed_batches(ctx.decode, self.tokens[start:start + self.n_suffix], start, starts)
+            self._feed_suffix(ctx, self.plans[plan])
             ctx.logits(-1)
             dt = self.clock() - t0
         self.samples[(kernel, plan)].append(dt * 1000)
         self._sample_s.append(dt)
+        if plan == "one" and kernel not in self._one_print:
+            self._one_print[kernel] = fingerprint(ctx)
+
+    def _probe_grouping(self, kernel: bool) -> None:
+        """Evaluate the suffix in uneven batches (untimed) and compare its bits with the
+        one-batch evaluation's (see the module docstring)."""
+        ctx = self._restored(kernel)
+        self._feed_suffix(ctx, probe_sizes(self.n_suffix))
+        self.grouping_exact[kernel] = fingerprint(ctx) == self._one_print[kernel]
 
     def _score_range(self, kernel: bool) -> tuple[float, float]:
         lo = hi = 0.0
         for w, plan in zip(self.weights, PLANS):
+            if plan == "split" and self.grouping_exact.get(kernel):
+                plan = "one"  # chain cuts no batch per segment on this kernel (grouping_exact)
             q1, q3 = quartiles(self.samples[(kernel, plan)])
             lo, hi = lo + w * q1, hi + w * q3
         return lo, hi
@@ -277,7 +334,8 @@ class KernelMeasurement:
             k, self._prefix_ms[k], statistics.median(self.samples[(k, "one")]),
             statistics.median(self.samples[(k, "split")]), self.n_suffix,
             round(relative_spread(self.samples[(k, "one")]), 4),
-            round(relative_spread(self.samples[(k, "split")]), 4), len(self.samples[(k, "one")]))
+            round(relative_spread(self.samples[(k, "split")]), 4), len(self.samples[(k, "one")]),
+            self.grouping_exact.get(k))
             for k in self.kernels)
         spreads_ok = all(relative_spread(v) <= SPREAD_OK for v in self.samples.values())
         settled = spreads_ok or self._settled()

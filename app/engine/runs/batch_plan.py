@@ -13,6 +13,10 @@ cache's shared context (sliding-window models), everything after the static pref
 chunks of at most ``EXACT_CHUNK`` tokens; other models run in the work context
 (work_context.py), whose cells lie as a cold run's, in plain n_batch batches. Either way the cold
 run replays the same batch starts in a fresh context.
+
+Where the kernel in use computes every cell alike however the tokens are grouped into batches
+(measured at start, kernel_measure.py: flash attention off, here), a cell is shared up to any
+position: ``any_boundary`` lifts the batch-end rule, and chain mode batches plainly.
 """
 from __future__ import annotations
 
@@ -47,15 +51,18 @@ def batches(starts: list[int], end: int) -> list[tuple[int, int]]:
 
 
 def shared_history(tokens_a: list[int], cuts_a: list[int], tokens_b: list[int],
-                   cuts_b: list[int], end_b: int) -> int:
+                   cuts_b: list[int], end_b: int, any_boundary: bool = False) -> int:
     """The longest prefix two histories computed alike: the same tokens, and the same batches
     up to a boundary both have (cells computed in other batches may differ in the last bits,
     so a cell is only shared up to a batch end both histories reached the same way).
-    History a ends at len(tokens_a); history b at ``end_b``."""
+    History a ends at len(tokens_a); history b at ``end_b``. ``any_boundary``: batches do
+    not matter (a grouping-exact kernel), only the tokens."""
     n = 0
     limit = min(len(tokens_a), end_b)
     while n < limit and tokens_a[n] == tokens_b[n]:
         n += 1
+    if any_boundary:
+        return n
     bounds_a = sorted({c for c in cuts_a if c <= n} | ({len(tokens_a)} if len(tokens_a) <= n else set()))
     bounds_b = sorted({c for c in cuts_b if c <= n} | ({end_b} if end_b <= n else set()))
     best = 0
@@ -66,7 +73,11 @@ def shared_history(tokens_a: list[int], cuts_a: list[int], tokens_b: list[int],
     return best
 
 
-def batch_end_at_or_before(cuts: list[int], end: int, upto: int) -> int:
+def batch_end_at_or_before(cuts: list[int], end: int, upto: int,
+                           any_boundary: bool = False) -> int:
     """The last batch boundary of a history (batch starts ``cuts``, ending at ``end``) at or
-    before ``upto``: reusing its cells up to there is reusing whole batches."""
+    before ``upto``: reusing its cells up to there is reusing whole batches. ``any_boundary``:
+    every position counts (a grouping-exact kernel)."""
+    if any_boundary:
+        return max(0, min(upto, end))
     return max([c for c in cuts if c <= upto] + ([end] if end <= upto else []), default=0)

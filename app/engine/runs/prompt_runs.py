@@ -289,8 +289,10 @@ def _warm_in_work_context(engine, template, tokens, segments, reuse, hit, gen, m
     hit = engine.cache.whole_batches(hit)
     report.note = hit.approx
     add_nodes = keep and reuse == "chain"
-    # a node must end where a batch ends, so a later run reusing it replays whole batches
-    marks = [s.start for s in segments if s.start > hit.reused] if add_nodes else []
+    # a node must end where a batch ends, so a later run reusing it replays whole batches;
+    # on a grouping-exact kernel any position will do, and chain batches as prefix mode does
+    cut = add_nodes and not engine.grouping_exact
+    marks = [s.start for s in segments if s.start > hit.reused] if cut else []
     nodes = [(s.end, s.label) for s in segments if s.end > hit.reused] if add_nodes else []
     result, report.copied_tokens = warm_in_work_context(
         engine, tokens, hit, gen, max_new, task, marks=marks, nodes=nodes,
@@ -358,7 +360,8 @@ def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
     from ..cache.radix_cache import CacheHit
 
     n = batch_end_at_or_before(engine.cache.state_cuts(state), state.n_tokens,
-                               min(common_prefix(list(state.tokens), tokens), limit))
+                               min(common_prefix(list(state.tokens), tokens), limit),
+                               engine.grouping_exact)
     if engine.stateful and n < state.n_tokens:
         n = 0  # its recurrent state stands at its end: all of it or nothing
     approx = APPROX_RESTORED if engine.cache.windowed else ""

@@ -5,9 +5,10 @@ bringing the reused cells in (kept in place, copied from the radix cache or rest
 state), evaluating the rest of the prompt in batches, and reading the last logits to sample the
 first token. ``WarmBreakdown`` holds them, with the tokens and batches behind each.
 
-Chain mode starts a batch at every segment after the reused part, so that each segment's end can
-be stored for later rows; prefix mode evaluates the same tokens in as few batches as n_batch
-allows. Small batches cost more per token (flash attention runs batches under 64 tokens on its
+On a kernel that is not grouping-exact (kernel_measure.py), chain mode starts a batch at every
+segment after the reused part, so that each segment's end can be stored for later rows; prefix
+mode evaluates the same tokens in as few batches as n_batch allows (and so does chain on a
+grouping-exact kernel: then there is nothing to note). Small batches cost more per token (flash attention runs batches under 64 tokens on its
 slower path), so the cuts pay off only when later rows reuse the stored segments.
 ``batching_note`` estimates both sides from the engine's kernel measurement (a suffix in one
 batch and in several, kernel_measure.py) and says so when the cuts cost more than one reuse of

@@ -41,8 +41,12 @@ SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they j
 
 
 class WorkContext:
-    def __init__(self, model: NativeModel, params: ContextParams, family: str = "attention"):
+    def __init__(self, model: NativeModel, params: ContextParams, family: str = "attention",
+                 grouping_exact=lambda: False):
         self._model, self._params = model, params  # the engine's model and context settings
+        # asked of the engine each time (its kernel choice owns it): cells are alike in any
+        # batches, so a history is shared up to any position, not only where a batch ended
+        self.grouping_exact = grouping_exact
         self._ctx: NativeContext | None = None
         self.family = family  # "attention", "hybrid" or "recurrent" (no attention cells)
         self.stateful = family != "attention"  # a recurrent state at the end, not cut back
@@ -77,7 +81,7 @@ class WorkContext:
         (``fetch(p0, p1)``: a state of those positions' cells). A stateful model then gets the
         recurrent state at ``reuse`` from ``snapshot()`` (unless it holds exactly that
         history). Returns the tokens copied."""
-        keep = shared_history(self.tokens, self.cuts, tokens, cuts, reuse)
+        keep = shared_history(self.tokens, self.cuts, tokens, cuts, reuse, self.grouping_exact())
         if self.stateful and keep == len(self.tokens) == reuse:
             return 0  # its recurrent state stands at reuse already
         try:
@@ -106,7 +110,8 @@ class WorkContext:
                 raise ValueError("a recurrent state is reused whole or not at all")
             self.keep(0)
             return 0
-        shared = shared_history(self.tokens, self.cuts, tokens, cuts, len(tokens))
+        shared = shared_history(self.tokens, self.cuts, tokens, cuts, len(tokens),
+                                self.grouping_exact())
         if shared >= reuse and (not self.stateful or len(self.tokens) == reuse):
             self.keep(reuse)
             return 0
