@@ -107,8 +107,9 @@ def test_a_chain_run_with_every_panel_open_keeps_the_window_on_a_1366_screen(qtb
     assert w.width() <= 1366 and w.minimumSizeHint().width() <= 1366, \
         (w.width(), w.minimumSizeHint().width(), w.centralWidget().minimumSizeHint().width(),
          w.status.minimumSizeHint().width())
-    # the Run page leaves the docks their width; what a status label cannot show is its tooltip
-    assert w.run_panel.minimumSizeHint().width() <= 1366 - 450
+    # the Run page asks for its widest control, not its row's sum (903 px), leaving the docks
+    # their width; what a status label cannot show is in its tooltip
+    assert w.run_panel.minimumSizeHint().width() <= 1366 // 2
     for label in (w.status.model, w.status.context, w.status.kernels):
         assert label.toolTip() == label.text()
     assert w.kv_dock.width() >= 300 and all(b.isVisible() for b in w.run_panel.run_buttons)
@@ -299,3 +300,20 @@ def test_the_screenshot_takes_the_size_of_a_screen(capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(["--size", "wide"])
     assert "WIDTHxHEIGHT" in capsys.readouterr().err
+
+
+def test_a_narrow_status_label_ends_in_an_ellipsis_and_keeps_its_whole_text(qtbot):
+    from PySide6.QtWidgets import QLabel
+
+    from app.ui.narrow_widgets import ElidedLabel
+
+    text = "Smollm2 135M 8k Lc100K Mix1 Ep2 · llama · KV f16/f16"
+    label = ElidedLabel(text)
+    qtbot.addWidget(label)
+    assert label.minimumSizeHint().width() < label.sizeHint().width() // 2
+    label.resize(label.sizeHint())
+    assert QLabel.text(label) == text  # room for all of it: shown whole
+    label.resize(label.minimumSizeHint())
+    shown = QLabel.text(label)
+    assert shown.endswith("…") and len(shown) < len(text)
+    assert label.text() == label.toolTip() == text

@@ -109,17 +109,28 @@ class FlowRow(QLayout):
         return [i for i in self._items if not (i.widget() and i.widget().isHidden())]
 
     def _place(self, rect: QRect, move: bool) -> int:
-        """Lay the items out in ``rect`` (when ``move``); return the height they take."""
+        """Lay the items out in ``rect`` (when ``move``), each line's items centred on it;
+        return the height they take."""
         m = self.contentsMargins()
         area = rect.adjusted(m.left(), m.top(), -m.right(), -m.bottom())
-        x, y, line = area.x(), area.y(), 0
+        lines: list[list[QLayoutItem]] = [[]]
+        x = area.x()
         for item in self._shown():
-            hint = item.sizeHint()
-            if x > area.x() and x + hint.width() > area.right() + 1:
-                x, y, line = area.x(), y + line + self.spacing(), 0
-            if move:
-                width = min(hint.width(), area.width())
-                item.setGeometry(QRect(QPoint(x, y), QSize(width, hint.height())))
-            x += hint.width() + self.spacing()
-            line = max(line, hint.height())
-        return y + line - rect.y() + m.bottom()
+            width = item.sizeHint().width()
+            if lines[-1] and x + width > area.right() + 1:
+                lines.append([])
+                x = area.x()
+            lines[-1].append(item)
+            x += width + self.spacing()
+        y = area.y()
+        for line in lines:
+            height = max((i.sizeHint().height() for i in line), default=0)
+            x = area.x()
+            for item in line if move else ():
+                hint = item.sizeHint()
+                top = y + (height - hint.height()) // 2
+                item.setGeometry(QRect(QPoint(x, top), QSize(min(hint.width(), area.width()),
+                                                               hint.height())))
+                x += hint.width() + self.spacing()
+            y += height + self.spacing()
+        return max(y - self.spacing() - rect.y(), 0) + m.bottom()
