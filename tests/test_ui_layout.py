@@ -310,6 +310,8 @@ def test_a_narrow_status_label_ends_in_an_ellipsis_and_keeps_its_whole_text(qtbo
     text = "Smollm2 135M 8k Lc100K Mix1 Ep2 · llama · KV f16/f16"
     label = ElidedLabel(text)
     qtbot.addWidget(label)
+    label.show()  # a hidden widget hears of its resizes only when shown
+    qtbot.waitExposed(label)
     assert label.minimumSizeHint().width() < label.sizeHint().width() // 2
     label.resize(label.sizeHint())
     assert QLabel.text(label) == text  # room for all of it: shown whole
