@@ -24,28 +24,28 @@ class ElidedLabel(QLabel):
         self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
         self.setText(text)
 
-    def text(self) -> str:  # noqa: D102 - the whole text, not the elided one shown
+    def text(self) -> str:  # the whole text, not the elided one shown
         return self._full
 
-    def setText(self, text: str) -> None:  # noqa: N802 - Qt's name
+    def setText(self, text: str) -> None:  # Qt's name
         self._full = text
         self.setToolTip(text)
         self._elide()
         self.updateGeometry()
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         m = self.contentsMargins()
         return QSize(self.fontMetrics().horizontalAdvance(self._full) + m.left() + m.right() + 2,
                      super().sizeHint().height())
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         m = self.contentsMargins()
         fm = self.fontMetrics()
         width = min(fm.horizontalAdvance(self._full),
                     fm.averageCharWidth() * ELIDED_MIN_CHARS + fm.horizontalAdvance("…"))
         return QSize(width + m.left() + m.right() + 2, super().minimumSizeHint().height())
 
-    def resizeEvent(self, event) -> None:  # noqa: N802
+    def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self._elide()
 
@@ -66,39 +66,39 @@ class FlowRow(QLayout):
         self.setSpacing(spacing)
         self.setContentsMargins(0, 0, 0, 0)
 
-    def addItem(self, item: QLayoutItem) -> None:  # noqa: N802
+    def addItem(self, item: QLayoutItem) -> None:
         self._items.append(item)
 
     def count(self) -> int:
         return len(self._items)
 
-    def itemAt(self, index: int) -> QLayoutItem | None:  # noqa: N802
+    def itemAt(self, index: int) -> QLayoutItem | None:
         return self._items[index] if 0 <= index < len(self._items) else None
 
-    def takeAt(self, index: int) -> QLayoutItem | None:  # noqa: N802
+    def takeAt(self, index: int) -> QLayoutItem | None:
         return self._items.pop(index) if 0 <= index < len(self._items) else None
 
-    def expandingDirections(self) -> Qt.Orientation:  # noqa: N802
+    def expandingDirections(self) -> Qt.Orientation:
         return Qt.Orientation(0)
 
-    def hasHeightForWidth(self) -> bool:  # noqa: N802
+    def hasHeightForWidth(self) -> bool:
         return True
 
-    def heightForWidth(self, width: int) -> int:  # noqa: N802
+    def heightForWidth(self, width: int) -> int:
         return self._place(QRect(0, 0, width, 0), move=False)
 
-    def setGeometry(self, rect: QRect) -> None:  # noqa: N802
+    def setGeometry(self, rect: QRect) -> None:
         super().setGeometry(rect)
         self._place(rect, move=True)
 
-    def sizeHint(self) -> QSize:  # noqa: N802 - everything on one line
+    def sizeHint(self) -> QSize:  # everything on one line
         shown = [i.sizeHint() for i in self._shown()]
         m = self.contentsMargins()
         width = sum(s.width() for s in shown) + self.spacing() * max(len(shown) - 1, 0)
         height = max((s.height() for s in shown), default=0)
         return QSize(width + m.left() + m.right(), height + m.top() + m.bottom())
 
-    def minimumSize(self) -> QSize:  # noqa: N802 - one widget a line at the narrowest
+    def minimumSize(self) -> QSize:  # one widget a line at the narrowest
         size = QSize()
         for item in self._shown():
             size = size.expandedTo(item.minimumSize())

@@ -42,10 +42,10 @@ class JobBar(QProgressBar):
     left" when there is room, narrower (the whole line in its tooltip) when there is not."""
     WIDTH = (200, 520)
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         return QSize(self.WIDTH[1], super().sizeHint().height())
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         return QSize(self.WIDTH[0], super().minimumSizeHint().height())
 
 
