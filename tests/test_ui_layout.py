@@ -6,6 +6,8 @@
 - The Cache panel and the KV map agree during a benchmark (while it is held between rows) and
   after it; the RAM bar names the kept copies; a long error can be read and copied whole; the
   KV legend lists every sequence, scrolling; every chart has a visible legend.
+- After a chain run with every panel open, long values and a long status line, the window is
+  still 1366 pixels wide and asks no more (labels elide or wrap, the Run panel's options wrap).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import QAbstractItemView, QPushButton
 
 from app.engine import BenchResult
 from app.engine.cache.radix_cache import TierUsage
+from app.engine.engine_kernels import KernelStatus
 from app.engine.benchmarks import bench_rows
 from app.engine.runs.server_results import ServerBench, ServerRow
 from app.ui.cache_panel import tier_text
@@ -77,6 +80,39 @@ def test_the_work_stays_readable_with_the_advanced_panels_open(qtbot, make_windo
     # the panels beside the work are usable too: the KV map and the cache tree are not squeezed
     assert w.kv_dock.grid.height() >= 100 and w.cache_panel.tree.height() >= 60
     assert all(s.stat().st_size > 10_000 for s in shots)
+
+
+PASSAGE = "To restart, choose Settings, then System, then Restart in the app; it is back soon. "
+
+
+def test_a_chain_run_with_every_panel_open_keeps_the_window_on_a_1366_screen(qtbot, make_window):
+    w = make_window()
+    w.editor.set_text(TPL)
+    # two rows sharing a long first value: the reuse line names it, the breakdown follows
+    w.session.set_rows([{"question": PASSAGE * 3, "topic": f"topic {i} " + PASSAGE * 2}
+                        for i in range(3)])
+    w.session.set_options(reuse_mode="chain")
+    w.session.set_selection([0, 2])
+    w.resize(1366, 768)
+    w.show()
+    qtbot.waitExposed(w)
+    w.actions_by_text["Advanced panels"].trigger()
+    # a kernel measurement waiting with its reason: the status bar's longest line during a job
+    note = "the model changed since the last measurement of the attention kernels on this machine"
+    w.engine_status.update(kernel_measurement=KernelStatus("wanted", False, note=note))
+    assert trigger(qtbot, w, PRIME).outcome == "done"
+    assert trigger(qtbot, w, RUN_BOTH).outcome == "done"
+    idle(qtbot, w)
+    assert "static prefix" in w.run_panel.reuse.text() and w.run_panel.breakdown.text()
+    assert w.width() <= 1366 and w.minimumSizeHint().width() <= 1366, \
+        (w.width(), w.minimumSizeHint().width(), w.centralWidget().minimumSizeHint().width(),
+         w.status.minimumSizeHint().width())
+    # the Run page asks for its widest control, not its row's sum (903 px), leaving the docks
+    # their width; what a status label cannot show is in its tooltip
+    assert w.run_panel.minimumSizeHint().width() <= 1366 // 2
+    for label in (w.status.model, w.status.context, w.status.kernels):
+        assert label.toolTip() == label.text()
+    assert w.kv_dock.width() >= 300 and all(b.isVisible() for b in w.run_panel.run_buttons)
 
 
 def resident_cells(view, nodes) -> int:
@@ -264,3 +300,22 @@ def test_the_screenshot_takes_the_size_of_a_screen(capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(["--size", "wide"])
     assert "WIDTHxHEIGHT" in capsys.readouterr().err
+
+
+def test_a_narrow_status_label_ends_in_an_ellipsis_and_keeps_its_whole_text(qtbot):
+    from PySide6.QtWidgets import QLabel
+
+    from app.ui.narrow_widgets import ElidedLabel
+
+    text = "Smollm2 135M 8k Lc100K Mix1 Ep2 · llama · KV f16/f16"
+    label = ElidedLabel(text)
+    qtbot.addWidget(label)
+    label.show()  # a hidden widget hears of its resizes only when shown
+    qtbot.waitExposed(label)
+    assert label.minimumSizeHint().width() < label.sizeHint().width() // 2
+    label.resize(label.sizeHint())
+    assert QLabel.text(label) == text  # room for all of it: shown whole
+    label.resize(label.minimumSizeHint())
+    shown = QLabel.text(label)
+    assert shown.endswith("…") and len(shown) < len(text)
+    assert label.text() == label.toolTip() == text

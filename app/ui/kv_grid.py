@@ -241,7 +241,10 @@ class KvGrid(QWidget):
             line = self.unreported_line()
             if line:
                 p.setPen(self.palette().text().color())
-                p.drawText(self.rect().adjusted(4, 0, -4, -2), Qt.AlignBottom | Qt.AlignLeft, line)
+                # a narrow dock elides it; the bottom strip's tooltip holds the whole line
+                room = self.rect().adjusted(4, 0, -4, -2)
+                line = self.fontMetrics().elidedText(line, Qt.ElideRight, room.width())
+                p.drawText(room, Qt.AlignBottom | Qt.AlignLeft, line)
         p.end()
 
     def _draw_slots(self, p: QPainter) -> None:
@@ -263,7 +266,10 @@ class KvGrid(QWidget):
                 QToolTip.showText(e.globalPos(), self.slot_tooltip(slot), self)
                 return True
             cell = self.cell_at(e.pos())
-            if cell is None:
+            line = self.unreported_line()
+            if cell is None and line and e.pos().y() >= self.height() - self.bottom():
+                QToolTip.showText(e.globalPos(), line, self)
+            elif cell is None:
                 QToolTip.hideText()
             else:
                 QToolTip.showText(e.globalPos(), self.tooltip_for(cell), self)

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QHe
 from ..engine import REUSE_MODES, RunReport, TextDelta, Verdict
 from ..engine.session import Options, RunRecord, Session
 from .charts import TtftBar, TtftChart
+from .narrow_widgets import FlowRow
 from .session_edits import SessionEdits
 
 COLUMNS = ["row", "path", "reuse", "reused (tokens)", "evaluated (tokens)", "first token (ms)",
@@ -134,7 +135,8 @@ class RunPanel(QWidget):
         edits = edits or SessionEdits(session, self)
         self.current_row = 0
         self.run_buttons: list[QPushButton] = []
-        buttons = QHBoxLayout()
+        # one line when there is room, more when the docks beside it leave little
+        buttons = FlowRow()
         for text, mode, tip in (("▶ Run cold + warm", "both", "Ctrl+R"),
                                 ("Cold only", "cold", "Ctrl+Shift+C"),
                                 ("Warm only", "warm", "Ctrl+Shift+W")):
@@ -158,7 +160,6 @@ class RunPanel(QWidget):
         buttons.addWidget(self.recompute)
         self.noise = noise_box(session, edits, self)
         buttons.addWidget(self.noise)
-        buttons.addStretch(1)
         # what the last warm run reused, and its verdict against the cold run
         self.reuse = QLabel("")
         self.reuse.setObjectName("reuseText")

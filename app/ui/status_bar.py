@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import QSize, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWidget
 
 from ..engine import ModelInfo, Progress
@@ -18,6 +18,7 @@ from ..engine.engine_kernels import KernelStatus
 from ..engine.task_state import progress_line
 from .engine_worker import EngineWorker, Job
 from .model_events import follow
+from .narrow_widgets import ElidedLabel
 
 QUIET_STAGES = {"generate"}  # one token at a time: too fast and too small to be worth a bar
 
@@ -36,6 +37,18 @@ def rss_bytes() -> int | None:
             return None
 
 
+class JobBar(QProgressBar):
+    """The job's progress: wide enough for "row 7 of 10 · chain · warm 1,280/1,836 · 3 min 10 s
+    left" when there is room, narrower (the whole line in its tooltip) when there is not."""
+    WIDTH = (200, 520)
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.WIDTH[1], super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(self.WIDTH[0], super().minimumSizeHint().height())
+
+
 class StatusBar(QStatusBar):
     # the kernel measurement's news (why it measures, a switch and what it dropped), once each,
     # for the Log
@@ -44,17 +57,17 @@ class StatusBar(QStatusBar):
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__(parent)
         self.engine_status = worker.engine_status
-        self.model = QLabel("no model")
+        # the labels elide (whole text in the tooltip): their text must not widen the window
+        self.model = ElidedLabel("no model")
         self.model.setObjectName("statusModel")
-        self.context = QLabel("")
+        self.context = ElidedLabel("")
         self.memory = QLabel("")
-        self.kernels = QLabel("")
+        self.kernels = ElidedLabel("")
         self.kernels.setObjectName("kernelStatus")
         self.kernels.hide()
         self._kernel_note = ""
-        self.bar = QProgressBar()
+        self.bar = JobBar()
         self.bar.setObjectName("jobProgress")
-        self.bar.setFixedWidth(520)  # "row 7 of 10 · chain · warm 1,280/1,836 · 3 min 10 s left"
         self.bar.setTextVisible(True)
         self.bar.setFormat("")
         self.cancel = QPushButton("Cancel (Esc)")
@@ -85,6 +98,7 @@ class StatusBar(QStatusBar):
             return
         self.bar.setRange(0, 0)
         self.bar.setFormat(label + "…")
+        self.bar.setToolTip(label)
         self.bar.show()
         self.cancel.show()
 
