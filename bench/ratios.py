@@ -128,8 +128,17 @@ def mode_vs_prefix(rows: list[dict], mode: str, keep=lambda ours, prefix: True) 
 
 def static_rows_ratio(rows: list[dict]) -> float | None:
     """chain / prefix mode over the rows where chain reused no more than prefix mode (only the
-    static prefix): what chain's segment batches cost where its cache has nothing more to give."""
+    static prefix): what chain's segment batches cost where its cache has nothing more to give.
+    (Each mode ran its rows in a phase of its own: machine drift between phases included.)"""
     return mode_vs_prefix(rows, "chain", lambda c, p: c["reused_tokens"] <= p["reused_tokens"])
+
+
+def static_rows_paired(pairs: dict | None) -> float | None:
+    """The same question from ABBA pairs of warm runs on those rows (reuse_bench.py): chain /
+    prefix per pair, median; None when the section has no pairs."""
+    if not pairs or not pairs.get("chain_ms"):
+        return None
+    return pairwise_ratio(pairs["chain_ms"], pairs["prefix_ms"])
 
 
 def compute_reuse_ratios(reuse: dict) -> tuple[dict, dict]:
@@ -141,7 +150,11 @@ def compute_reuse_ratios(reuse: dict) -> tuple[dict, dict]:
     if fork:
         ratios["warm_in_place_vs_fastest_limit_recurring"] = pairwise_ratio(fork["fork_ms"],
                                                                            fork["limit_ms"])
-    ratios["chain_vs_prefix_static_rows"] = static_rows_ratio(rows)
+    # the goal's figure from paired runs where the section made them, else from the phases
+    paired = static_rows_paired(reuse.get("static_pairs"))
+    ratios["chain_vs_prefix_static_rows_phases"] = static_rows_ratio(rows)
+    ratios["chain_vs_prefix_static_rows"] = (paired if paired is not None
+                                             else ratios["chain_vs_prefix_static_rows_phases"])
     for peer_name, key in PEERS.items():
         peer = {r["row"]: r for r in reuse.get(key, [])}
         for mode in ("prefix", "chain", "compose"):

@@ -12,7 +12,11 @@ nothing is evicted:
 2. One ``bench_rows`` call with modes prefix, chain and compose (the engine's own benchmark, as
    `kvprimer bench --reuse prefix,chain,compose` runs it): one cold run per row serves every
    mode whose warm history used the same batches; each mode's cache starts with the prefix only.
-3. The peers (reuse_peers.py): llama-cpp-python with a LlamaRAMCache large enough for every
+3. Chain against prefix mode on the rows where chain reused only the static prefix, in ABBA
+   pairs of warm runs (the cache cut back to the prefix first, and the pairs' own nodes left
+   out): bench_rows runs every row in one mode before the next mode, minutes apart, and the
+   machine's speed drifts more than that over minutes.
+4. The peers (reuse_peers.py): llama-cpp-python with a LlamaRAMCache large enough for every
    row, built natively as pip builds it (in a process of its own) and the project's own build;
    llama-server with its defaults, over HTTP. The same rows in the same order; per-row ratios
    of each mode's time to first token against each peer's.
@@ -29,7 +33,7 @@ from pathlib import Path
 import llama_cpp
 
 from app.engine import (Engine, EngineConfig, GenerationConfig, TaskState, Template, bench_rows,
-                        read_rows)
+                        read_rows, run_prompt)
 from app.resources_path import examples_dir
 
 from .kvprimer_paths import OurPaths
@@ -114,6 +118,10 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
         out["rows"] = [asdict(r) for r in res.rows]
         out["summary"] = res.summary()
         out["cache_tiers"] = [asdict(t) for t in engine.cache.tier_usage()]
+        static = [r for r in rows if _static_only(out["rows"], r.number)]
+        log(f"reuse: chain against prefix on the {len(static)} rows that reuse only the static "
+            "prefix, ABBA pairs")
+        out["static_pairs"] = static_rows_pairs(engine, tpl, static, cfg.fork_repeats)
         peers = _peer_run(engine, work, cfg)
     # after the engine is closed: the peers get the cores and the memory to themselves
     out.update(_peers(peers, cfg, log))
@@ -169,6 +177,34 @@ def warm_in_place_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> di
             "limit": summary(limit_ms), "lookup_and_fork_ms": summary(lookup_fork_ms),
             "bit_identical": equal, "repeats": repeats,
             "suffix_tokens": [len(r.suffix) for r in rows]}
+
+
+def _static_only(rows: list[dict], number: int) -> bool:
+    """Chain reused no more than prefix mode on that row: only the static prefix."""
+    got = {r["reuse"]: r for r in rows if r["row"] == number and r.get("error") is None}
+    return "chain" in got and "prefix" in got and \
+        got["chain"]["reused_tokens"] <= got["prefix"]["reused_tokens"]
+
+
+def static_rows_pairs(engine, tpl, rows, repeats: int) -> dict:
+    """Warm runs of prefix and chain mode on ``rows`` in ABBA order, with a cache holding only
+    the static prefix (what each mode reused on these rows); chain still stores its segments
+    after the first token, but no run reuses what the pairs stored."""
+    engine.cache.retain(engine.prime_node(tpl))
+    before = engine.cache.generation + 1
+    gen = GenerationConfig(max_tokens=1)
+    ms: dict[str, list[float]] = {"prefix": [], "chain": []}
+    k = 0
+    for _rep in range(repeats):
+        for row in rows:
+            order = ("prefix", "chain") if k % 4 in (0, 3) else ("chain", "prefix")
+            k += 1
+            for mode in order:
+                rep = run_prompt(engine, tpl, row.values, reuse=mode, cold=False, gen=gen,
+                                 reuse_before=before)
+                ms[mode].append(rep.warm.ttft_ms)
+    return {"rows": [r.number for r in rows], "repeats": repeats, "prefix_ms": ms["prefix"],
+            "chain_ms": ms["chain"], "prefix": summary(ms["prefix"]), "chain": summary(ms["chain"])}
 
 
 def _exact(rows: list[dict], mode: str) -> dict:

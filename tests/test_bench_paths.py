@@ -118,6 +118,12 @@ def test_reuse_section_on_tiny_model(tiny_model, tmp_path):
     assert fork["bit_identical"] and len(fork["fork_ms"]) == len(fork["limit_ms"]) == 8
     # chain: exact on every row, and rows repeating an earlier c1 reuse past the prefix
     assert rz["chain_exact"] == {"rows": 4, "bit_identical_rows": 4, "all": True}
+    # chain against prefix in ABBA pairs on the rows where chain reused only the prefix
+    static = [n for (n, m), r in sorted(rows.items())
+              if m == "chain" and r["reused_tokens"] <= rows[(n, "prefix")]["reused_tokens"]]
+    pairs = rz["static_pairs"]
+    assert static and pairs["rows"] == static
+    assert len(pairs["chain_ms"]) == len(pairs["prefix_ms"]) == 2 * len(static)
     prefix = rows[(2, "prefix")]["reused_tokens"]
     assert rows[(3, "chain")]["reused_tokens"] > prefix
     assert rows[(5, "chain")]["reused_tokens"] > rows[(3, "chain")]["reused_tokens"]

@@ -137,6 +137,13 @@ def test_chain_against_prefix_on_the_rows_that_reuse_only_the_static_prefix():
     assert goals["chain_vs_prefix_static_rows"] == {"goal": "<= 1.02", "value": pytest.approx(1.04),
                                                     "met": False}
     assert ratios["chain_vs_prefix_warm"] == pytest.approx(1.02)  # all four: .5, 1, 1.04, 1.1
+    # ABBA pairs on those rows, where the section made them, give the goal's figure instead;
+    # the phases' figure stays beside it
+    paired, goals = compute_reuse_ratios({"rows": rows, "static_pairs": {
+        "chain_ms": [510, 600, 480, 300], "prefix_ms": [500, 500, 500, 300]}})
+    assert paired["chain_vs_prefix_static_rows"] == pytest.approx(1.01)  # 1.02, 1.2, .96, 1.0
+    assert paired["chain_vs_prefix_static_rows_phases"] == pytest.approx(1.04)
+    assert goals["chain_vs_prefix_static_rows"]["met"] is True
 
 
 def test_compose_accuracy_shares_and_spread():

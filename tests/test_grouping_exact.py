@@ -13,7 +13,8 @@ from app.engine.llama import kernel_measure as km
 from app.engine.llama.kernel_choice import KernelChoice, score
 from app.engine.llama.kernel_measure import KernelMeasurement, KernelTiming, probe_sizes
 from app.engine.llama.native import ContextParams, NativeModel
-from app.engine.runs.batch_plan import batch_end_at_or_before, batch_starts, shared_history
+from app.engine.runs.batch_plan import (batch_end_at_or_before, batch_starts, clear_of_single,
+                                        shared_history)
 from tests.cache_checks import assert_tree_consistent
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
@@ -36,11 +37,11 @@ def measure(model_path, kernels, n_ctx=512) -> KernelMeasurement:
         model.close()
 
 
-def test_probe_batches_are_uneven_and_cover_the_suffix():
-    assert probe_sizes(64) == (1, 14, 29, 20) and sum(probe_sizes(64)) == 64
-    for n in (1, 2, 3, 5, 17, 63, 100):
+def test_probe_batches_are_uneven_two_tokens_or_more_and_cover_the_suffix():
+    assert probe_sizes(64) == (2, 13, 29, 20)
+    for n in range(2, 130):
         sizes = probe_sizes(n)
-        assert sum(sizes) == n and all(s > 0 for s in sizes)
+        assert sum(sizes) == n and min(sizes) >= 2  # never a lone token (batch_plan.py)
     assert len({s % 4 for s in probe_sizes(64)}) > 1  # rows multiplied in fours see remainders
 
 
@@ -85,6 +86,19 @@ def test_any_boundary_shares_up_to_the_common_tokens():
     assert batch_end_at_or_before([0, 2], 6, 5) == 2
     assert batch_end_at_or_before([0, 2], 6, 5, any_boundary=True) == 5
     assert batch_end_at_or_before([0, 2], 6, 9, any_boundary=True) == 6
+
+
+def test_sharing_never_leaves_a_lone_token_the_history_batched_with_others():
+    # a batch started at 4 and went on: ending at 5 would make the cold run replay 4 alone
+    assert clear_of_single(5, {0, 4}, 9) == 4
+    assert clear_of_single(5, {0, 4, 5}, 9) == 5  # the history computed 4 alone too
+    assert clear_of_single(5, {0, 4}, 5) == 5  # its last batch was [4, 5)
+    assert clear_of_single(5, {0, 4}, None) == 4  # a node's end is no batch end
+    assert batch_end_at_or_before([0, 4], 9, 5, any_boundary=True) == 4
+    a, b = [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 9]
+    assert shared_history(a, [0, 4], b, [0], 6, any_boundary=True) == 4
+    # the other history's lone-token rule applies too, and then the first's again
+    assert shared_history(a, [0, 3], b, [0, 4], 6, any_boundary=True) == 3
 
 
 def engine_with_kernel(tiny_model, flash_attn: bool, exact: bool | None, n_batch=32) -> Engine:

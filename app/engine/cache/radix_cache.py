@@ -32,7 +32,7 @@ from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
-from ..runs.batch_plan import batch_end_at_or_before
+from ..runs.batch_plan import batch_end_at_or_before, clear_of_single
 
 __all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNodeInfo",
            "RadixCache", "TierUsage"]
@@ -225,9 +225,13 @@ class RadixCache:
         """The hit cut back to the last batch end of its node's history: cells are reused in
         whole batches, so a cold run replaying those batches computes the same bits (any
         position does on a grouping-exact kernel: the hit as it is)."""
-        if hit.node is None or self.parts.work.grouping_exact():
+        if hit.node is None:
             return hit
-        n = batch_end_at_or_before(hit.node.all_cuts(), hit.node.depth, hit.reused)
+        if self.parts.work.grouping_exact():
+            # a node may end inside its history's batch: its depth is no batch end to rely on
+            n = clear_of_single(hit.reused, set(hit.node.all_cuts()), None)
+        else:
+            n = batch_end_at_or_before(hit.node.all_cuts(), hit.node.depth, hit.reused)
         if n == hit.reused:
             return hit
         if n == 0:

@@ -17,7 +17,7 @@ that the figures did not settle. Other processes' CPU use over the timed spans i
 machine also ends it at ``MIN_ROUNDS`` (more rounds would not make it trusted).
 
 After the first round each kernel also evaluates the suffix once more, untimed, in uneven
-batches (one token, then three of different sizes: every residue a kernel could tile by), and
+batches (two tokens, then three of different sizes: residues a kernel could tile by), and
 compares the sequence's cells and last logits with the one-batch evaluation's, bit for bit.
 Equal means the kernel computes each cell alike however the tokens are grouped into batches
 (``grouping_exact``): chain mode then needs no batch of its own per segment (prompt_runs.py).
@@ -108,14 +108,18 @@ class Measured:
 
 
 def probe_sizes(n: int) -> tuple[int, ...]:
-    """Uneven batches for ``n`` tokens: one token, then three of different sizes and residues
-    (for 64: 1, 13, 29, 21), fewer when ``n`` is small."""
-    if n < 2:
+    """Uneven batches of two tokens or more for ``n`` tokens: two, then three of different sizes
+    and residues (for 64: 2, 13, 29, 20), fewer when ``n`` is small. (A one-token batch is
+    another computation, which the runs keep apart: batch_plan.py.)"""
+    if n < 4:
         return (n,)
-    rest = n - 1
-    a = max(1, rest * 2 // 9)
-    b = max(1, (rest - a) * 3 // 5) if rest - a > 1 else 0
-    return tuple(x for x in (1, a, b, rest - a - b) if x > 0)
+    rest = n - 2
+    a = max(2, rest * 2 // 9)
+    b = max(2, (rest - a) * 3 // 5) if rest - a >= 4 else 0
+    parts = [x for x in (2, a, b, rest - a - b) if x > 0]
+    if parts[-1] < 2:  # never a lone token
+        parts[-2:] = [parts[-2] + parts[-1]]
+    return tuple(parts)
 
 
 def fingerprint(ctx: NativeContext) -> bytes:

@@ -15,8 +15,12 @@ chunks of at most ``EXACT_CHUNK`` tokens; other models run in the work context
 run replays the same batch starts in a fresh context.
 
 Where the kernel in use computes every cell alike however the tokens are grouped into batches
-(measured at start, kernel_measure.py: flash attention off, here), a cell is shared up to any
-position: ``any_boundary`` lifts the batch-end rule, and chain mode batches plainly.
+of two or more (measured at start, kernel_measure.py: flash attention off, here), a cell is
+shared up to almost any position: ``any_boundary`` lifts the batch-end rule, and chain mode
+batches plainly. A one-token batch is another computation (llama.cpp's single-token path; seen
+on the default model: a prompt cut with a one-token batch at 1,812 gave other cells than the
+same prompt in batches of two or more), so sharing never ends one token after a batch start
+that the history continued past: the cold run would replay that token alone.
 """
 from __future__ import annotations
 
@@ -62,7 +66,11 @@ def shared_history(tokens_a: list[int], cuts_a: list[int], tokens_b: list[int],
     while n < limit and tokens_a[n] == tokens_b[n]:
         n += 1
     if any_boundary:
-        return n
+        while True:  # each history, then the other again, until neither leaves a lone token
+            m = clear_of_single(clear_of_single(n, cuts_a, len(tokens_a)), cuts_b, end_b)
+            if m == n:
+                return n
+            n = m
     bounds_a = sorted({c for c in cuts_a if c <= n} | ({len(tokens_a)} if len(tokens_a) <= n else set()))
     bounds_b = sorted({c for c in cuts_b if c <= n} | ({end_b} if end_b <= n else set()))
     best = 0
@@ -79,5 +87,15 @@ def batch_end_at_or_before(cuts: list[int], end: int, upto: int,
     before ``upto``: reusing its cells up to there is reusing whole batches. ``any_boundary``:
     every position counts (a grouping-exact kernel)."""
     if any_boundary:
-        return max(0, min(upto, end))
+        return clear_of_single(max(0, min(upto, end)), cuts, end)
     return max([c for c in cuts if c <= upto] + ([end] if end <= upto else []), default=0)
+
+
+def clear_of_single(n: int, cuts, end: int | None) -> int:
+    """``n``, or ``n - 1`` when sharing a history's first ``n`` positions would leave a one-token
+    batch [n - 1, n) for the cold run to replay that the history computed in a longer batch (it
+    started a batch at n - 1 and none at n; ``end``: where the history ended, a batch end too;
+    None when not known, as for a cache node that ends inside a batch)."""
+    if n > 0 and n - 1 in cuts and n not in cuts and n != end:
+        return n - 1
+    return n
