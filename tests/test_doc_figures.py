@@ -204,7 +204,7 @@ def test_the_restore_probe_soak_stalls_and_sizes_are_the_stored_ones():
 
 def test_the_settings_and_the_ratios_quoted_in_the_text_are_the_stored_ones():
     m, st, r = RES["machine"], RES["settings"], RES["ratios"]
-    rs = REUSE["settings"]
+    rs, pairs = REUSE["settings"], REUSE["static_pairs"]
     assert_quoted(
         BENCHMARKS,
         f"({m['nproc']} vCPUs", f"{st['n_threads']} threads, n_batch = n_ubatch {st['n_batch']}, "
@@ -215,9 +215,14 @@ def test_the_settings_and_the_ratios_quoted_in_the_text_are_the_stored_ones():
         f"is at the fastest limit ({r['warm_vs_fastest_limit']:.3f}) and "
         f"{r['warm_vs_llamacpp_in_context']:.3f} of Llama's own in-context reuse",
         f"(`restore_cost_vs_llamacpp_ram` {r['restore_cost_vs_llamacpp_ram']:.3f})",
-        f"which is what compose does ({r['compose_vs_llamacpp_ram_recurring']:.3f})",
+        f"Against the natively built peer** ({r['chain_vs_llamacpp_ram_recurring']:.3f}, median "
+        f"{statistics.median(p['ttft_ms'] for p in REUSE['llamacpp_ram_native_recurring']):,.0f} ms)",
         f"Prefix mode against the peer ({r['prefix_vs_llamacpp_ram_recurring']:.3f})",
-        f"(chain's median {REUSE['summary']['chain']['evaluated_tokens_median']:.0f})")
+        f"medians {ms(pairs['prefix']['median'])} ms both, ratio "
+        f"{r['chain_vs_prefix_static_rows']:.3f}" if ms(pairs['prefix']['median'])
+        == ms(pairs['chain']['median']) else f"ratio {r['chain_vs_prefix_static_rows']:.3f}",
+        f"give {r['chain_vs_prefix_static_rows_phases']:.3f} (`chain_vs_prefix_static_rows_phases`)",
+        f"{len(pairs['rows'])} rows, in ABBA pairs of warm runs")
     assert st["kernels"]["flash_attn"] is False and "(flash attention off here)" in BENCHMARKS
     assert RES["same_suffix_tokens"]["ok"]
 
@@ -264,8 +269,11 @@ def test_readme_figures_are_the_stored_ones():
         f"`chain` took {rz['chain_vs_prefix_warm']:.3f} of `prefix` mode's warm time to first "
         f"token",
         f"{REUSE['chain_exact']['rows']} of {REUSE['chain_exact']['rows']} rows "
-        f"bit-identical; the earlier 48-row run gave 0.681) and `compose` "
-        f"{rz['compose_vs_prefix_warm']:.3f}",
+        f"bit-identical), {rz['chain_vs_llamacpp_ram_recurring']:.3f} of llama-cpp-python's "
+        f"`LlamaRAMCache` built natively and {rz['chain_vs_llama_server_recurring']:.3f} of "
+        f"llama-server's, and {rz['chain_vs_prefix_static_rows']:.3f} of prefix mode's on the rows "
+        f"that reuse only the static prefix",
+        f"and `compose` {rz['compose_vs_prefix_warm']:.3f}",
         f"greedy tokens equal to cold on {a['tokens_equal']:.0%} of rows, next-token KL median "
         f"{a['kl_median']:.3f}",
         f"({per_token:,} bytes a token for the default model; "
