@@ -153,3 +153,20 @@ def test_a_wrong_grouping_claim_is_caught_by_the_cold_reference(tiny_model):
         again = run(eng, long_a, long_b, "how so?")
         assert again.reused_tokens > first.prefix_tokens + 64
         assert again.verdict.equivalence != "bit-identical"
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_chain_run_after_compose_never_keeps_the_composed_cells(tiny_model, exact):
+    """Compose leaves the work context holding a module's cells shifted into place: the same
+    tokens as the next prompt's, not the same cells. The next chain run copies the cached
+    prompt's cells instead (before, on a grouping-exact kernel it kept them: |Δlogit| 8.3)."""
+    with engine_with_kernel(tiny_model, False, exact) as eng:
+        run(eng, A, B1, "why?")
+        run(eng, B2, B1, "why?")  # caches <c1> = B2 and <c2> = B1
+        composed = run(eng, B2, B1, "what?", reuse="compose")
+        assert not composed.verdict.exact and eng.work.composed_from is not None
+        after = run(eng, B2, B1, "how?")
+        assert [s.split(" = ")[0] for s, _n in after.sources][-2:] == ["<c1>", "<c2>"]
+        assert after.copied_tokens > 0  # the composed cells were not kept
+        assert after.verdict.equivalence == "bit-identical"
+        assert eng.work.composed_from is None

@@ -52,6 +52,9 @@ class WorkContext:
         self.stateful = family != "attention"  # a recurrent state at the end, not cut back
         self.tokens: list[int] = []  # position i holds tokens[i], in cell i
         self.cuts: list[int] = []  # batch starts of the history that computed those cells
+        # compose: where the first cell placed out of context lies (shifted in from a module);
+        # it and every later cell are not what a cold run computes, whatever their tokens
+        self.composed_from: int | None = None
         # stateful: the recurrent part of the state at these depths (taken by ``evaluate``)
         self.snapshots: dict[int, bytes] = {}
 
@@ -66,13 +69,17 @@ class WorkContext:
             self._ctx.close()
             self._ctx = None
         self.tokens, self.cuts = [], []
-        self.snapshots = {}
+        self.snapshots, self.composed_from = {}, None
 
     def reset(self) -> None:
         if self._ctx is not None:
             self._ctx.clear()
         self.tokens, self.cuts = [], []
-        self.snapshots = {}
+        self.snapshots, self.composed_from = {}, None
+
+    def _in_context(self, n: int) -> int:
+        """``n``, or less where a composed module's cells begin (never shared as exact)."""
+        return n if self.composed_from is None else min(n, self.composed_from)
 
     # ---- keeping and bringing cells
     def bring(self, tokens: list[int], reuse: int, cuts: list[int], fetch, snapshot=None) -> int:
@@ -81,7 +88,8 @@ class WorkContext:
         (``fetch(p0, p1)``: a state of those positions' cells). A stateful model then gets the
         recurrent state at ``reuse`` from ``snapshot()`` (unless it holds exactly that
         history). Returns the tokens copied."""
-        keep = shared_history(self.tokens, self.cuts, tokens, cuts, reuse, self.grouping_exact())
+        keep = self._in_context(shared_history(self.tokens, self.cuts, tokens, cuts, reuse,
+                                               self.grouping_exact()))
         if self.stateful and keep == len(self.tokens) == reuse:
             return 0  # its recurrent state stands at reuse already
         try:
@@ -110,8 +118,8 @@ class WorkContext:
                 raise ValueError("a recurrent state is reused whole or not at all")
             self.keep(0)
             return 0
-        shared = shared_history(self.tokens, self.cuts, tokens, cuts, len(tokens),
-                                self.grouping_exact())
+        shared = self._in_context(shared_history(self.tokens, self.cuts, tokens, cuts,
+                                                 len(tokens), self.grouping_exact()))
         if shared >= reuse and (not self.stateful or len(self.tokens) == reuse):
             self.keep(reuse)
             return 0
@@ -150,6 +158,8 @@ class WorkContext:
             ctx.seq_rm(STAGING)
         self.tokens = self.tokens[:n]
         self.cuts = [c for c in self.cuts if c < n]
+        if self.composed_from is not None and n <= self.composed_from:
+            self.composed_from = None
         self.snapshots = {p: d for p, d in self.snapshots.items() if p <= n}
 
     def set_recurrent(self, data: bytes, depth: int) -> None:
@@ -190,6 +200,8 @@ class WorkContext:
                                 f"{want[0]}..{want[1]}; clear the cache and run again")
         if shift:
             ctx.seq_add(STAGING, lo, hi + 1, shift)
+            if self.composed_from is None:
+                self.composed_from = start
         ctx.seq_cp(STAGING, SEQ)
         ctx.seq_rm(STAGING)
         self.tokens.extend(tokens)
