@@ -126,11 +126,22 @@ def mode_vs_prefix(rows: list[dict], mode: str, keep=lambda ours, prefix: True) 
                           [base[r]["warm_ms"] for r in both]) if both else None
 
 
+def _prefix_only(chain: dict, prefix: dict) -> bool:
+    """Chain reused no more than prefix mode on a row: only the static prefix."""
+    return chain["reused_tokens"] <= prefix["reused_tokens"]
+
+
+def static_row_numbers(rows: list[dict]) -> list[int]:
+    """The rows where chain reused only the static prefix (both modes ran them)."""
+    base, chain = _ok(rows, "prefix"), _ok(rows, "chain")
+    return [r for r in sorted(set(base) & set(chain)) if _prefix_only(chain[r], base[r])]
+
+
 def static_rows_ratio(rows: list[dict]) -> float | None:
     """chain / prefix mode over the rows where chain reused no more than prefix mode (only the
     static prefix): what chain's segment batches cost where its cache has nothing more to give.
     (Each mode ran its rows in a phase of its own: machine drift between phases included.)"""
-    return mode_vs_prefix(rows, "chain", lambda c, p: c["reused_tokens"] <= p["reused_tokens"])
+    return mode_vs_prefix(rows, "chain", _prefix_only)
 
 
 def static_rows_paired(pairs: dict | None) -> float | None:

@@ -37,9 +37,9 @@ from app.engine import (Engine, EngineConfig, GenerationConfig, TaskState, Templ
 from app.resources_path import examples_dir
 
 from .kvprimer_paths import OurPaths
-from .ratios import compose_accuracy, compute_reuse_ratios
+from .ratios import compose_accuracy, compute_reuse_ratios, static_row_numbers
 from .reuse_peers import PeerRun, run_peers
-from .stats import summary
+from .stats import a_first, summary
 from .workload import load_workload
 
 MODES = ("prefix", "chain", "compose")
@@ -118,7 +118,8 @@ def run_reuse(cfg: ReuseConfig, log=print) -> dict:
         out["rows"] = [asdict(r) for r in res.rows]
         out["summary"] = res.summary()
         out["cache_tiers"] = [asdict(t) for t in engine.cache.tier_usage()]
-        static = [r for r in rows if _static_only(out["rows"], r.number)]
+        numbers = set(static_row_numbers(out["rows"]))
+        static = [r for r in rows if r.number in numbers]
         log(f"reuse: chain against prefix on the {len(static)} rows that reuse only the static "
             "prefix, ABBA pairs")
         out["static_pairs"] = static_rows_pairs(engine, tpl, static, cfg.fork_repeats)
@@ -159,7 +160,7 @@ def warm_in_place_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> di
     for rep in range(repeats):
         for row in rows:
             more = check if rep == 0 else 0
-            first_fork = k % 4 in (0, 3)  # ABBA: each path as often first as second
+            first_fork = a_first(k)
             k += 1
             if first_fork:
                 f, lim = ours.warm_in_place(row, more), ours.limit(row, more)
@@ -179,13 +180,6 @@ def warm_in_place_vs_limit(ours: OurPaths, rows, repeats: int, check: int) -> di
             "suffix_tokens": [len(r.suffix) for r in rows]}
 
 
-def _static_only(rows: list[dict], number: int) -> bool:
-    """Chain reused no more than prefix mode on that row: only the static prefix."""
-    got = {r["reuse"]: r for r in rows if r["row"] == number and r.get("error") is None}
-    return "chain" in got and "prefix" in got and \
-        got["chain"]["reused_tokens"] <= got["prefix"]["reused_tokens"]
-
-
 def static_rows_pairs(engine, tpl, rows, repeats: int) -> dict:
     """Warm runs of prefix and chain mode on ``rows`` in ABBA order, with a cache holding only
     the static prefix (what each mode reused on these rows); chain still stores its segments
@@ -197,7 +191,7 @@ def static_rows_pairs(engine, tpl, rows, repeats: int) -> dict:
     k = 0
     for _rep in range(repeats):
         for row in rows:
-            order = ("prefix", "chain") if k % 4 in (0, 3) else ("chain", "prefix")
+            order = ("prefix", "chain") if a_first(k) else ("chain", "prefix")
             k += 1
             for mode in order:
                 rep = run_prompt(engine, tpl, row.values, reuse=mode, cold=False, gen=gen,

@@ -16,6 +16,12 @@ def summary(xs: Sequence[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+def a_first(k: int) -> bool:
+    """Whether path A goes first in pair ``k`` of an ABBA series: each path as often first as
+    second, so a drift of the machine's speed weighs on both alike."""
+    return k % 4 in (0, 3)
+
+
 def pairwise_ratio(a: Sequence[float], b: Sequence[float]) -> float | None:
     """Median of a[i] / b[i]; the lists are paired by repeat and must be the same length."""
     if len(a) != len(b):
