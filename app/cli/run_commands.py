@@ -12,6 +12,7 @@ from pathlib import Path
 from ..engine import KvPrimerError, Row, read_rows, report_dict
 from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import FORMATS, save_state
+from ..engine.llama.memory_budget import size_text
 from ..engine.benchmarks.bench_export import results_dict, write_results
 from ..engine.runs.prompt_runs import check_reuse_modes
 from ..engine.session import Options
@@ -96,7 +97,7 @@ def cmd_info(args) -> int:
     if args.server:
         return cmd_check_server(args)
     with open_engine(args) as eng:
-        info = eng.info.as_dict()
+        info, memory = eng.info.as_dict(), eng.info.memory
 
     def words():
         rest = dict(info)
@@ -104,6 +105,7 @@ def cmd_info(args) -> int:
         notes = traits.pop("notes")
         cpu = rest.pop("cpu_kernels", None)
         kernels = rest.pop("kernels", None)
+        rest.pop("memory", None)  # said below, with its parts
         width = max(map(len, rest))
         for k, v in rest.items():
             if isinstance(v, bool):  # before int: a bool is an int to Python
@@ -128,6 +130,15 @@ def cmd_info(args) -> int:
             print(f"cpu kernels: {cpu['summary']}")
             print(f"  - {cpu['reason']}")
             print(f"  - crash check: {cpu['probe']}")
+        if memory is not None:  # what the engine allocates, added up before it opened
+            print(f"memory: {memory.text()}")
+            for c in memory.contexts:
+                print(f"  - {c.name} context: {c.cells:,} cells, {c.sequences} sequences: "
+                      f"KV {size_text(c.kv)}" + (f", recurrent {size_text(c.recurrent)}"
+                                                  if c.recurrent else "")
+                      + f", compute {size_text(c.compute)}")
+            print(f"  - compute buffers: {'planned by llama.cpp' if memory.compute_source == 'llama.cpp' else 'estimated'}"
+                  f"; memory available: {memory.available_source or 'not known here'}")
 
     emit(args, info, words)
     return ExitCode.OK

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from .cache.cache_tiers import CacheLimits
 from .llama.crash_probe import CpuKernels
 from .llama.kernel_choice import KernelChoice
+from .llama.memory_budget import MemoryBudget
 from .llama.model_traits import ModelTraits
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.llama_backend import cpu_backend
@@ -110,15 +111,20 @@ class ModelInfo:
     n_ubatch: int = 0  # the micro-batch llama.cpp runs
     cpu_backend: str = ""  # the CPU instruction-set level llama.cpp loaded (app/cpu_backends.py)
     batch_threads: str = ""  # how prompt batches get their threads (thread_fit.py)
+    # what the engine allocates (model, each context's KV and compute, the RAM tier's cap)
+    # and the memory available when it started (memory_budget.py)
+    memory: MemoryBudget | None = None
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "traits": self.traits.as_dict(),
+                "memory": self.memory.as_dict() if self.memory else None,
                 "kernels": self.kernels.as_dict() if self.kernels else None,
                 "cpu_kernels": self.cpu_kernels.as_dict() if self.cpu_kernels else None}
 
 
 def model_info(model, ctx, config: EngineConfig, path, sha256: str, traits: ModelTraits,
-               kernels: KernelChoice, cpu_kernels: CpuKernels) -> ModelInfo:
+               kernels: KernelChoice, cpu_kernels: CpuKernels,
+               memory: MemoryBudget | None = None) -> ModelInfo:
     """What an engine reports about the model it loaded and the context it opened."""
     facts = model.facts()
     return ModelInfo(
@@ -127,7 +133,7 @@ def model_info(model, ctx, config: EngineConfig, path, sha256: str, traits: Mode
         type_k=config.type_k, type_v=config.type_v,
         kv_bytes_per_token=kv_bytes_per_token(facts, config.type_k, config.type_v),
         traits=traits, gpu_offload=gpu_offload_supported(), cpu_backend=cpu_backend().describe(),
-        batch_threads=ctx.thread_reading().describe(),
+        batch_threads=ctx.thread_reading().describe(), memory=memory,
         **{k: facts[k] for k in ("name", "architecture", "description", "n_layer", "n_head",
                                  "n_head_kv", "n_embd", "n_ctx_train", "n_vocab", "n_params",
                                  "file_bytes")})

@@ -55,6 +55,40 @@ class ContextOverflowError(ContextError):
         )
 
 
+def context_size_for(cells: int) -> int:
+    """The smallest context size that holds ``cells`` KV cells and one more token: llama.cpp
+    rounds a context up to a multiple of 256 cells."""
+    return -(-(cells + 1) // 256) * 256
+
+
+class StateFitError(ContextError):
+    """A saved state needs more KV cells than the context has, or can free for it."""
+
+    def __init__(self, needed: int, n_ctx: int, free: int | None = None, held_by: str = ""):
+        self.needed = needed
+        self.n_ctx = n_ctx
+        self.free = free
+        fit = context_size_for(needed)
+        if free is None or needed >= n_ctx:
+            super().__init__(f"the saved state needs {needed:,} KV cells but the context has "
+                             f"{n_ctx:,}; raise the context size to {fit:,} or more")
+        else:  # it would fit an empty context: cells the cache cannot evict are in the way
+            super().__init__(
+                f"the saved state needs {needed:,} KV cells but only {free:,} of the context's "
+                f"{n_ctx:,} can be freed ({held_by}); {_free_what(held_by)}or raise the context "
+                f"size to {context_size_for(needed + n_ctx - free):,}")
+
+
+def _free_what(held_by: str) -> str:
+    parts = (["clear sequence 0"] if "sequence 0" in held_by else []) + (
+        ["unpin cached prompts"] if "pinned" in held_by else [])
+    return ", ".join(parts) + ", " if parts else ""
+
+
+class MemoryBudgetError(ContextError):
+    """What the engine would allocate exceeds the memory available (memory_budget.py)."""
+
+
 class StateFileError(KvPrimerError):
     """A .kvstate file is corrupt, truncated, or was made for another model or KV type."""
 

@@ -19,7 +19,9 @@ from .engine_config import EngineConfig, model_info
 from .llama.crash_probe import checked_cpu_kernels
 from .engine_kernels import EngineKernels, KernelStatus
 from .llama.kernel_choice import KernelChoice
-from .errors import ContextOverflowError, KvPrimerError, StateFileError
+from .llama.memory_budget import MemoryBudget, check_budget, memory_available, plan_budget
+from .llama.recurrent_state import measure_recurrent_bytes
+from .errors import ContextOverflowError, KvPrimerError, StateFileError, StateFitError
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
@@ -50,6 +52,7 @@ class Engine:
         self.config = config
         path = check_gguf_file(config.model_path or default_model_path())
         self.cpu_kernels = checked_cpu_kernels(path)  # crash-checked in a child process, cached
+        self._available = memory_available()  # before the model takes its share
         self.model = NativeModel(path, config.n_gpu_layers, self.cpu_kernels.use_extra_bufts)
         self.kv_listeners = KvListeners(self.kv_view)
         try:
@@ -74,10 +77,12 @@ class Engine:
         with the kernel of the current choice."""
         config = self.config
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
+        self.memory = self._memory_budget()  # refused here, before a context takes any of it
         self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
                                   config.kv_debug_log, self._early.n_swa > 0)
         self.info = model_info(self.model, self.ctx, config, self._path, self._sha256,
-                               with_context(self._early, self.ctx), self.kernels, self.cpu_kernels)
+                               with_context(self._early, self.ctx), self.kernels, self.cpu_kernels,
+                               self.memory)
         # token ids each sequence holds (position i holds seq_tokens[seq][i]) and the
         # sequences that also hold shifted cells; seqs: every change of them (sequence_ops.py)
         self.seq_tokens = SequenceTokens(config.n_seq_max)
@@ -91,6 +96,18 @@ class Engine:
             self.ctx, self.seqs, self.seq_tokens, self.work, self.model,
             self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0,
             self.family), config.cache)
+
+    def _memory_budget(self) -> MemoryBudget:
+        """What the contexts, the model and the RAM tier will take (memory_budget.py); raises
+        MemoryBudgetError when that exceeds the memory available."""
+        config, early = self.config, self._early
+        rs = (measure_recurrent_bytes(self.model, self.context_params(1))
+              if early.recurrent or early.hybrid else 0)
+        facts = self.model.facts()
+        budget = plan_budget(self.model, config, self._flash_attn, rs, self._available,
+                             self.cpu_kernels.use_extra_bufts, facts)
+        check_budget(budget, facts, config)
+        return budget
 
     # ---- the attention kernel (engine_kernels.py)
     @property
@@ -286,8 +303,11 @@ class Engine:
             template_sha256=template.sha256 if template else "", text=text)
 
     def check_state(self, state: PrefixState) -> None:
+        # the size last (StateFitError names the context size that holds it)
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
-                               SEQ_STATE_VERSION, self.ctx.n_ctx)
+                               SEQ_STATE_VERSION, max(self.ctx.n_ctx, state.n_tokens + 1))
+        if state.n_tokens >= self.ctx.n_ctx:
+            raise StateFitError(state.n_tokens, self.ctx.n_ctx)
         # a state of another family (attention only, hybrid, recurrent) is refused by its layout
         # (a recurrent record's size is fixed per model: the partial state less its header)
         state.check_payload(self.info.n_vocab, self.family,

@@ -55,12 +55,13 @@ class ModelPanel(QDockWidget):
         self.facts = QFormLayout()
         self.fact_labels: dict[str, QLabel] = {}
         for key in ("name", "architecture", "layers", "heads", "parameters", "file", "kv per token",
-                    "context", "batch", "attention", "cpu kernels"):
+                    "context", "batch", "memory", "attention", "cpu kernels"):
             lab = QLabel("—")
             lab.setWordWrap(True)
             self.fact_labels[key] = lab
             self.facts.addRow("CPU kernels" if key == "cpu kernels" else key.capitalize(), lab)
         self.fact_labels["attention"].setObjectName("attentionKernel")
+        self.fact_labels["memory"].setObjectName("memoryBudget")
         facts_box = QGroupBox("Loaded model")
         facts_box.setLayout(self.facts)
         # what the architecture means for caching: window, recurrent layers, shifting positions
@@ -140,8 +141,22 @@ class ModelPanel(QDockWidget):
                              f"full KV {size_text(info.n_ctx * info.kv_bytes_per_token)}")
         f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences"
                            + (f"\n{info.batch_threads}" if info.batch_threads else ""))
+        f["memory"].setText(memory_text(info.memory))
         self._show_kernels()
         # AMX / repacked weights: what llama.cpp runs this model with, why, and the crash check
         k = info.cpu_kernels
         f["cpu kernels"].setText(f"{k.summary()}\n{k.reason}\nCrash check: {k.probe}" if k else "—")
         self.notes.setText("".join(f"• {escape(n)}<br>" for n in info.traits.notes()).removesuffix("<br>"))
+
+
+def memory_text(m) -> str:
+    """The engine's memory budget (memory_budget.py): the sum against what is available, then
+    each part on a line of its own."""
+    if m is None:
+        return "—"
+    avail = f" of {size_text(m.available)} available" if m.available else ""
+    lines = [f"{size_text(m.total)}{avail}", f"model {size_text(m.model)}"]
+    lines += [f"{c.name}: KV {size_text(c.kv + c.recurrent)}, compute {size_text(c.compute)}"
+              for c in m.contexts]
+    lines.append(f"RAM tier cap {size_text(m.tiers_cap)}")
+    return "\n".join(lines)

@@ -26,7 +26,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from ..errors import CacheError
+from ..errors import CacheError, StateFitError
 from ..files.seq_payload import in_position_order
 from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
@@ -335,18 +335,26 @@ class RadixCache:
 
     @one_change
     def adopt(self, state, label: str) -> RadixNode:
-        """A saved state as a resident node (restored once; later runs fork it). The state was
-        checked against this model (``Engine.adopt`` checks it, then calls this)."""
+        """A saved state as a node (restored once; later runs fork or copy it). The state was
+        checked against this model (``Engine.adopt`` checks it, then calls this).
+
+        A node holding the state's tokens in any tier is that node already: it is used where it
+        is (a run promotes it when it needs its cells). A new one is restored into the cells
+        the cache frees for it: evicted nodes' held cells are compacted away and nodes evicted
+        until the state's cells fit, so any state the context can hold loads."""
         m = self.tree.match(list(state.tokens))
-        if (m.matched == state.n_tokens and m.child is None and m.node.seq is not None
+        if (m.matched == state.n_tokens and m.child is None and m.node.tier != "gone"
                 and (m.node.has_rs or not self.stateful)):
             self.touch(m.node)
             return m.node
+        self._make_room_for_state(state.n_tokens)
         seq = self.tiers.take_seq()
         try:
             if not self.parts.seqs.add_cells(state.data, seq, self.scratch, list(state.tokens)):
-                raise CacheError("llama.cpp refused the saved state's cells; prime the prefix "
-                                 "again")
+                used = self.parts.seqs.used_cells()
+                raise CacheError(f"llama.cpp refused the saved state's {state.n_tokens:,} cells "
+                                 f"with {self.parts.ctx.n_ctx - used:,} cells free; prime the "
+                                 "prefix again")
             # the state's recurrent part, at its end: what a run resuming there needs
             rs = self.parts.ctx.state_get(seq, partial=True) if self.stateful else None
             node = self.add(seq, label, self.state_cuts(state),
@@ -358,6 +366,22 @@ class RadixCache:
             return node
         finally:
             self.sequences.put_back(seq)
+
+    def _make_room_for_state(self, n: int) -> None:
+        """Free ``n`` cells for a state (llama.cpp places a state's cells in free cells only),
+        or raise StateFitError naming what holds the cells that cannot be freed."""
+        n_ctx = self.parts.ctx.n_ctx
+        if n >= n_ctx:
+            raise StateFitError(n, n_ctx)
+        try:
+            self.tiers.ensure_free_cells(n)
+        except CacheError:
+            user = self.parts.seq_tokens.count(0)
+            kept = sum(1 for x in self.tree if x.seq is not None)
+            held = ([f"sequence 0 holds {user:,} tokens"] if user else []) + (
+                [f"{kept} pinned or busy cached prompts stay resident"] if kept else [])
+            raise StateFitError(n, n_ctx, n_ctx - self.parts.seqs.used_cells(),
+                                "; ".join(held) or "cells in use") from None
 
     # ---- user actions
     def find(self, node_id: int) -> RadixNode:
