@@ -137,8 +137,9 @@ def cmd_info(args) -> int:
                       f"KV {size_text(c.kv)}" + (f", recurrent {size_text(c.recurrent)}"
                                                   if c.recurrent else "")
                       + f", compute {size_text(c.compute)}")
-            print(f"  - compute buffers: {'planned by llama.cpp' if memory.compute_source == 'llama.cpp' else 'estimated'}"
-                  f"; memory available: {memory.available_source or 'not known here'}")
+            how = "planned by llama.cpp" if memory.compute_source == "llama.cpp" else "estimated"
+            print(f"  - compute buffers: {how}; memory available: "
+                  f"{memory.available_source or 'not known here'}")
 
     emit(args, info, words)
     return ExitCode.OK

@@ -106,7 +106,8 @@ class Engine:
         facts = self.model.facts()
         budget = plan_budget(self.model, config, self._flash_attn, rs, self._available,
                              self.cpu_kernels.use_extra_bufts, facts)
-        check_budget(budget, facts, config)
+        check_budget(budget, self.model, config, self._flash_attn,
+                     self.cpu_kernels.use_extra_bufts, facts)
         return budget
 
     # ---- the attention kernel (engine_kernels.py)

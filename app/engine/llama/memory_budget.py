@@ -21,7 +21,7 @@ import json
 import os
 import re
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import llama_cpp as L
@@ -244,15 +244,18 @@ class _DryModel:
 
 def estimated_compute(facts: dict, p, flash_attn: bool | None) -> int:
     """A compute + output buffer size for when llama.cpp cannot plan one; it errs high. The
-    compute buffer peaks at a micro-batch's logits (vocabulary × tokens, f32) and, without
-    flash attention, one layer's attention scores over every cell (heads × cells × tokens,
-    f32); the output buffer keeps a row of logits per sequence. (Against llama.cpp's plan on
-    the default model: +2% at 4,096 cells with flash attention, up to +55% without.)"""
+    compute buffer holds a micro-batch's logits (vocabulary × tokens, f32), its activations
+    (a few rows of the model's width and of the feed-forward's per token), the attention mask
+    (cells × tokens) and, without flash attention, one layer's attention scores (heads × cells
+    × tokens, f32); the output buffer keeps a row of logits per sequence. (Against llama.cpp's
+    plan on the default model: +16% to +77% between 4,096 and 32,768 cells.)"""
     n_batch = min(p.n_batch, p.n_ctx)
     ubatch = min(p.n_ubatch, n_batch) if p.n_ubatch else n_batch
-    logits = facts["n_vocab"] * 4 * ubatch
-    scores = 0 if flash_attn else facts["n_head"] * padded_cells(p.n_ctx) * ubatch * 4
-    return logits + scores + facts["n_vocab"] * 4 * p.n_seq_max
+    cells = padded_cells(p.n_ctx)
+    width = 8 * facts["n_embd"] + 2 * (facts.get("n_ff") or 4 * facts["n_embd"])
+    scores = 0 if flash_attn else facts["n_head"] * cells * ubatch
+    return 4 * (ubatch * (facts["n_vocab"] + width + cells) + scores
+                + facts["n_vocab"] * p.n_seq_max)
 
 
 # ---- the budget ----------------------------------------------------------------------------
@@ -271,6 +274,8 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
                 facts: dict | None = None) -> MemoryBudget:
     """The budget of an engine with ``config`` on ``model`` (a NativeModel)."""
     facts = facts or model.facts()
+    arch = facts.get("architecture", "")
+    facts = {**facts, "n_ff": _int(model.meta(f"{arch}.feed_forward_length"))}
     per_token = kv_bytes_per_token(facts, config.type_k, config.type_v)
     sets = context_sets(config, flash_attn)
     distinct = list(dict.fromkeys(p for _n, p in sets))  # the work and cold ones are alike
@@ -287,21 +292,40 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
                         source, "llama.cpp" if planned else "estimate")
 
 
-def check_budget(budget: MemoryBudget, facts: dict, config) -> None:
+def _int(s: str | None) -> int | None:
+    try:
+        return int(s) if s is not None else None
+    except ValueError:  # a per-layer list, or garbage: the estimate takes 4 × the width
+        return None
+
+
+def check_budget(budget: MemoryBudget, model, config, flash_attn: bool | None,
+                 use_extra_bufts: bool = True, facts: dict | None = None) -> None:
     """Raise MemoryBudgetError (one line) when the budget exceeds the memory available,
-    naming the context size, or the KV types, that fit."""
+    naming the context size, or the KV types, that fit.
+
+    The KV cells and the compute buffers grow with the context (the attention mask and, without
+    flash attention, the scores span every cell): a second plan at half the cells gives the
+    compute buffers' growth per cell, and the context size that fits follows from both."""
     if budget.fits:
         return
-    room = budget.available - budget.model - budget.tiers_cap - budget.compute - sum(
-        c.recurrent for c in budget.contexts)
-    per_cell = kv_bytes_per_token(facts, config.type_k, config.type_v) * len(budget.contexts)
+    facts = facts or model.facts()
+    cells = budget.contexts[0].cells
+    half = max(CELL_PAD, padded_cells(cells // 2))
+    smaller = plan_budget(model, replace(config, n_ctx=half), flash_attn,
+                          budget.contexts[0].recurrent // max(budget.contexts[0].sequences, 1),
+                          (budget.available, budget.available_source), use_extra_bufts, facts)
+    compute_per_cell = (budget.compute - smaller.compute) / max(cells - half, 1)
+    per_cell = budget.kv / cells + compute_per_cell if cells else 0  # recurrent: per sequence
+    fixed = budget.total - per_cell * cells
     fixes = []
-    cells = (room // per_cell) // CELL_PAD * CELL_PAD if per_cell and room > 0 else 0
-    if cells >= CELL_PAD:
-        fixes.append(f"set the context size to {cells:,} or less")
-    if (config.type_k, config.type_v) != (QUANTIZED_KV, QUANTIZED_KV) and per_cell:
-        q = kv_bytes_per_token(facts, QUANTIZED_KV, QUANTIZED_KV) * len(budget.contexts)
-        if q * budget.contexts[0].cells <= room:
+    fit = int((budget.available - fixed) // per_cell) // CELL_PAD * CELL_PAD if per_cell > 0 else 0
+    if fit >= CELL_PAD:
+        fixes.append(f"set the context size to {min(fit, cells - CELL_PAD):,} or less")
+    if (config.type_k, config.type_v) != (QUANTIZED_KV, QUANTIZED_KV):
+        q8 = kv_bytes_per_token(facts, QUANTIZED_KV, QUANTIZED_KV) * sum(
+            c.cells for c in budget.contexts)
+        if budget.total - sum(c.kv for c in budget.contexts) + q8 <= budget.available:
             fixes.append(f"set the KV cache types to {QUANTIZED_KV} (with flash attention on)")
     if budget.tiers_cap and budget.total - budget.tiers_cap <= budget.available:
         fixes.append("lower the RAM tier cap")
@@ -309,4 +333,3 @@ def check_budget(budget: MemoryBudget, facts: dict, config) -> None:
     raise MemoryBudgetError(
         f"this model at a context of {config.n_ctx:,} needs {size_text(budget.total)} "
         f"({budget.parts_text()}) but {size_text(budget.available)} is available; {what}")
-
