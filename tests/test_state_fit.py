@@ -9,7 +9,7 @@ import json
 import pytest
 
 from app.cli import main
-from app.engine import Engine, EngineConfig, Template
+from app.engine import CacheLimits, Engine, EngineConfig, Template
 from app.engine.errors import StateFitError, context_size_for
 from app.engine.runs.prompt_runs import run_prompt
 from app.engine.state_flows import load_state
@@ -30,8 +30,14 @@ def _template(engine: Engine) -> Template:
     return Template.parse(text + "<q>")
 
 
-def _engine(model, n_ctx=N_CTX) -> Engine:
-    return Engine(EngineConfig(model_path=str(model), n_ctx=n_ctx, n_batch=32, n_threads=1))
+# a resident cap above the whole context: states stay in the cache's cells (by default one
+# over three quarters of them goes straight to the RAM tier)
+ALL_RESIDENT = CacheLimits(resident_bytes=1 << 30)
+
+
+def _engine(model, n_ctx=N_CTX, cache: CacheLimits = CacheLimits()) -> Engine:
+    return Engine(EngineConfig(model_path=str(model), n_ctx=n_ctx, n_batch=32, n_threads=1,
+                               cache=cache))
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +66,10 @@ def test_cli_run_with_a_state_near_the_context_size(saved, tiny_model, capfd):
         assert rep["verdict"]["tokens_equal"]
 
 
-def test_engine_adopts_and_runs_a_state_near_the_context_size(saved, tiny_model):
+@pytest.mark.parametrize("cache", [CacheLimits(), ALL_RESIDENT], ids=["ram", "resident"])
+def test_engine_adopts_and_runs_a_state_near_the_context_size(saved, tiny_model, cache):
     _d, path, tpl = saved
-    with _engine(tiny_model) as eng:
+    with _engine(tiny_model, cache=cache) as eng:
         state = load_state(eng, path, tpl)  # as the window's Load state: adopted at once
         for _ in range(3):  # each warm run adopts it again afterwards
             rep = run_prompt(eng, tpl, {"q": "hello world hello world"}, reuse="prefix",
@@ -70,9 +77,11 @@ def test_engine_adopts_and_runs_a_state_near_the_context_size(saved, tiny_model)
             assert rep.warm.reused_tokens == PREFIX_TOKENS
             assert rep.verdict.tokens_equal
             assert eng.adopt(state).depth == PREFIX_TOKENS
-        # the cache's context holds it beside a cell map of 512: no cell was lost for it
-        used = eng.seqs.used_cells()
-        assert used <= N_CTX
+        node = eng.adopt(state)
+        assert node.tier == ("resident" if cache is ALL_RESIDENT else "ram")
+        # and a run that copies the node (not the state) into the work context
+        eng.cache.bring_to_work(eng.cache.lookup(list(state.tokens)), list(state.tokens))
+        assert eng.work.tokens == list(state.tokens)
 
 
 def test_a_state_larger_than_the_context_names_the_size_that_works(saved, tiny_model):
@@ -99,7 +108,7 @@ def test_cli_says_which_context_size_works(saved, tiny_model, capfd):
 
 def test_cells_the_user_holds_are_named_when_they_leave_no_room(saved, tiny_model):
     _d, path, tpl = saved
-    with _engine(tiny_model) as eng:
+    with _engine(tiny_model, cache=ALL_RESIDENT) as eng:
         eng.evaluate(eng.tokenize(tpl.prefix_prompt())[:100], seq=0)  # the user's own sequence
         with pytest.raises(StateFitError) as e:
             load_state(eng, path, tpl)

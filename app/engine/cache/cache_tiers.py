@@ -217,6 +217,8 @@ class CacheTiers(RecurrentSnapshots):
         if c is not None and (c.p0, c.p1) == (p0, p1):
             c.last_used = time.monotonic()  # a hit changes no tier's size: nothing to enforce
             return c.data
+        if node.ram is not None and (node.ram_start, 0, node.depth) == (0, p0, p1):
+            return node.ram  # a snapshot of all its cells, in position order: that copy
         data = self.parts.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
         self.keep_copy(node, p0, p1, data)
         return data

@@ -26,12 +26,13 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from ..errors import CacheError, StateFitError
+from ..errors import CacheError
 from ..files.seq_payload import in_position_order
 from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
+from .state_adoption import adopt_state
 from ..runs.batch_plan import batch_end_at_or_before, clear_of_single
 
 __all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNodeInfo",
@@ -335,53 +336,9 @@ class RadixCache:
 
     @one_change
     def adopt(self, state, label: str) -> RadixNode:
-        """A saved state as a node (restored once; later runs fork or copy it). The state was
-        checked against this model (``Engine.adopt`` checks it, then calls this).
-
-        A node holding the state's tokens in any tier is that node already: it is used where it
-        is (a run promotes it when it needs its cells). A new one is restored into the cells
-        the cache frees for it: evicted nodes' held cells are compacted away and nodes evicted
-        until the state's cells fit, so any state the context can hold loads."""
-        m = self.tree.match(list(state.tokens))
-        if (m.matched == state.n_tokens and m.child is None and m.node.tier != "gone"
-                and (m.node.has_rs or not self.stateful)):
-            self.touch(m.node)
-            return m.node
-        self._make_room_for_state(state.n_tokens)
-        seq = self.tiers.take_seq()
-        try:
-            if not self.parts.seqs.add_cells(state.data, seq, self.scratch, list(state.tokens)):
-                used = self.parts.seqs.used_cells()
-                raise CacheError(f"llama.cpp refused the saved state's {state.n_tokens:,} cells "
-                                 f"with {self.parts.ctx.n_ctx - used:,} cells free; prime the "
-                                 "prefix again")
-            # the state's recurrent part, at its end: what a run resuming there needs
-            rs = self.parts.ctx.state_get(seq, partial=True) if self.stateful else None
-            node = self.add(seq, label, self.state_cuts(state),
-                            state.template_sha256, APPROX_RESTORED if self.windowed else "")
-            if rs is not None and node.depth == state.n_tokens:
-                self.tiers.hold_rs(node, rs)
-            if node.depth == state.n_tokens and not self.windowed:
-                self.tiers.keep_copy(node, 0, node.depth, in_position_order(state.data))
-            return node
-        finally:
-            self.sequences.put_back(seq)
-
-    def _make_room_for_state(self, n: int) -> None:
-        """Free ``n`` cells for a state (llama.cpp places a state's cells in free cells only),
-        or raise StateFitError naming what holds the cells that cannot be freed."""
-        n_ctx = self.parts.ctx.n_ctx
-        if n >= n_ctx:
-            raise StateFitError(n, n_ctx)
-        try:
-            self.tiers.ensure_free_cells(n)
-        except CacheError:
-            user = self.parts.seq_tokens.count(0)
-            kept = sum(1 for x in self.tree if x.seq is not None)
-            held = ([f"sequence 0 holds {user:,} tokens"] if user else []) + (
-                [f"{kept} pinned or busy cached prompts stay resident"] if kept else [])
-            raise StateFitError(n, n_ctx, n_ctx - self.parts.seqs.used_cells(),
-                                "; ".join(held) or "cells in use") from None
+        """A saved state as a node (state_adoption.py). The state was checked against this
+        model (``Engine.adopt`` checks it, then calls this)."""
+        return adopt_state(self, state, label)
 
     # ---- user actions
     def find(self, node_id: int) -> RadixNode:
