@@ -15,7 +15,7 @@ from app.engine.errors import MemoryBudgetError
 from app.engine.llama import memory_budget as mb
 from app.engine.llama.llama_backend import add_log_listener, remove_log_listener
 
-_LINE = re.compile(r"(model|output|KV|compute) buffer size =\s*([0-9.]+) MiB")
+_LINE = re.compile(r"(model|output|KV|RS|compute) buffer size =\s*([0-9.]+) MiB")
 MIB = 1 << 20
 # llama.cpp logs sizes in MiB with two decimals: half a hundredth of a MiB either way
 LOG_ROUNDING = 0.006 * MIB
@@ -95,6 +95,24 @@ def test_the_budget_matches_llama_cpps_buffers_on_the_default_model(default_mode
         b = eng.info.memory
         # the default model: 23,040 bytes of f16 K and V per token (LLAMA_FACTS.md)
         assert b.context("cache").kv == 23040 * 8192
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("arch", ["granitehybrid", "mamba2"])
+def test_recurrent_states_are_counted_per_sequence(arch_models, arch):
+    """Hybrid and recurrent models keep a recurrent state for every sequence a context has
+    room for: the budget's figure against llama.cpp's RS buffers."""
+    config = EngineConfig(model_path=str(arch_models[arch]), n_ctx=512, n_batch=32, n_threads=1)
+    eng, log = _open_and_log(config)
+    try:
+        # besides its three contexts the engine opens one-sequence ones to measure a state:
+        # the three with the most sequences hold the largest RS buffers
+        real = sorted((c for c in log.contexts if "RS" in c), key=lambda c: -c["RS"])[:3]
+        for planned, got in zip(eng.info.memory.contexts, real):
+            assert planned.recurrent > 0
+            assert abs(planned.recurrent - got["RS"]) <= 0.1 * got["RS"] + LOG_ROUNDING
+            assert abs(planned.kv - got.get("KV", 0)) <= LOG_ROUNDING
     finally:
         eng.close()
 
