@@ -306,8 +306,10 @@ def check_budget(budget: MemoryBudget, model, config, flash_attn: bool | None,
 
     The KV cells and the compute buffers grow with the context (the attention mask and, without
     flash attention, the scores span every cell): a second plan at half the cells gives the
-    compute buffers' growth per cell, and the context size that fits follows from both."""
-    if budget.fits:
+    compute buffers' growth per cell, and the context size that fits follows from both.
+    With layers offloaded to a GPU nothing is refused: weights, cells and buffers then live
+    partly in the device's memory, which this budget of the machine's memory does not see."""
+    if budget.fits or config.n_gpu_layers != 0:
         return
     facts = facts or model.facts()
     cells = budget.contexts[0].cells
