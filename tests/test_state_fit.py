@@ -117,3 +117,23 @@ def test_cells_the_user_holds_are_named_when_they_leave_no_room(saved, tiny_mode
         assert f"context size to {context_size_for(PREFIX_TOKENS + 100):,}" in msg
         eng.clear_seq(0)  # with the user's cells gone the same state loads
         assert load_state(eng, path, tpl).n_tokens == PREFIX_TOKENS
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "lfm2"])
+def test_windowed_and_hybrid_models_load_a_state_near_the_context_size(arch_models, arch,
+                                                                        tmp_path):
+    """A sliding-window model's runs fork the state in the cache's cells (promoted from the RAM
+    tier); a hybrid's keeps its recurrent state with its cells: both at 474 of 512 cells."""
+    tpl = Template.parse("<|im_start|>system\n" + "the answer of the world is hello. " * 16
+                         + "<q>")
+    with _engine(arch_models[arch]) as eng:
+        state = eng.prime(tpl)
+        state.save(tmp_path / "p.kvstate")
+    assert state.n_tokens > N_CTX * 9 // 10
+    with _engine(arch_models[arch]) as eng:
+        state = load_state(eng, tmp_path / "p.kvstate", tpl)
+        for _ in range(2):
+            rep = run_prompt(eng, tpl, {"q": "hello world hello world"}, reuse="prefix",
+                             state=state)
+            assert rep.warm.reused_tokens == state.n_tokens
+            assert rep.verdict.tokens_equal
