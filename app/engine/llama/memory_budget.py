@@ -142,8 +142,12 @@ def _plans_path() -> Path:
 
 
 def _plan_key(model, param_sets, use_extra_bufts: bool, n_gpu_layers: int) -> str:
+    from .llama_backend import library_dir
+
     st = Path(model.path).stat()
-    text = "|".join([L.__version__, str(Path(model.path).resolve()), str(st.st_size),
+    lib = library_dir()  # another build of the same version plans other buffers
+    text = "|".join([L.__version__, str(lib), str(lib.stat().st_mtime_ns),
+                     str(Path(model.path).resolve()), str(st.st_size),
                      str(st.st_mtime_ns), str(use_extra_bufts), str(n_gpu_layers),
                      *map(repr, param_sets)])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
