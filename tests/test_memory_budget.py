@@ -150,7 +150,8 @@ def test_a_context_too_big_for_the_memory_is_refused_naming_one_that_fits(tiny_m
     msg = str(e.value)
     assert "\n" not in msg
     assert "is available" in msg and "needs" in msg
-    fit = int(re.search(r"set the context size to ([0-9,]+) or less", msg).group(1).replace(",", ""))
+    named = re.search(r"set the context size to ([0-9,]+) or less", msg)
+    fit = int(named.group(1).replace(",", ""))
     assert fit % 256 == 0 and 256 <= fit < huge.n_ctx
     # the size it names opens under the same memory, and its sum is within what is available
     with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=fit, n_batch=64,
@@ -209,9 +210,9 @@ def test_info_and_the_model_panel_show_the_sum(tiny_model, capsys, qtbot):
 
 
 def test_the_budget_is_one_line_of_its_parts():
-    b = mb.MemoryBudget(100_000_000, (mb.ContextMemory("cache", 4096, 64, 94_371_840, 0, 64_000_000),
-                                      mb.ContextMemory("work", 4096, 2, 94_371_840, 0, 52_000_000)),
-                        512 << 20, 8_000_000_000, "MemAvailable")
+    contexts = (mb.ContextMemory("cache", 4096, 64, 94_371_840, 0, 64_000_000),
+                mb.ContextMemory("work", 4096, 2, 94_371_840, 0, 52_000_000))
+    b = mb.MemoryBudget(100_000_000, contexts, 512 << 20, 8_000_000_000, "MemAvailable")
     assert b.total == 100_000_000 + 2 * 94_371_840 + 116_000_000 + (512 << 20)
     assert b.fits and "\n" not in b.text()
     assert b.text().startswith(f"{mb.size_text(b.total)} of 8.0 GB available")

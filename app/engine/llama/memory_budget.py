@@ -201,7 +201,7 @@ def planned_compute(model, param_sets, use_extra_bufts: bool = True,
     params.n_gpu_layers = 1 << 30 if n_gpu_layers == -1 else n_gpu_layers
     params.use_extra_bufts = use_extra_bufts
     params.no_alloc = True
-    params.load_mode = L.LLAMA_LOAD_MODE_NONE  # the memory-fit pass maps nothing (llama.cpp asserts it)
+    params.load_mode = L.LLAMA_LOAD_MODE_NONE  # llama.cpp asserts that a no_alloc load maps nothing
     me, heard = threading.get_ident(), []
 
     def listen(_level: int, text: str) -> None:
