@@ -95,7 +95,7 @@ def no_options(p: argparse.ArgumentParser) -> None:
 def cmd_info(args) -> int:
     if args.server:
         return cmd_check_server(args)
-    with open_engine(args) as eng:
+    with open_engine(args, measure_kernels=True) as eng:  # the one command that measures them
         info = eng.info.as_dict()
 
     def words():
