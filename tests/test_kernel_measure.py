@@ -289,3 +289,29 @@ def test_a_provisional_measurement_is_taken_again_when_idle_a_few_times_at_most(
         assert st.state == "wanted" and "provisional and over 15 minutes old" in st.note
     k.wanted = False
     assert k.status().state == "done"  # bounded: a machine that stays busy gets no better answer
+
+
+def test_each_provisional_measurement_in_a_row_waits_twice_as_long_before_the_next():
+    """A machine that stays busy does not pay a measurement at every start of the window or
+    every `kvprimer info`: the wait doubles (up to a day), and a trusted one ends it."""
+    params = ContextParams(n_ctx=2048, n_batch=67)
+    busy = MachineLoad(1.5, 2, "injected", 3.0)
+    waits = []
+    for _ in range(3):
+        m = Scripted(steady(100, 110, 90, 160), load=busy)
+        m.run()
+        kc.finish_choice(m.result, params, "sha-backoff")
+        c = kc.start_choice(params, "sha-backoff", "auto", False, False)
+        assert c.provisional and not c.measuring_wanted  # just measured: not again yet
+        assert replace(c, measured_at=time.time() - c.retry_wait_s - 1).measuring_wanted
+        waits.append(c.retry_wait_s)
+    assert waits == [kc.RETRY_S, 2 * kc.RETRY_S, 4 * kc.RETRY_S]
+    assert replace(c, tries=30).retry_wait_s == kc.RETRY_MAX_S
+    quiet = Scripted(steady(100, 110, 90, 160))
+    quiet.run()
+    trusted = kc.finish_choice(quiet.result, params, "sha-backoff")
+    assert not trusted.provisional and trusted.tries == 0
+    # runs that depart from a trusted one make it wanted at once (no wait)
+    distrusted = kc.distrust(params, "sha-backoff", trusted, "runs departed")
+    assert distrusted.retry_wait_s == 0
+    assert kc.start_choice(params, "sha-backoff", "auto", False, False).measuring_wanted
