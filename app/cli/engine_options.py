@@ -49,7 +49,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                    help=f"V cache type ({_E.type_v})")
     g.add_argument("-fa", "--flash-attn", default=None, choices=("auto", "on", "off"),
                    help="flash attention (auto: the faster kernel, measured once per machine "
-                        "and model; on, off: as given; default: KVPRIMER_FLASH_ATTN or auto)")
+                        "and model by `kvprimer info` or the window, off until then; on, off: "
+                        "as given; default: KVPRIMER_FLASH_ATTN or auto)")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=_E.n_gpu_layers,
                    metavar="N", help="layers to offload to the GPU (0; -1: all); needs a GPU "
                                      "build of llama-cpp-python")
@@ -105,16 +106,16 @@ def engine_config(args) -> EngineConfig:
                         cache=limits, remeasure_kernels=getattr(args, "remeasure", False))
 
 
-def open_engine(args, measure_kernels: bool = False) -> Engine:
+def open_engine(args) -> Engine:
     """The engine the options ask for, on the attention kernel chosen so far: a command never
     waits for a kernel measurement. Without a trusted one (none yet, or provisional) it runs on
-    the last choice or the safe default and says which in one stderr line. With
-    ``measure_kernels`` (`kvprimer info`) a wanted or asked-for measurement runs first, in the
-    foreground (a few seconds: its passes are sized to the model, kernel_passes.py)."""
+    the last choice or the safe default and says which in one stderr line. A command whose
+    parser sets ``measure_kernels`` (`kvprimer info`) runs a wanted or asked-for measurement
+    first, in the foreground (seconds: its passes are sized to the model, kernel_passes.py)."""
     eng = Engine(engine_config(args), measure_kernels_later=True)
     try:
         k = eng.kernel_state
-        if measure_kernels and k.wanted:
+        if getattr(args, "measure_kernels", False) and k.wanted:
             why = k.note or "no trusted measurement yet"
             print(f"kvprimer: measuring the attention kernels first ({why})…", file=sys.stderr,
                   flush=True)

@@ -30,6 +30,7 @@ _O = Options()
 def info_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remeasure", action="store_true",
                    help="time both attention kernels again instead of using the cached measurement")
+    p.set_defaults(measure_kernels=True)  # the one command that measures them (open_engine)
     check_server_options(p)
 
 
@@ -95,7 +96,7 @@ def no_options(p: argparse.ArgumentParser) -> None:
 def cmd_info(args) -> int:
     if args.server:
         return cmd_check_server(args)
-    with open_engine(args, measure_kernels=True) as eng:  # the one command that measures them
+    with open_engine(args) as eng:
         info = eng.info.as_dict()
 
     def words():
