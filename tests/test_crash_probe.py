@@ -270,3 +270,17 @@ def test_type_names_agree_with_the_gguf_package():
     from app.engine.llama.ggml_types import GGML_TYPE_NAMES
 
     assert all(GGMLQuantizationType(t).name == n for t, n in GGML_TYPE_NAMES.items())
+
+
+def test_the_check_hashes_the_model_file_meanwhile(q4_model, cache_home):
+    """A first start pays the longer of the child's check and the file's hash, not both: the
+    parent fills the fingerprint cache while the child runs, and the engine reads it there."""
+    import hashlib
+
+    from app.engine.llama import model_files
+
+    checked_cpu_kernels(q4_model)
+    cached = json.loads((cache_home / "kvprimer" / "fingerprints.json").read_text())
+    want = hashlib.sha256(q4_model.read_bytes()).hexdigest()
+    assert list(cached.values()) == [want]
+    assert model_files.model_fingerprint(q4_model) == want

@@ -4,8 +4,10 @@ picks the other one; a measurement beside a busy process is provisional (or gets
 answer)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,8 +65,10 @@ def test_the_engine_answers_before_measuring_then_switches_between_jobs(tiny_mod
     # the next start pays nothing
     with make(tiny_model) as e:
         assert e.kernels.how == "measured earlier" and e.kernels.flash_attn is True
-        # a provisional one (a busy machine) is used, and wanted again: never trusted for good
-        assert e.kernel_state.status().state == ("wanted" if e.kernels.provisional else "done")
+        # a provisional one (a busy machine) is used, and wanted again only once it is old
+        # enough: not at every start
+        assert e.kernel_state.status().state == "done"
+        assert e.kernels.measuring_wanted is False
 
 
 def test_without_deferring_the_engine_measures_first(tiny_model, forced):
@@ -179,3 +183,67 @@ def test_runs_far_from_the_measurement_make_the_engine_measure_again(tiny_model,
         st = e.kernel_state.status()
         assert st.state == "wanted" and "measuring them again" in st.text()
         assert e.info.kernels.provisional and e.kernels.provisional
+
+
+def _entry() -> tuple[str, dict]:
+    data = json.loads(kc._cache_path().read_text())
+    assert len(data) == 1, data
+    return next(iter(data.items()))
+
+
+def test_commands_never_measure_they_say_which_kernel_and_info_measures(tiny_model, tmp_path,
+                                                                          capsys):
+    """run and prime use the last choice or the safe default and say which in one line; only
+    `kvprimer info` measures; a provisional measurement is not measured again by the next
+    commands, only once it is old enough."""
+    from app.cli import main
+    from app.engine.engine_kernels import RETRY_S
+
+    kc._cache_path().unlink(missing_ok=True)
+    tpl = tmp_path / "t.tmpl"
+    tpl.write_text("hello world of the answer. the context is the world. <q>")
+    m = ["-m", str(tiny_model), "-tb", "1", "-c", "512", "-b", "24", "-fa", "auto"]
+    state = str(tmp_path / "p.kvstate")
+    run = ["run", str(tpl), *m, "--set", "q=why?", "--warm"]
+    for argv in (["prime", str(tpl), *m, "-o", state], run):
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert "measuring" not in err
+        lines = [line for line in err.splitlines() if "flash attention" in line]
+        assert lines == ["kvprimer: flash attention off, the safe default: the attention kernels "
+                         "are not measured on this model yet (`kvprimer info` measures them, in "
+                         "seconds)"]
+        assert not kc._cache_path().exists()  # nothing measured, nothing cached
+    assert main(["info", *m]) == 0
+    err = capsys.readouterr().err
+    assert "measuring the attention kernels first (no trusted measurement yet)" in err
+    key, entry = _entry()
+
+    # the measurement came out provisional (a busy machine) a minute ago
+    entry.update(provisional=True, why="the machine was busy: other programs used 1.50 of 2 "
+                 "cores (75%, injected)", tries=1, at=time.time() - 60)
+    kc._cache_path().write_text(json.dumps({key: entry}))
+    for argv in (run, ["info", *m]):
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert "measuring" not in err  # not measured again by every command, info neither
+        assert _entry()[1]["at"] == entry["at"]
+    assert main(run) == 0
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "flash attention" in line)
+    assert "measured earlier and provisional (the machine was busy" in line
+    assert "measured again later, or now with `kvprimer info --remeasure`" in line
+
+    # once it is old enough, info measures again; the commands still do not
+    entry["at"] = time.time() - RETRY_S - 60
+    kc._cache_path().write_text(json.dumps({key: entry}))
+    assert main(run) == 0
+    err = capsys.readouterr().err
+    assert "measuring" not in err and "`kvprimer info` measures again" in err
+    assert main(["info", *m]) == 0
+    err = capsys.readouterr().err
+    assert "the last measurement is provisional and 16 minutes old: measuring again" in err
+    again = _entry()[1]
+    assert again["at"] > entry["at"]
+    # provisional again (still busy): the next try waits twice as long
+    assert again["tries"] == (2 if again["provisional"] else 0)

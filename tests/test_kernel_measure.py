@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -26,6 +27,7 @@ class Scripted(KernelMeasurement):
     """No llama.cpp: each timed suffix takes what ``times[(kernel, plan)]`` says next."""
 
     def __init__(self, times, load=MachineLoad(0.0, 2, "injected"), grouping=None, **kw):
+        kw.setdefault("ms_per_token", 0.01)  # a fast model: the full plan, no pilot
         super().__init__(FakeModel(), ContextParams(n_ctx=4096, n_batch=256), **kw)
         self.times = {k: itertools.cycle(v) for k, v in times.items()}
         self.grouping = grouping or {}  # the probe's verdict per kernel (default: not exact)
@@ -115,9 +117,11 @@ def test_a_busy_machine_makes_it_provisional_and_cached_as_such(tiny_model):
     assert any("1.50 of 2 cores" in line for line in choice.figure_lines())
     assert any(line.startswith("provisional") for line in choice.figure_lines())
     again = kc.start_choice(params, "sha-busy", "auto", False, False)
-    # used meanwhile, but a measurement is wanted: not trusted forever
-    assert again.how == "measured earlier" and again.provisional and again.measuring_wanted
+    # used meanwhile, and measured again once it is old enough: not trusted forever, but not
+    # measured again at every start either
+    assert again.how == "measured earlier" and again.provisional and not again.measuring_wanted
     assert again.flash_attn == choice.flash_attn and again.load == choice.load
+    assert replace(again, measured_at=time.time() - kc.RETRY_S - 1).measuring_wanted
     quiet = Scripted(steady(100, 110, 90, 160))
     quiet.run()
     trusted = kc.finish_choice(quiet.result, params, "sha-busy")
@@ -276,8 +280,7 @@ def test_a_provisional_measurement_is_taken_again_when_idle_a_few_times_at_most(
     m.run()
     kc.finish_choice(m.result, params, "sha-retry")
     k = ek.EngineKernels(FakeModel(), params, "sha-retry", "auto", False, False, False, False)
-    assert k.wanted and not k.urgent  # provisional but recent: used, measured again when idle
-    k.wanted = False  # as after that measurement, provisional again
+    assert not k.wanted and not k.urgent  # provisional but recent: used, not measured again
     assert k.status().state == "done"  # recent: not yet
     for _ in range(ek.MAX_RETRIES):
         k.choice = replace(k.choice, measured_at=time.time() - ek.RETRY_S - 1)
@@ -286,3 +289,29 @@ def test_a_provisional_measurement_is_taken_again_when_idle_a_few_times_at_most(
         assert st.state == "wanted" and "provisional and over 15 minutes old" in st.note
     k.wanted = False
     assert k.status().state == "done"  # bounded: a machine that stays busy gets no better answer
+
+
+def test_each_provisional_measurement_in_a_row_waits_twice_as_long_before_the_next():
+    """A machine that stays busy does not pay a measurement at every start of the window or
+    every `kvprimer info`: the wait doubles (up to a day), and a trusted one ends it."""
+    params = ContextParams(n_ctx=2048, n_batch=67)
+    busy = MachineLoad(1.5, 2, "injected", 3.0)
+    waits = []
+    for _ in range(3):
+        m = Scripted(steady(100, 110, 90, 160), load=busy)
+        m.run()
+        kc.finish_choice(m.result, params, "sha-backoff")
+        c = kc.start_choice(params, "sha-backoff", "auto", False, False)
+        assert c.provisional and not c.measuring_wanted  # just measured: not again yet
+        assert replace(c, measured_at=time.time() - c.retry_wait_s - 1).measuring_wanted
+        waits.append(c.retry_wait_s)
+    assert waits == [kc.RETRY_S, 2 * kc.RETRY_S, 4 * kc.RETRY_S]
+    assert replace(c, tries=30).retry_wait_s == kc.RETRY_MAX_S
+    quiet = Scripted(steady(100, 110, 90, 160))
+    quiet.run()
+    trusted = kc.finish_choice(quiet.result, params, "sha-backoff")
+    assert not trusted.provisional and trusted.tries == 0
+    # runs that depart from a trusted one make it wanted at once (no wait)
+    distrusted = kc.distrust(params, "sha-backoff", trusted, "runs departed")
+    assert distrusted.retry_wait_s == 0
+    assert kc.start_choice(params, "sha-backoff", "auto", False, False).measuring_wanted

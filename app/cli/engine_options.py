@@ -49,7 +49,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                    help=f"V cache type ({_E.type_v})")
     g.add_argument("-fa", "--flash-attn", default=None, choices=("auto", "on", "off"),
                    help="flash attention (auto: the faster kernel, measured once per machine "
-                        "and model; on, off: as given; default: KVPRIMER_FLASH_ATTN or auto)")
+                        "and model by `kvprimer info` or the window, off until then; on, off: "
+                        "as given; default: KVPRIMER_FLASH_ATTN or auto)")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=_E.n_gpu_layers,
                    metavar="N", help="layers to offload to the GPU (0; -1: all); needs a GPU "
                                      "build of llama-cpp-python")
@@ -106,13 +107,15 @@ def engine_config(args) -> EngineConfig:
 
 
 def open_engine(args) -> Engine:
-    """The engine the options ask for. Without a trusted kernel measurement (none yet, or a
-    provisional one) it measures first, in the foreground, and says so on stderr: a command's
-    timings should be taken with the faster kernel, and the measurement is what `info` is for."""
+    """The engine the options ask for, on the attention kernel chosen so far: a command never
+    waits for a kernel measurement. Without a trusted one (none yet, or provisional) it runs on
+    the last choice or the safe default and says which in one stderr line. A command whose
+    parser sets ``measure_kernels`` (`kvprimer info`) runs a wanted or asked-for measurement
+    first, in the foreground (seconds: its passes are sized to the model, kernel_passes.py)."""
     eng = Engine(engine_config(args), measure_kernels_later=True)
     try:
         k = eng.kernel_state
-        if k.wanted and (k.urgent or getattr(args, "remeasure", False)):
+        if getattr(args, "measure_kernels", False) and k.wanted:
             why = k.note or "no trusted measurement yet"
             print(f"kvprimer: measuring the attention kernels first ({why})…", file=sys.stderr,
                   flush=True)
@@ -120,12 +123,24 @@ def open_engine(args) -> Engine:
             status = eng.measure_kernels(on_status=lambda st: tty and print(
                 f"\r{st.text()}   ", end="", file=sys.stderr, flush=True))
             print(f"{chr(13) if tty else ''}kvprimer: {status.text()}", file=sys.stderr)
-        elif k.wanted:  # provisional, measured a short while ago: not again on every command
-            print(f"kvprimer: note: {k.choice.describe()}", file=sys.stderr)
+        elif k.choice.how == "until measured" or k.choice.provisional:
+            print(f"kvprimer: {kernel_line(k.choice, k.wanted)}", file=sys.stderr)
     except BaseException:
         eng.close()
         raise
     return eng
+
+
+def kernel_line(choice, wanted: bool) -> str:
+    """The kernel a command runs on when no trusted measurement chose it, and how to get one."""
+    kernel = {True: "on", False: "off", None: "not used"}[choice.flash_attn]
+    if choice.how == "until measured":
+        return (f"flash attention {kernel}, the safe default: the attention kernels are not "
+                "measured on this model yet (`kvprimer info` measures them, in seconds)")
+    return (f"flash attention {kernel}, {choice.how} and provisional "
+            f"({choice.reason.partition('; provisional: ')[2] or 'not trusted'}); "
+            + ("`kvprimer info` measures again" if wanted else
+               "measured again later, or now with `kvprimer info --remeasure`"))
 
 
 def session_options(args, base: Options | None = None, **given) -> Options:

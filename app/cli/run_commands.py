@@ -31,6 +31,7 @@ _O = Options()
 def info_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remeasure", action="store_true",
                    help="time both attention kernels again instead of using the cached measurement")
+    p.set_defaults(measure_kernels=True)  # the one command that measures them (open_engine)
     check_server_options(p)
 
 

@@ -5,23 +5,31 @@ An engine must be usable as soon as its model is loaded. With flash attention "a
 trusted measurement it opens on the safe default (or on a provisional measurement) and says so;
 the measurement then runs in steps when the engine is idle (the window's worker runs
 ``Engine.measure_kernels`` as a job of its own between the user's jobs, and any job of the
-user's stops it; it resumes where it stopped). The CLI and scripts measure in the foreground.
-A finished measurement that picks the other kernel is applied by the engine between jobs.
+user's stops it; it resumes where it stopped). A finished measurement that picks the other
+kernel is applied by the engine between jobs.
+
+The CLI's commands never wait for it: they run on the last choice or the safe default and say
+which on stderr; `kvprimer info` measures in the foreground (a few seconds, the passes sized to
+the model: kernel_passes.py), and so does a script's ``Engine(config)`` (the Python API).
+
+A provisional measurement (a busy machine, unsettled figures) is wanted again only once it is
+old enough (``KernelChoice.retry_wait_s``: ``RETRY_S``, doubling with each provisional one in a
+row), so neither every command nor every start of the window on a busy machine measures again;
+an engine that stays open tries again in idle time, ``MAX_RETRIES`` times at most.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from .llama.kernel_choice import (KernelChoice, distrust, finish_choice, new_measurement,
-                                  start_choice)
+from .llama.kernel_choice import (RETRY_S, KernelChoice, age_words, distrust, finish_choice,
+                                  new_measurement, start_choice)
 from .llama.kernel_measure import KernelMeasurement
 from .llama.kernel_watch import KernelWatch
 from .llama.native import ContextParams, NativeModel
 
-# a provisional measurement younger than this is used by the CLI without measuring again (the
-# window measures again in idle time whatever its age)
-RETRY_S = 15 * 60
+__all__ = ["RETRY_S", "MAX_RETRIES", "KernelStatus", "EngineKernels"]
+
 MAX_RETRIES = 3  # idle-time measurements again of a provisional one, per engine
 
 
@@ -69,7 +77,7 @@ class EngineKernels:
         self.choice = start_choice(params, model_sha256, setting, windowed, quantized_v,
                                    no_attention)
         # "Measure again" keeps the cached choice in use until the new measurement ends
-        self.asked = remeasure and self.choice.how == "measured earlier"
+        self.asked = remeasure and self.choice.how in ("measured earlier", "not measured")
         self.wanted = self.choice.measuring_wanted or self.asked
         self.measurement: KernelMeasurement | None = None
         self.watch = KernelWatch(self.choice)
@@ -78,12 +86,9 @@ class EngineKernels:
 
     @property
     def urgent(self) -> bool:
-        """No measurement to go on, or asked for, or a provisional one older than
-        ``RETRY_S``: a front end that cannot measure in idle time (the CLI) measures first."""
-        if not self.wanted:
-            return False
-        c = self.choice
-        return c.how != "measured earlier" or self.asked or time.time() - c.measured_at > RETRY_S
+        """A measurement is wanted now (none yet, asked for, or a provisional one old enough):
+        a caller that cannot measure in idle time (a script's Engine) measures first."""
+        return self.wanted
 
     def _start_note(self) -> str:
         if not self.wanted:
@@ -92,7 +97,11 @@ class EngineKernels:
             return ""  # the status's own words say it
         if self.asked:
             return "measuring again as asked"
-        return "the last measurement is provisional: measuring again"
+        why = self.choice.reason.partition("; provisional: ")[2]
+        if self.choice.tries <= 0 and why:  # runs departed from it (kernel_watch.py)
+            return why
+        age = age_words(time.time() - self.choice.measured_at)
+        return f"the last measurement is provisional and {age} old: measuring again"
 
     @classmethod
     def of(cls, model: NativeModel, config, model_sha256: str, traits) -> "EngineKernels":
@@ -121,17 +130,21 @@ class EngineKernels:
         self.watch = KernelWatch(self.choice)
         kernel = "on" if self.choice.flash_attn else "off"
         same = old.flash_attn == self.choice.flash_attn
-        self.note = (f"attention kernels measured: flash attention {kernel}"
-                     f"{' (provisional)' if self.choice.provisional else ''}"
-                     f"{', as in use' if same else ''}")
+        if self.choice.how == "not measured":
+            self.note = (f"attention kernels not measured ({measured.skipped}); flash attention "
+                         f"stays {kernel}")
+        else:
+            self.note = (f"attention kernels measured: flash attention {kernel}"
+                         f"{' (provisional)' if self.choice.provisional else ''}"
+                         f"{', as in use' if same else ''}")
         return self.choice
 
     def status(self) -> KernelStatus:
         if self._retry_due():
             self.wanted = True
             self.retries += 1
-            self.note = (f"the last measurement is provisional and over {RETRY_S // 60} minutes "
-                         "old: measuring again")
+            self.note = (f"the last measurement is provisional and over "
+                         f"{age_words(self.choice.retry_wait_s)} old: measuring again")
         p = self.measurement.progress() if self.measurement is not None else None
         state = "done" if not self.wanted else "measuring" if p is not None and p.done else "wanted"
         return KernelStatus(state, self.choice.flash_attn, p.done if p else 0, p.total if p else 0,
@@ -172,8 +185,8 @@ class EngineKernels:
         a machine that stays busy gets no better answer)."""
         c = self.choice
         return (not self.wanted and c.provisional and self.retries < MAX_RETRIES
-                and c.how in ("measured", "measured earlier")
-                and time.time() - c.measured_at > RETRY_S)
+                and c.how in ("measured", "measured earlier", "not measured")
+                and time.time() - c.measured_at > c.retry_wait_s)
 
     def give_up(self, why: str) -> None:
         """The measurement failed: keep the kernel in use, and say why (once, not in a loop)."""

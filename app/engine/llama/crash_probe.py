@@ -9,6 +9,9 @@ more is what takes the AMX path) and then 1. If that child dies by a signal, it 
 extra buffer types (AMX, repacked weights) off; if that passes, models of this kind load with
 them off, and the reason says so; if both die, ``checked_cpu_kernels`` raises ModelError.
 
+While the child runs, the parent hashes the model file (``model_fingerprint``, cached: the
+engine needs it next): a first start on a new model pays the longer of the two, not both.
+
 The verdict is cached in the user's cache folder per llama.cpp build (version + library files),
 CPU (model name + flags) and model kind (architecture, file type, tensor types), and per process
 by the model file's identity: a cached start costs a stat and a dict lookup.
@@ -26,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -176,6 +180,25 @@ def _write_cache(cache: dict) -> None:
 
 
 def _probe(p: Path, timeout: float) -> dict:
+    hashing = threading.Thread(target=_fingerprint, args=(p,), name="kvprimer-fingerprint",
+                               daemon=True)
+    hashing.start()
+    try:
+        return _probe_children(p, timeout)
+    finally:
+        hashing.join()
+
+
+def _fingerprint(p: Path) -> None:
+    """The model file's fingerprint, into its cache, meanwhile (hashlib and reads let the
+    child's wait go on); a failure is the engine's to report when it asks again."""
+    try:
+        _mf.model_fingerprint(p)
+    except Exception:  # noqa: BLE001 - the engine hashes again and says what is wrong
+        pass
+
+
+def _probe_children(p: Path, timeout: float) -> dict:
     checked = time.strftime("%Y-%m-%d")
     first = _run_child(p, True, timeout)
     if first.get("ok"):

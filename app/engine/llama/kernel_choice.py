@@ -18,7 +18,10 @@ or reads the cached measurement.
 
 A measurement is cached per llama.cpp build, CPU, model and context settings. One made on a busy
 machine, or whose figures did not settle, is *provisional*: it is used until it is measured
-again, at the next start or when the engine is idle, never trusted for good. Until the first
+again, never trusted for good, but not on every start: once it is ``RETRY_S`` old, and each
+provisional one in a row doubles the wait (up to ``RETRY_MAX_S``), so a machine that stays busy
+does not pay a measurement at every start. A model too slow to time in a few seconds
+(kernel_passes.py) keeps the safe default, "not measured", and says why. Until the first
 measurement of a model ends the engine runs ``SAFE_DEFAULT`` (flash attention off, llama.cpp's
 long-standing default and the one whose speed does not depend on batch sizes). Some cases
 leave no choice: a quantized V cache needs flash attention, and sliding-window models keep
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -50,12 +54,14 @@ SAFE_DEFAULT = False  # the kernel used until a measurement says otherwise
 # chain cuts a row's variable part at its segments; prefix and compose evaluate it in one batch
 PLAN_WEIGHTS = {"chain": (0.25, 0.75), "prefix": (1.0, 0.0), "compose": (1.0, 0.0)}
 DEFAULT_MODE = "chain"
+RETRY_S = 15 * 60  # a provisional measurement is measured again once this old...
+RETRY_MAX_S = 24 * 3600  # ...the wait doubling with each provisional one in a row, up to a day
 
 
 @dataclass(frozen=True)
 class KernelChoice:
     flash_attn: bool | None  # None: llama.cpp decides (models without attention layers)
-    # "measured", "measured earlier", "set", "required", "until measured"
+    # "measured", "measured earlier", "set", "required", "until measured", "not measured"
     how: str
     reason: str  # one line for people
     timings: tuple[KernelTiming, ...] = ()
@@ -65,6 +71,8 @@ class KernelChoice:
     measured_at: float = 0.0  # time.time() of the measurement
     rounds: int = 0
     mode: str = DEFAULT_MODE  # the reuse mode whose batch plans weighed the choice
+    # provisional measurements in a row (0 with provisional: distrusted after runs, wanted now)
+    tries: int = 0
 
     @property
     def grouping_exact(self) -> bool:
@@ -73,9 +81,18 @@ class KernelChoice:
         return any(t.flash_attn == self.flash_attn and t.grouping_exact for t in self.timings)
 
     @property
+    def retry_wait_s(self) -> float:
+        """How long a provisional measurement is used before it is measured again."""
+        if not self.provisional:
+            return math.inf
+        return 0.0 if self.tries <= 0 else min(RETRY_MAX_S, RETRY_S * 2 ** (self.tries - 1))
+
+    @property
     def measuring_wanted(self) -> bool:
-        """A measurement should run (none yet, or the last one is not to be trusted)."""
-        return self.how == "until measured" or self.provisional
+        """A measurement should run: none yet, or the last one is provisional and old enough
+        to try again (``retry_wait_s``)."""
+        return self.how == "until measured" or (
+            self.provisional and time.time() - self.measured_at >= self.retry_wait_s)
 
     def describe(self) -> str:
         state = {True: "on", False: "off", None: "not used"}[self.flash_attn]
@@ -86,7 +103,8 @@ class KernelChoice:
         """The figures behind a measured choice, one line each: timings and their spread, the
         machine's load, when it was measured and whether it is provisional."""
         if not self.timings:
-            return []
+            return ["provisional: the machine was busy; measured again later"] \
+                if self.provisional else []
         lines = [t.describe() for t in self.timings]
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at)) \
             if self.measured_at else "at an unknown time"
@@ -94,8 +112,10 @@ class KernelChoice:
                      f"weighed for {self.mode} mode; "
                      f"{self.load.describe() if self.load else 'machine load unknown'}")
         if self.provisional:
-            lines.append("provisional: it will be measured again when the engine is idle or at "
-                         "the next start")
+            wait = self.retry_wait_s
+            when = "now" if wait <= 0 else f"once {age_words(wait)} old"
+            lines.append(f"provisional: it will be measured again {when} (`kvprimer info`, or the "
+                         "window when the engine is idle)")
         return lines
 
     def as_dict(self) -> dict:
@@ -104,7 +124,12 @@ class KernelChoice:
                 "calibration_ms": self.calibration_ms, "provisional": self.provisional,
                 "load": self.load.as_dict() if self.load else None,
                 "measured_at": self.measured_at, "rounds": self.rounds, "mode": self.mode,
-                "figures": self.figure_lines()}
+                "tries": self.tries, "figures": self.figure_lines()}
+
+
+def age_words(s: float) -> str:
+    """"15 minutes", "2 hours": how old a measurement is, or how long it waits."""
+    return f"{s / 3600:.0f} hours" if s >= 90 * 60 else f"{s / 60:.0f} minutes"
 
 
 def check_setting(setting: str) -> str:
@@ -150,13 +175,21 @@ def new_measurement(model: NativeModel, params: ContextParams,
 def finish_choice(measured: Measured, params: ContextParams, model_sha256: str,
                   mode: str = DEFAULT_MODE) -> KernelChoice:
     """The choice a finished measurement makes; cached (provisional ones too: they are used
-    until measured again)."""
-    choice = _decide(measured.timings, "measured", measured.cost_ms, mode)
+    until measured again, later each time one comes out provisional again)."""
+    key = _key(params, model_sha256)
+    before = _read_cache().get(key) or {}
+    tries = int(before.get("tries", 1)) + 1 if before.get("provisional") else 1
+    if measured.skipped:
+        choice = KernelChoice(SAFE_DEFAULT, "not measured", f"{measured.skipped}; the safe "
+                              "default (-fa on|off sets one)", calibration_ms=measured.cost_ms)
+    else:
+        choice = _decide(measured.timings, "measured", measured.cost_ms, mode)
     choice = replace(choice, provisional=measured.provisional, load=measured.load,
-                     measured_at=measured.at, rounds=measured.rounds)
+                     measured_at=measured.at, rounds=measured.rounds,
+                     tries=tries if measured.provisional else 0)
     if measured.provisional:
         choice = replace(choice, reason=f"{choice.reason}; provisional: {measured.why_provisional()}")
-    _write_cache(_key(params, model_sha256), choice)
+    _write_cache(key, choice)
     return choice
 
 
@@ -228,14 +261,20 @@ def _cached(key: str) -> KernelChoice | None:
     if not entry:
         return None
     try:
-        timings = tuple(KernelTiming(**t) for t in entry["timings"])
         load = MachineLoad(**entry["load"]) if entry.get("load") else None
-        mode = entry.get("mode", DEFAULT_MODE)
-        choice = _decide(timings, "measured earlier", 0.0, mode)
+        if entry.get("skipped"):  # too slow to time: the safe default, and why
+            choice = KernelChoice(SAFE_DEFAULT, "not measured", f"{entry['skipped']}; the safe "
+                                  "default (-fa on|off sets one)")
+        else:
+            timings = tuple(KernelTiming(**t) for t in entry["timings"])
+            choice = _decide(timings, "measured earlier", 0.0, entry.get("mode", DEFAULT_MODE))
+        provisional = bool(entry.get("provisional"))
+        # entries from before the count: one try
+        tries = int(entry.get("tries", 1 if provisional else 0))
     except (KeyError, TypeError, ValueError, StopIteration):
         return None  # an old or damaged entry: measure again
     why = entry.get("why", "")
-    return replace(choice, provisional=bool(entry.get("provisional")), load=load,
+    return replace(choice, provisional=provisional, load=load, tries=tries,
                    measured_at=float(entry.get("at", 0.0)), rounds=int(entry.get("rounds", 0)),
                    reason=f"{choice.reason}; provisional: {why}" if why else choice.reason)
 
@@ -245,7 +284,10 @@ def _write_cache(key: str, choice: KernelChoice, why: str = "") -> None:
     why = why or (choice.reason.partition("; provisional: ")[2] if choice.provisional else "")
     data[key] = {"timings": [asdict(t) for t in choice.timings], "at": choice.measured_at or time.time(),
                  "load": choice.load.as_dict() if choice.load else None, "rounds": choice.rounds,
-                 "mode": choice.mode, "provisional": choice.provisional, "why": why}
+                 "mode": choice.mode, "provisional": choice.provisional, "why": why,
+                 "tries": choice.tries}
+    if choice.how == "not measured":
+        data[key]["skipped"] = choice.reason.partition("; the safe default")[0]
     try:
         _cache_path().parent.mkdir(parents=True, exist_ok=True)
         atomic_write(_cache_path(), (json.dumps(data, indent=1).encode(),), ModelError,
@@ -256,8 +298,8 @@ def _write_cache(key: str, choice: KernelChoice, why: str = "") -> None:
 
 def distrust(params: ContextParams, model_sha256: str, choice: KernelChoice, why: str) -> KernelChoice:
     """Mark a cached measurement provisional (runs departed from it): the next start, or the
-    engine's next idle time, measures again."""
-    choice = replace(choice, provisional=True,
+    engine's next idle time, measures again (at once: no tries to wait for)."""
+    choice = replace(choice, provisional=True, tries=0,
                      reason=f"{choice.reason.partition('; provisional: ')[0]}; provisional: {why}")
     if choice.timings:
         _write_cache(_key(params, model_sha256), choice, why)

@@ -1,7 +1,17 @@
 """Timing the attention kernels on a model, in steps that can stop and resume, until the figures
-are stable, and noting how busy the machine was meanwhile.
+are stable, and noting how busy the machine was meanwhile; the passes sized to the model's speed
+so that a measurement takes a few seconds whatever the model.
 
-For each kernel (flash attention off and on) a small context of its own evaluates a prefix in
+**Sized to the model.** The first step is a pilot: a 32-token batch timed in a small context
+of its own (after 8 untimed tokens that page the weights in). Its time per token sizes the
+passes (kernel_passes.py): on a small model the full plan (a 1,024-token prefix, a 64-token
+suffix, 3 to 8 rounds, the probe below), on a larger one a shorter prefix, suffix and fewer
+rounds, then no probe, so that the planned work stays within a few seconds; a model too slow
+even for the leanest plan is not timed at all (``Measured.skipped``: the safe default stays). A
+shorter prefix samples attention at a shallower depth, where the kernels differ less: what that
+risks is the choice's speed, never exactness (no probe: not grouping-exact).
+
+For each kernel (flash attention off and on) a small context of its own evaluates the prefix in
 n_batch batches and saves the sequence's state. Then, round after round, each kernel times a
 suffix in the two batch plans warm runs use: one batch (prefix mode) and one batch per segment
 (chain mode, ``SPLIT`` batches). Before every timing the prefix is put back from the saved
@@ -11,22 +21,25 @@ whose state cannot be cut back (llama.cpp returns false and the next decode fail
 Kernels and plans alternate within a round, and the order turns round by round, so that a load
 that comes and goes weighs on every series alike. After ``MIN_ROUNDS`` the measurement stops as
 soon as every series' relative spread is under ``SPREAD_OK`` or the winner cannot be in doubt
-(its slowest quartile beats the other's fastest), and after ``MAX_ROUNDS`` in any case, saying
-that the figures did not settle. Other processes' CPU use over the timed spans is recorded
-(machine_load.py); a busy machine or unsettled figures make the result provisional, and a busy
-machine also ends it at ``MIN_ROUNDS`` (more rounds would not make it trusted).
+(its slowest quartile beats the other's fastest), and after the plan's rounds (at most
+``MAX_ROUNDS``) in any case, saying that the figures did not settle. Other processes' CPU use
+over the timed spans is recorded (machine_load.py); a busy machine or unsettled figures make the
+result provisional, and a busy machine also ends it at ``MIN_ROUNDS`` (more rounds would not
+make it trusted).
 
-After the first round each kernel also evaluates the suffix once more, untimed, in uneven
-batches (two tokens, then three of different sizes: residues a kernel could tile by), and
-compares the sequence's cells and last logits with the one-batch evaluation's, bit for bit.
-Equal means the kernel computes each cell alike however the tokens are grouped into batches
-(``grouping_exact``): chain mode then needs no batch of its own per segment (prompt_runs.py).
-Flash attention's tiled path for 64+ tokens is one way to fail it; CPU repacked weights that
-multiply rows in fours could be another; the probe measures rather than assumes.
+**The batch-grouping probe.** After the first round each kernel evaluates a suffix of
+``PROBE_SUFFIX`` tokens (fewer only where n_batch or half the context is smaller) untimed in one batch and in uneven batches (two tokens, then three of different
+sizes: residues a kernel could tile by), and compares the sequence's cells and last logits bit
+for bit. Equal means the kernel computes each cell alike however the tokens are grouped into
+batches (``grouping_exact``): chain mode then needs no batch of its own per segment
+(prompt_runs.py). Flash attention's tiled path for 64+ tokens is one way to fail it; CPU
+repacked weights that multiply rows in fours could be another; the probe measures rather than
+assumes. Its suffix is never shortened to fit the budget: a plan that cannot afford it leaves
+the probe out, and a kernel not probed counts as not grouping-exact (the safe side).
 
-Every step is short (one batch of the prefix, or one timed suffix), so a job that runs the
-measurement between the user's jobs can stop between any two steps and resume later where it
-stopped: ``run(task)`` raises nothing on cancel, it just returns.
+Every step is short (the pilot, one batch of the prefix, one timed suffix or one probe), so a
+job that runs the measurement between the user's jobs can stop between any two steps and resume
+later where it stopped: ``run(task)`` raises nothing on cancel, it just returns.
 """
 from __future__ import annotations
 
@@ -38,17 +51,12 @@ from itertools import accumulate
 from typing import Callable
 
 from ..runs.batch_feed import feed_batches
+from .kernel_passes import (BUDGET_S, CALIBRATION_PREFIX, CALIBRATION_SUFFIX, MAX_ROUNDS, MIN_ROUNDS,
+                            PILOT_TOKENS, PILOT_WARMUP, PROBE_SUFFIX, Passes, plan_passes)
 from .machine_load import LoadMeter, MachineLoad
 from .native import ContextParams, NativeContext, NativeModel
 
-# tokens the timed suffix attends to (shorter for small contexts): flash attention's penalty on
-# small batches grows with the context (seen: 1.16x at 512 tokens, 1.6x at 1,761), so a short
-# prefix would favour it; cached prompts are long
-CALIBRATION_PREFIX = 1024
-CALIBRATION_SUFFIX = 64  # one batch: the size of a typical row's variable part
 SPLIT = 4  # batches the same suffix is cut into, as a chain run cuts it at segments
-MIN_ROUNDS = 3
-MAX_ROUNDS = 8
 SPREAD_OK = 0.10  # (p75 - p25) / median of a series' repeats under which it counts as stable
 PLANS = ("one", "split")
 
@@ -68,6 +76,7 @@ class KernelTiming:
     repeats: int = 1
     # the same cells and logits however the suffix is cut into batches (None: not probed)
     grouping_exact: bool | None = None
+    prefix_tokens: int = CALIBRATION_PREFIX  # the depth the suffix was timed at
 
     @property
     def spread(self) -> float:
@@ -75,9 +84,10 @@ class KernelTiming:
 
     def describe(self) -> str:
         grouping = {True: "; cells alike in any batches", False: "; batch grouping changes "
-                    "the bits", None: ""}[self.grouping_exact]
+                    "the bits", None: "; batch grouping not probed"}[self.grouping_exact]
         return (f"flash attention {'on' if self.flash_attn else 'off'}: a "
-                f"{self.suffix_tokens}-token suffix {self.suffix_ms:.0f} ms in one batch, "
+                f"{self.suffix_tokens}-token suffix after {self.prefix_tokens:,} tokens "
+                f"{self.suffix_ms:.0f} ms in one batch, "
                 f"{self.split_suffix_ms:.0f} ms in {SPLIT} (±{self.spread:.0%} over "
                 f"{self.repeats}); prefix {self.prefix_ms_per_token:.2f} ms/token{grouping}")
 
@@ -91,17 +101,19 @@ class Measured:
     rounds: int
     cost_ms: float  # wall time of the timed work (pauses for the user's jobs not counted)
     at: float  # time.time() when it finished
+    skipped: str = ""  # nothing timed: why (Passes.skipped); timings are then empty
 
     @property
     def provisional(self) -> bool:
-        """Made on a busy machine or with figures that did not settle: not to be kept forever."""
-        return self.load.busy or not self.settled
+        """Made on a busy machine or with figures that did not settle: not to be kept forever.
+        (A pilot too slow to time anything is provisional only when the machine was busy.)"""
+        return self.load.busy or (not self.settled and not self.skipped)
 
     def why_provisional(self) -> str:
         why = []
         if self.load.busy:
             why.append(f"the machine was busy: {self.load.describe()}")
-        if not self.settled:
+        if not self.settled and not self.skipped:
             why.append(f"the figures still spread over {max(t.spread for t in self.timings):.0%} "
                        f"after {self.rounds} rounds")
         return " and ".join(why)
@@ -154,21 +166,19 @@ class KernelMeasurement:
     """One measurement of ``kernels`` on ``model`` with ``params``, run in steps.
 
     ``weights`` (one batch, split) weigh the plans when deciding whether the winner is in doubt.
-    ``load_meter`` and ``clock`` can be injected (tests)."""
+    ``ms_per_token`` sizes the passes without a pilot (a speed already known, or tests);
+    ``budget_ms`` bounds their planned work; ``load_meter`` and ``clock`` can be injected."""
 
     def __init__(self, model: NativeModel, params: ContextParams,
                  kernels: tuple[bool, ...] = (False, True), weights=(0.25, 0.75),
-                 load_meter: LoadMeter | None = None, clock=time.perf_counter):
+                 load_meter: LoadMeter | None = None, clock=time.perf_counter,
+                 ms_per_token: float | None = None, budget_ms: float = BUDGET_S * 1000):
         self.model, self.params, self.kernels, self.weights = model, params, kernels, weights
-        self.n_prefix = max(8, min(CALIBRATION_PREFIX, params.n_ctx // 2))
-        self.n_suffix = min(CALIBRATION_SUFFIX, params.n_batch, self.n_prefix)
-        # any ids will do for timing; spread over the vocabulary, never the same twice in a row
-        self.tokens = [(7919 * i + 13) % model.n_vocab for i in range(self.n_prefix + self.n_suffix)]
-        step = max(1, self.n_suffix // SPLIT)
-        self.plans = {"one": (self.n_suffix,),
-                      "split": tuple(min(step, self.n_suffix - a) for a in range(0, self.n_suffix, step))}
+        self.budget_ms = budget_ms
         self.meter = load_meter or LoadMeter()
         self.clock = clock
+        self.passes: Passes | None = None  # set by the pilot
+        self.piloted = ms_per_token is None  # the first step times a pilot batch
         self._ctx: dict[bool, NativeContext] = {}
         self._prefix_state: dict[bool, bytes] = {}
         self._prefix_ms: dict[bool, float] = {}
@@ -181,6 +191,22 @@ class KernelMeasurement:
         self._one_print: dict[bool, bytes] = {}  # fingerprint of the first one-batch suffix
         self.grouping_exact: dict[bool, bool] = {}  # the probe's verdict per kernel
         self.result: Measured | None = None
+        if ms_per_token is not None:
+            self._size(ms_per_token)
+
+    def _size(self, ms_per_token: float) -> None:
+        """Size the passes from a time per token (``plan_passes``)."""
+        p = self.passes = plan_passes(ms_per_token, self.params.n_ctx, self.params.n_batch,
+                                      self.budget_ms)
+        self.n_prefix, self.n_suffix, self.n_probe = p.n_prefix, p.n_suffix, p.n_probe
+        # any ids will do for timing; spread over the vocabulary, never the same twice in a row
+        n = self.n_prefix + max(self.n_suffix, self.n_probe)
+        self.tokens = [(7919 * i + 13) % self.model.n_vocab for i in range(n)]
+        step = max(1, self.n_suffix // SPLIT)
+        self.plans = {"one": (self.n_suffix,),
+                      "split": tuple(min(step, self.n_suffix - a) for a in range(0, self.n_suffix, step))}
+        if p.skipped:
+            self._finish()
 
     # ---- progress
     @property
@@ -188,33 +214,35 @@ class KernelMeasurement:
         return self.result is not None
 
     def progress(self) -> MeasureProgress:
+        pilot = 1 if self.piloted else 0
+        if self.passes is None:  # the pilot comes first: nothing to go on yet
+            return MeasureProgress(0, pilot, None)
         per_round = len(self.kernels) * len(PLANS)
         batches = -(-self.n_prefix // self._batch)
         prefix_total = batches * len(self.kernels)
         prefix_done = sum(-(-n // self._batch) for n in self._prefix_done.values())
         rounds = max(MIN_ROUNDS, self.round + (0 if self.finished else 1))
-        done = (prefix_done + self.round * per_round + len(self.grouping_exact)
+        probes = len(self.kernels) if self.n_probe else 0
+        done = (pilot + prefix_done + self.round * per_round + len(self.grouping_exact)
                 + (per_round - len(self._queue) if self._queue else 0))
-        total = prefix_total + rounds * per_round + len(self.kernels)
+        total = pilot + prefix_total + rounds * per_round + probes
         if self.finished:
             return MeasureProgress(total, total, 0.0)
         # what is left, at the speeds seen so far (a suffix timing costs about its suffix's
         # share of a prefix batch before any was taken)
         per_token = (sum(self._prefix_t.values()) / max(1, sum(self._prefix_done.values()))
-                     if self._prefix_done else None)
+                     if self._prefix_done else self.passes.ms_per_token / 1000)
         left_prefix = sum(self.n_prefix - self._prefix_done.get(k, 0) for k in self.kernels)
         per_sample = (statistics.median(self._sample_s) if self._sample_s
-                      else per_token * self.n_suffix * 1.5 if per_token else None)
-        if per_sample is None:
-            return MeasureProgress(done, total, None)
+                      else per_token * self.n_suffix * 1.5)
         restore = 1.2  # putting the prefix back before each timing costs a little too
-        eta = (left_prefix * (per_token or per_sample / self.n_suffix)
+        eta = (left_prefix * per_token
                + (total - done - (prefix_total - prefix_done)) * per_sample * restore)
         return MeasureProgress(done, total, eta)
 
     @property
     def _batch(self) -> int:
-        return max(1, min(self.params.n_batch, self.n_prefix + self.n_suffix + 1))
+        return max(1, min(self.params.n_batch, len(self.tokens) + 1))
 
     # ---- running
     def run(self, check: Callable[[], bool] = lambda: False,
@@ -231,11 +259,14 @@ class KernelMeasurement:
         return True
 
     def step(self) -> None:
-        """One short piece of work: a batch of a kernel's prefix, or one timed suffix."""
+        """One short piece of work: the pilot, a batch of a kernel's prefix, one timed suffix,
+        or one probe."""
+        if self.passes is None:
+            return self._pilot()
         for k in self.kernels:
             if k not in self._prefix_state:
                 return self._prefix_batch(k)
-        if not self._queue and self.round >= 1:
+        if not self._queue and self.round >= 1 and self.n_probe:
             for k in self.kernels:
                 if k not in self.grouping_exact:
                     return self._probe_grouping(k)
@@ -247,9 +278,28 @@ class KernelMeasurement:
         if not self._queue:
             self.round += 1
             # on a busy machine more rounds cannot make it trusted: stop at the minimum
-            if self._settled() or self.round >= MAX_ROUNDS \
+            if self._settled() or self.round >= self.passes.max_rounds \
                     or (self.round >= MIN_ROUNDS and self.meter.result().busy):
                 self._finish()
+
+    def _pilot(self) -> None:
+        """Time one batch of ``PILOT_TOKENS`` on the first kernel, in a small context of its own
+        (closed after), and size the passes by it."""
+        n = min(PILOT_TOKENS, self.params.n_batch)
+        warm = min(PILOT_WARMUP, self.params.n_batch)
+        ids = [(7919 * i + 13) % self.model.n_vocab for i in range(warm + n)]
+        ctx = NativeContext(self.model, replace(self.params, n_ctx=warm + n + 1, n_seq_max=1,
+                                                flash_attn=self.kernels[0]))
+        try:
+            # the first decode pages the weights in and allocates the graph: not timed
+            feed_batches(ctx.decode, ids[:warm], 0, [0], want_logits=False)
+            with self.meter:
+                t0 = self.clock()
+                feed_batches(ctx.decode, ids[warm:], warm, [warm], want_logits=False)
+                dt = self.clock() - t0
+        finally:
+            ctx.close()
+        self._size(dt * 1000 / n)
 
     def _round_order(self, r: int) -> list[tuple[bool, str]]:
         # turn the order round by round: no kernel or plan always goes first
@@ -260,8 +310,7 @@ class KernelMeasurement:
     def _context(self, kernel: bool) -> NativeContext:
         if kernel not in self._ctx:
             self._ctx[kernel] = NativeContext(self.model, replace(
-                self.params, n_ctx=self.n_prefix + self.n_suffix + 1, n_seq_max=1,
-                flash_attn=kernel))
+                self.params, n_ctx=len(self.tokens) + 1, n_seq_max=1, flash_attn=kernel))
         return self._ctx[kernel]
 
     def _prefix_batch(self, kernel: bool) -> None:
@@ -290,9 +339,9 @@ class KernelMeasurement:
         return ctx
 
     def _feed_suffix(self, ctx: NativeContext, sizes: tuple[int, ...]) -> None:
-        start = self.n_prefix
+        start, n = self.n_prefix, sum(sizes)
         starts = [start + k for k in accumulate((0, *sizes[:-1]))]
-        feed_batches(ctx.decode, self.tokens[start:start + self.n_suffix], start, starts)
+        feed_batches(ctx.decode, self.tokens[start:start + n], start, starts)
 
     def _time_suffix(self, kernel: bool, plan: str) -> None:
         ctx = self._restored(kernel)
@@ -303,14 +352,18 @@ class KernelMeasurement:
             dt = self.clock() - t0
         self.samples[(kernel, plan)].append(dt * 1000)
         self._sample_s.append(dt)
-        if plan == "one" and kernel not in self._one_print:
+        if plan == "one" and kernel not in self._one_print and self.n_suffix == self.n_probe:
             self._one_print[kernel] = fingerprint(ctx)
 
     def _probe_grouping(self, kernel: bool) -> None:
-        """Evaluate the suffix in uneven batches (untimed) and compare its bits with the
-        one-batch evaluation's (see the module docstring)."""
+        """Evaluate the probe's suffix (untimed) in one batch, unless a timing just did, and in
+        uneven batches, and compare their bits (see the module docstring)."""
+        if kernel not in self._one_print:
+            ctx = self._restored(kernel)
+            self._feed_suffix(ctx, (self.n_probe,))
+            self._one_print[kernel] = fingerprint(ctx)
         ctx = self._restored(kernel)
-        self._feed_suffix(ctx, probe_sizes(self.n_suffix))
+        self._feed_suffix(ctx, probe_sizes(self.n_probe))
         self.grouping_exact[kernel] = fingerprint(ctx) == self._one_print[kernel]
 
     def _score_range(self, kernel: bool) -> tuple[float, float]:
@@ -334,16 +387,20 @@ class KernelMeasurement:
         return all(ranges[best][1] < ranges[k][0] for k in self.kernels if k != best)
 
     def _finish(self) -> None:
+        load = self.meter.result()
+        if self.passes.skipped:
+            self.result = Measured((), load, False, 0, load.wall_s * 1000, time.time(),
+                                   self.passes.skipped)
+            return self.close()
         timings = tuple(KernelTiming(
             k, self._prefix_ms[k], statistics.median(self.samples[(k, "one")]),
             statistics.median(self.samples[(k, "split")]), self.n_suffix,
             round(relative_spread(self.samples[(k, "one")]), 4),
             round(relative_spread(self.samples[(k, "split")]), 4), len(self.samples[(k, "one")]),
-            self.grouping_exact.get(k))
+            self.grouping_exact.get(k), self.n_prefix)
             for k in self.kernels)
         spreads_ok = all(relative_spread(v) <= SPREAD_OK for v in self.samples.values())
         settled = spreads_ok or self._settled()
-        load = self.meter.result()
         self.result = Measured(timings, load, settled, self.round, load.wall_s * 1000, time.time())
         self.close()
 
