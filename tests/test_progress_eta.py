@@ -157,3 +157,36 @@ def test_cancel_stops_the_cold_run_within_one_batch(engine, decodes):
         run_prompt(engine, TPL, VALUES, gen=GenerationConfig(max_tokens=2), warm=False,
                    oneshot=False, task=task)
     assert at["decodes"] >= 1 and len(decodes) == at["decodes"]
+
+
+def test_a_cold_run_of_one_row_fills_the_window_bar_and_says_the_time_left(qtbot, make_window):
+    from PySide6.QtCore import QObject, Slot
+
+    from app.ui.engine_worker import JobKind
+    from tests.test_ui_window import TPL as WINDOW_TPL
+    from tests.ui_actions import RUN_COLD, trigger
+
+    class BarSeen(QObject):  # the bar after each report (its own slot was connected first)
+        def __init__(self, w):
+            super().__init__(w)
+            self.w, self.seen = w, []
+            w.worker.progress.connect(self._seen)
+
+        @Slot(object, object)
+        def _seen(self, job, p) -> None:
+            bar = self.w.status.bar
+            if job.kind is JobKind.RUN:
+                self.seen.append((p, bar.value() / max(bar.maximum(), 1), self.w.status.last_text))
+
+    w = make_window()
+    w.editor.set_text(WINDOW_TPL)
+    w.session.set_rows([{"question": "what", "topic": "it"}])
+    got = BarSeen(w)
+    assert trigger(qtbot, w, RUN_COLD).outcome == "done"
+    cold = [(p, filled, text) for p, filled, text in got.seen
+            if p.stage == "cold" and 0 < p.done < p.total]
+    assert len(cold) >= 3, [t for _p, _f, t in got.seen]
+    # the bar fills with the pass (it was empty: one row, none finished) and says the time left
+    assert all(filled == pytest.approx(p.done / p.total, abs=0.002) for p, filled, _t in cold)
+    assert all(text.startswith("run cold: row 1 of 1 · cold ") and text.endswith(" left")
+               for _p, _f, text in cold[1:]), [t for _p, _f, t in cold]
