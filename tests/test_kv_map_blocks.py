@@ -149,9 +149,15 @@ def test_ctrl_wheel_zooms_at_the_mouse(qtbot, big_map):
 
     g, m = big_map.grid, big_map
     k0 = g.cells_per_block
-    vp = m.scroll.viewport()
-    at = QPointF(100, 100)
+    vp, bar = m.scroll.viewport(), m.scroll.verticalScrollBar()
+    at = QPointF(100, 250)
+    under = g.cell_at(at.toPoint())
     ev = QWheelEvent(at, vp.mapToGlobal(at), QPoint(0, 0), QPoint(0, 120), Qt.NoButton,
                      Qt.ControlModifier, Qt.NoScrollPhase, False)
     m.scroll.wheelEvent(ev)
     assert g.cells_per_block == k0 // 2
+    # the map scrolled so that the cells under the mouse are still there (within a row)
+    qtbot.waitUntil(lambda: bar.value() > 0)
+    lay = g.map_layout()
+    now = g.cell_at(QPoint(100, 250 + bar.value()))
+    assert abs(now - under) <= lay.cols * lay.k
