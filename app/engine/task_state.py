@@ -127,8 +127,9 @@ class _JobClock:
 def fit_batch_times(batches: list[tuple[int, int, float]],
                     slope: bool = True) -> tuple[float, float]:
     """(a, b) of ``seconds = a * tokens + b * (sum of the tokens' positions)`` fitted by least
-    squares to ``batches`` of (first position, end position, seconds), both at least 0; with
-    too few batches to tell the slope (or ``slope`` False), b is 0: the mean time per token."""
+    squares to ``batches`` of (first position, end position, seconds), both at least 0, the
+    slope shrunk toward 0 as far as it is uncertain; with too few batches to tell the slope (or
+    ``slope`` False), b is 0: the mean time per token."""
     n = [float(e - s) for s, e, _t in batches]
     pos = [(e - s) * (s + e - 1) / 2.0 for s, e, _t in batches]
     t = [dt for _s, _e, dt in batches]
@@ -147,6 +148,12 @@ def fit_batch_times(batches: list[tuple[int, int, float]],
     b = (snn * spt - snp * snt) / det
     if b <= 0:
         return flat
+    # a slope barely above its own noise (a few batches, a busy machine) would be extrapolated
+    # far: shrink it by b^2 / (b^2 + var(b)), and take a so that the batches' time is kept
+    resid = sum((z - a * x - b * y) ** 2 for x, y, z in zip(n, pos, t))
+    var_b = resid / max(len(batches) - 2, 1) * snn / det
+    b *= b * b / (b * b + var_b)
+    a = (sum(t) - b * sum(pos)) / sum(n)
     if a < 0:
         return 0.0, spt / spp
     return a, b
