@@ -104,6 +104,10 @@ def test_a_run_of_one_row_shows_its_pass_in_the_bar_and_the_time_left(clock):
     assert mid.fraction == pytest.approx(0.5)  # yet the bar fills with the pass
     line = progress_line("run both", mid)
     assert line == "run both: row 1 of 1 · cold 2,000/4,000 · 100 tok/s · 20 s left"
+    # of a job of rows none has finished: the time left is the pass's, and says so
+    two = JobStep("run", "row", 1, 2, 1, "", 0, 2, 20.0, None)
+    assert progress_line("run", Progress("cold", 2000, 4000, 20.0, two, 20.0)).endswith(
+        "cold 2,000/4,000 · 100 tok/s · 20 s left in this pass")
     # a job of rows: the finished rows, and the running pass within the next one
     step = JobStep("bench", "row", 3, 10, 3, "", 2, 10, 60.0, 240.0)
     assert Progress("warm", 50, 100, 1.0, step).fraction == pytest.approx(0.25)

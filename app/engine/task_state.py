@@ -290,12 +290,14 @@ def progress_line(label: str, p: Progress) -> str:
         parts.append(f"{p.stage} {p.done:,}/{p.total:,}")
         if p.rate > 0 and p.stage not in ("bench", "sweep", "server", "deploy"):
             parts.append(f"{p.rate:,.0f} tok/s")
-    eta = None
+    eta, of = None, ""
     if p.job is not None and p.job.done < p.job.total:
         eta = p.job.eta_s
     if eta is None and not p.whole:  # no item finished yet (a run of one row): the pass's
         eta = p.eta_s if p.done < p.total else None
+        # of a job of several items, only the pass's time is known yet: say so
+        of = " in this pass" if p.job is not None and p.job.total > 1 else ""
     if eta is not None:
-        parts.append(f"{duration_text(eta)} left")
+        parts.append(f"{duration_text(eta)} left{of}")
     head = label or (p.job.stage if p.job else "")
     return f"{head}: " + " · ".join(parts) if head else " · ".join(parts)
