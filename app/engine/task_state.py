@@ -9,6 +9,12 @@ whole: ``begin_job`` once, ``begin_item``/``end_item`` around each item. Every r
 carries a ``JobStep`` ("row 7 of 10 · chain", the items finished, the time the whole job has
 left, estimated from the items finished), so the window's status bar and the CLI's line,
 both written by ``progress_line``, show the whole job as well as the current pass.
+
+A pass's time left (``PassClock``) is not its tokens left at the mean speed: attention costs
+more the further into the context a token lies, so a long prime slows as it goes (95 tok/s at
+the start of a 6,855-token prefix on a 1B model, 60 at its end). Each batch's time is fitted as
+``a`` per token plus ``b`` per token per position (least squares over the batches done), and the
+time left is that model summed over the positions still to come.
 """
 from __future__ import annotations
 
@@ -49,15 +55,36 @@ class Progress:
     total: int
     elapsed_s: float
     job: JobStep | None = None  # the whole job, when it is made of items
+    left_s: float | None = None  # the pass's time left from its batches (PassClock), if known
+    speed: float = 0.0  # tokens/s over the last batches (0: not measured)
 
     @property
     def rate(self) -> float:
+        """Tokens per second now (the last batches), else since the pass began."""
+        if self.speed > 0:
+            return self.speed
         return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def eta_s(self) -> float | None:
-        r = self.rate
+        """The pass's time left: from the batches' fit, else the tokens left at the mean rate."""
+        if self.left_s is not None:
+            return self.left_s
+        r = self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
         return (self.total - self.done) / r if r > 0 else None
+
+    @property
+    def fraction(self) -> float:
+        """How far the whole is, 0 to 1: the items finished and the running pass's share of
+        one more (a job of one row fills with its passes), else the pass alone."""
+        part = min(self.done / self.total, 1.0) if self.total > 0 else 0.0
+        if self.job is None:
+            return part
+        j = self.job
+        if j.total <= 0:
+            return 0.0
+        extra = 0.0 if self.whole or j.done >= j.total else part
+        return min((j.done + extra) / j.total, 1.0)
 
     @property
     def whole(self) -> bool:
@@ -97,13 +124,89 @@ class _JobClock:
                        self.part, self.done, self.total, now - self.start, self.eta(now))
 
 
+def fit_batch_times(batches: list[tuple[int, int, float]],
+                    slope: bool = True) -> tuple[float, float]:
+    """(a, b) of ``seconds = a * tokens + b * (sum of the tokens' positions)`` fitted by least
+    squares to ``batches`` of (first position, end position, seconds), both at least 0, the
+    slope shrunk toward 0 as far as it is uncertain; with too few batches to tell the slope (or
+    ``slope`` False), b is 0: the mean time per token."""
+    n = [float(e - s) for s, e, _t in batches]
+    pos = [(e - s) * (s + e - 1) / 2.0 for s, e, _t in batches]
+    t = [dt for _s, _e, dt in batches]
+    flat = (sum(t) / sum(n) if sum(n) > 0 else 0.0), 0.0
+    if len(batches) < 3 or not slope:
+        return flat
+    snn = sum(x * x for x in n)
+    snp = sum(x * y for x, y in zip(n, pos))
+    spp = sum(y * y for y in pos)
+    snt = sum(x * z for x, z in zip(n, t))
+    spt = sum(y * z for y, z in zip(pos, t))
+    det = snn * spp - snp * snp
+    if det <= 1e-9 * snn * spp:  # the batches do not spread over positions enough
+        return flat
+    a = (snt * spp - snp * spt) / det
+    b = (snn * spt - snp * snt) / det
+    if b <= 0:
+        return flat
+    # a slope barely above its own noise (a few batches, a busy machine) would be extrapolated
+    # far: shrink it by b^2 / (b^2 + var(b)), and take a so that the batches' time is kept
+    resid = sum((z - a * x - b * y) ** 2 for x, y, z in zip(n, pos, t))
+    var_b = resid / max(len(batches) - 2, 1) * snn / det
+    b *= b * b / (b * b + var_b)
+    a = (sum(t) - b * sum(pos)) / sum(n)
+    if a < 0:
+        return 0.0, spt / spp
+    return a, b
+
+
+def time_left(a: float, b: float, done: int, total: int) -> float:
+    """The fitted model summed over positions ``done``..``total`` - 1."""
+    left = max(total - done, 0)
+    return a * left + b * left * (done + total - 1) / 2.0
+
+
+# stages whose count is not one sequence's positions (rows, steps; "fork": many sequences'
+# tokens side by side): no slope to fit
+FLAT_STAGES = frozenset({"bench", "sweep", "server", "deploy", "run", "load", "fork"})
+
+
+@dataclass
+class PassClock:
+    """One pass's reports: when it began and each batch's positions and time."""
+    start: float
+    last: tuple[int, float]  # (tokens done, time) at the last report
+    positional: bool = True  # tokens at growing positions (not items): fit the slope
+    batches: list[tuple[int, int, float]] = field(default_factory=list)
+
+    def add(self, done: int, now: float) -> None:
+        d0, t0 = self.last
+        if done > d0:
+            self.batches.append((d0, done, now - t0))
+        self.last = (done, now)
+
+    def left(self, done: int, total: int) -> float | None:
+        """Time left: the batch fit over the batches done (the first one left out once there
+        are four: it pays the pass's one-off costs), None before the first batch."""
+        got = self.batches[1:] if len(self.batches) > 3 else self.batches
+        if not got or done >= total:
+            return None if not got else 0.0
+        a, b = fit_batch_times(got, slope=self.positional)
+        return time_left(a, b, done, total)
+
+    def speed(self) -> float:
+        """Tokens/s over the last three batches."""
+        last = self.batches[-3:]
+        secs = sum(dt for _s, _e, dt in last)
+        return sum(e - s for s, e, _dt in last) / secs if secs > 0 else 0.0
+
+
 class TaskState:
     def __init__(self, on_progress: Callable[[Progress], None] | None = None,
                  on_partial: Callable[[Any], None] | None = None):
         self._cancel = threading.Event()
         self.on_progress = on_progress
         self.on_partial = on_partial
-        self._stage_start: dict[str, float] = {}
+        self._passes: dict[str, PassClock] = {}
         self._job: _JobClock | None = None
 
     def cancel(self) -> None:
@@ -119,12 +222,15 @@ class TaskState:
 
     def report(self, stage: str, done: int, total: int) -> None:
         now = time.perf_counter()
-        start = self._stage_start.setdefault(stage, now)
-        if done == 0:
-            self._stage_start[stage] = start = now
+        clock = self._passes.get(stage)
+        if clock is None or done == 0 or done < clock.last[0]:  # a new pass of this stage
+            clock = self._passes[stage] = PassClock(now, (done, now), stage not in FLAT_STAGES)
+        else:
+            clock.add(done, now)
         if self.on_progress:
             job = self._job.step(now) if self._job else None
-            self.on_progress(Progress(stage, done, total, now - start, job))
+            self.on_progress(Progress(stage, done, total, now - clock.start, job,
+                                      clock.left(done, total), clock.speed()))
 
     # ---- the whole job
     def begin_job(self, stage: str, total: int, unit: str = "row") -> None:
@@ -184,11 +290,14 @@ def progress_line(label: str, p: Progress) -> str:
         parts.append(f"{p.stage} {p.done:,}/{p.total:,}")
         if p.rate > 0 and p.stage not in ("bench", "sweep", "server", "deploy"):
             parts.append(f"{p.rate:,.0f} tok/s")
-    if p.job is not None:
-        eta = p.job.eta_s if p.job.done < p.job.total else None
-    else:
+    eta, of = None, ""
+    if p.job is not None and p.job.done < p.job.total:
+        eta = p.job.eta_s
+    if eta is None and not p.whole:  # no item finished yet (a run of one row): the pass's
         eta = p.eta_s if p.done < p.total else None
+        # of a job of several items, only the pass's time is known yet: say so
+        of = " in this pass" if p.job is not None and p.job.total > 1 else ""
     if eta is not None:
-        parts.append(f"{duration_text(eta)} left")
+        parts.append(f"{duration_text(eta)} left{of}")
     head = label or (p.job.stage if p.job else "")
     return f"{head}: " + " · ".join(parts) if head else " · ".join(parts)

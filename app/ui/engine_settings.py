@@ -30,6 +30,23 @@ FLASH_ATTN_CHOICES = (("auto", "auto (the faster, measured)"), ("on", "on"), ("o
 MB = 1 << 20
 
 
+def pending_text(loaded, want, state) -> str:
+    """What Apply will do, when the loaded model (``loaded``: its EngineConfig, None if none)
+    runs with other settings than ``want``: load the file chosen with the context shown beside
+    it, and, with a prefix primed (``state``), drop that prefix from the KV cache."""
+    if loaded is None or loaded == want:
+        return ""
+    text = "The loaded model runs with other settings: Apply to reload."
+    if loaded.model_path != want.model_path:
+        name = Path(want.model_path).name if want.model_path else "the default model"
+        text = (f"The loaded model runs with other settings: Apply loads {name} with a context "
+                f"of {want.n_ctx:,} tokens (set it above first if it needs another).")
+    if state is not None:
+        text += (f" Reloading empties the KV cache: the primed prefix ({state.n_tokens:,} "
+                 "tokens) will need priming again.")
+    return text
+
+
 @dataclass
 class Binding:
     """One control and the setting it shows: how to read it, show a value, and hear changes."""
@@ -58,7 +75,8 @@ def combo(items: list[tuple[str, str]]) -> QComboBox:
 
 
 class EngineSettingsForm(QWidget):
-    open_requested = Signal()  # the model file was chosen in a dialog: load it
+    # a model file was chosen in the dialog: it loads with Apply, with the context set beside it
+    file_chosen = Signal(str)
 
     def __init__(self, session: Session, edits: SessionEdits, parent: QWidget | None = None):
         super().__init__(parent)
@@ -226,7 +244,7 @@ class EngineSettingsForm(QWidget):
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
             self.edits.set_engine("model_path", path)
-            self.open_requested.emit()
+            self.file_chosen.emit(path)
 
     def show_gpu_offload(self, known: bool, supported: bool = False) -> None:
         self.ngl.setEnabled(known and supported)

@@ -1,9 +1,11 @@
 """The KV Cache dock: every cell of the KV cache, coloured by the radix-cache node it belongs to,
 and the sequence operations on the user's sequence.
 
-The grid (kv_grid.py) colours each cell by the radix node it belongs to. Sequences that hold
-radix nodes belong to the cache: the Cache panel evicts them, and this dock's operations refuse
-to change them (they can be forked into the user's sequence 0).
+The grid (kv_grid.py) colours each cell by the radix node it belongs to, gathering cells into
+blocks when the context has more than the dock has room for; the map (kv_map.py) zooms and
+scrolls it. Sequences that hold radix nodes belong to the cache: the Cache panel evicts them,
+and this dock's operations refuse to change them (they can be forked into the user's
+sequence 0).
 
 What it draws comes from the cache watch (cache_watch.py), the same pictures the Cache panel
 draws: read after every job that can change cells (a model load included) and published by
@@ -27,6 +29,7 @@ from ..engine.kv_flows import SeqNode
 from .cache_watch import CachePicture, CacheWatch
 from .engine_worker import EngineWorker, JobKind
 from .kv_grid import EMPTY, KvGrid, seq_color
+from .kv_map import KvMap
 from .model_events import follow
 
 __all__ = ["EMPTY", "KvCacheDock", "seq_color"]
@@ -61,6 +64,7 @@ class KvCacheDock(QDockWidget):
         self.note.setStyleSheet("color: #a05a00")
         self.grid = KvGrid()
         self.grid.cell_clicked.connect(self._cell_clicked)
+        self.map = KvMap(self.grid)  # zoom and scroll: 32k cells are gathered into blocks
         self.legend = QLabel("")
         self.legend.setObjectName("kvLegend")
         self.legend.setTextFormat(Qt.RichText)
@@ -77,7 +81,7 @@ class KvCacheDock(QDockWidget):
         self.legend_area.setMinimumHeight(3 * self.fontMetrics().lineSpacing() + 4)
         self.map_split = QSplitter(Qt.Vertical)
         self.map_split.setObjectName("kvMapSplit")
-        self.map_split.addWidget(self.grid)
+        self.map_split.addWidget(self.map)
         self.map_split.addWidget(self.legend_area)
         self.map_split.setStretchFactor(0, 3)
         self.map_split.setStretchFactor(1, 2)
@@ -230,6 +234,7 @@ class KvCacheDock(QDockWidget):
             self._list_sequences(sorted({0, *(u.seq for u in view.sequences),
                                          *(r.seq for r in view.recurrent), *self.nodes}))
         self.grid.set_view(view, self.nodes)
+        self.map.show_scale()
         self._set_enabled(view is not None)
         self._enable_for_seq()
         if view is None:
@@ -254,8 +259,10 @@ class KvCacheDock(QDockWidget):
                           "from each range; shared and used cells are unknown." if ranges else "")
         self.note.setVisible(ranges)
         rows = []
-        for s in sorted({*(u.seq for u in view.sequences), *(r.seq for r in view.recurrent)}):
-            u, slot = view.seq(s), view.slot(s)
+        usage = {u.seq: u for u in view.sequences}  # 64 sequences: no search per row
+        slots = {r.seq: r for r in view.recurrent}
+        for s in sorted({*usage, *slots}):
+            u, slot = usage.get(s), slots.get(s)
             mark = " ◀" if s == self.selected_seq else ""
             node = self.nodes.get(s)
             what = node.describe() if node else f"seq {s}"
@@ -269,11 +276,14 @@ class KvCacheDock(QDockWidget):
                         f"{' · '.join(parts)}{mark}")
         if view.stateful:
             rows.insert(0, f"layers: {escape(view.layers)}")
-        self.legend.setText("<br>".join(rows) or "all sequences are empty")
+        legend = "<br>".join(rows) or "all sequences are empty"
+        if legend != self.legend.text():  # live pictures: lay out 64 rows only when they change
+            self.legend.setText(legend)
         for i, s in enumerate(self._listed()):
-            u, node = view.seq(s) or view.slot(s), self.nodes.get(s)
-            self.seq_box.setItemText(i, f"{s}" + (f" · {node.label}" if node else
-                                                  "" if u else " (empty)"))
+            u, node = usage.get(s) or slots.get(s), self.nodes.get(s)
+            text = f"{s}" + (f" · {node.label}" if node else "" if u else " (empty)")
+            if self.seq_box.itemText(i) != text:
+                self.seq_box.setItemText(i, text)
 
     # ---- operations on the selected sequence (run on the worker, queued after running jobs)
     def _cell_clicked(self, cell: int) -> None:

@@ -6,8 +6,16 @@ as segments (static prefix, then each cached value). Cells of other sequences (t
 sequence 0, a run's working sequence) take their sequence's colour; a cell also held by such a
 sequence is hatched. A used cell whose owners llama.cpp's report does not tell (kv_view.py) is
 striped grey and white, and a line under the grid says how many there are: never a guessed
-colour. The image is built with numpy (8,192 cells redraw in about a millisecond),
-not one widget per cell.
+colour.
+
+When the context has more cells than the map has room for (32k cells in a dock), consecutive
+cells are gathered into blocks (app/engine/kv/cell_blocks.py): a block takes its most common
+occupant's colour, and a mixed block shows the next most common in its lower-right corner, as
+large as that one's share; its tooltip gives its cells and who holds them. Zooming in
+(``zoom_steps``, kv_map.py) halves the cells per block down to one, then enlarges the cells; the
+map then grows taller than its room and scrolls. The picture is built with numpy from one entry
+per block and only for the rows being painted, and drawn as one image: its cost follows the
+blocks shown, never the context's cells (beyond one numpy pass to count them).
 
 On a hybrid or recurrent model, a strip above the cells holds one slot per sequence: its
 recurrent state, which has taken in every token up to a position and has the same size at any
@@ -17,71 +25,45 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import QEvent, QPoint, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QImage, QPainter
+from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from ..engine.kv.cell_ledger import lowest_bit
+from ..engine.kv import cell_blocks
+from ..engine.kv.cell_blocks import CellBlocks
 from ..engine.kv.kv_view import KvCacheView, RecurrentSlot
 from ..engine.kv_flows import SeqNode
 from .byte_sizes import size_text
+from .kv_layout import MapLayout, fit_layout, max_zoom_steps, zoomed
+from .kv_picture import (BACKGROUND, EMPTY, PALETTE, UNREPORTED, block_image, cell_colours,
+                         seq_color)
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#17becf", "#bcbd22", "#393b79"]
-EMPTY = "#d4d4d4"
-UNREPORTED = ("#6e6e6e", "#f4f4f4")  # striped: a used cell whose owners are not reported
-BACKGROUND = "#ffffff"
+__all__ = ["BACKGROUND", "EMPTY", "PALETTE", "UNREPORTED", "KvGrid", "cell_colours", "seq_color"]
 SLOT_H, SLOT_W, SLOT_GAP = 22, 150, 4  # the recurrent states' strip: pixels
 
 
-def cell_colours(owners: np.ndarray, pos: np.ndarray,
-                 nodes: dict[int, SeqNode]) -> tuple[np.ndarray, np.ndarray]:
-    """(primary, secondary) sequence per cell, -1 for none: the primary is the node holding
-    the cell's position in its own range, else the lowest owner; the secondary, for hatching,
-    the lowest other owner that holds no node."""
-    primary = np.full(owners.shape, -1, dtype=np.int64)
-    used = owners != 0
-    if used.any():
-        primary[used] = lowest_bit(owners[used])
-    node_bits = np.uint64(0)
-    for s, n in nodes.items():
-        bit = np.uint64(1) << np.uint64(s)
-        node_bits |= bit
-        mine = ((owners & bit) != 0) & (pos >= n.start) & (pos < n.end)
-        primary[mine] = s
-    others = owners & ~node_bits
-    has = primary >= 0
-    others[has] &= ~(np.uint64(1) << primary[has].astype(np.uint64))
-    secondary = np.full(owners.shape, -1, dtype=np.int64)
-    rest = others != 0
-    if rest.any():
-        secondary[rest] = lowest_bit(others[rest])
-    return primary, secondary
-
-
-def seq_color(seq: int) -> QColor:
-    if seq < len(PALETTE):
-        return QColor(PALETTE[seq])
-    return QColor.fromHsvF((seq * 0.618034) % 1.0, 0.65, 0.85)
-
-
-def _rgb(c: QColor | str) -> int:
-    return QColor(c).rgb() & 0xFFFFFFFF
-
-
 class KvGrid(QWidget):
-    """One small square per cell: the colour of its radix node (else of its lowest owner),
-    hatched when a sequence outside the cache also holds it, grey when empty."""
+    """One small square per cell, or per block of cells when they do not fit: the colour of its
+    radix node (else of its lowest owner), hatched when a sequence outside the cache also holds
+    it, grey when empty."""
     cell_clicked = Signal(int)
+    layout_changed = Signal()  # cells per block or block size changed (zoom, room, a new view)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.view: KvCacheView | None = None
         self.nodes: dict[int, SeqNode] = {}
-        self._image: QImage | None = None
-        self._layout = (0, 1, 0)  # cell size, columns, rows
+        self.zoom_steps = 0  # 0: the whole context fits the room
+        self.room: QSize | None = None  # the scroll area's viewport, when the map is in one
+        self._keys: np.ndarray | None = None  # per cell: cell_blocks key
+        self._secondary: np.ndarray | None = None
+        self._blocks: CellBlocks | None = None
+        self._image: tuple | None = None  # ((layout, first row, end row), QImage) last painted
+        self._shown: MapLayout | None = None
+        self.images_built = 0  # pictures made (a test counts them)
         self.setMouseTracking(True)
         self.setMinimumSize(200, 120)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Expanding)
+        self.setFocusPolicy(Qt.ClickFocus)  # the map's zoom keys work once it is clicked
 
     def sizeHint(self) -> QSize:
         return QSize(420, 300)
@@ -89,8 +71,32 @@ class KvGrid(QWidget):
     def set_view(self, view: KvCacheView | None, nodes: dict[int, SeqNode] | None = None) -> None:
         self.view = view
         self.nodes = nodes or {}
+        self._keys = self._secondary = self._blocks = None
         self._image = None
+        self.zoom_steps = min(self.zoom_steps, self.max_zoom())  # another context's size
+        self._relayout()
         self.update()
+
+    def set_room(self, room: QSize) -> None:
+        """The scroll area's viewport: the whole context fits it when not zoomed."""
+        if room != self.room:
+            self.room = room
+            self._image = None
+            self._relayout()
+
+    def set_zoom(self, steps: int) -> None:
+        """Zoom ``steps`` in from the whole context (0), within what the view allows."""
+        steps = max(0, min(steps, self.max_zoom()))
+        if steps != self.zoom_steps:
+            self.zoom_steps = steps
+            self._relayout()
+            self.update()
+
+    def max_zoom(self) -> int:
+        return max_zoom_steps(self.fit()) if self._draws_cells() else 0
+
+    def _draws_cells(self) -> bool:
+        return self.view is not None and self.view.has_cells
 
     # ---- geometry
     def bottom(self) -> int:
@@ -126,33 +132,109 @@ class KvGrid(QWidget):
         return (f"{who}: recurrent state ({self.view.layers}) of {r.bytes:,} bytes, which has "
                 f"taken in positions 0–{r.pos:,}; it has this size at any length")
 
-    def cell_size(self) -> tuple[int, int, int]:
-        """(pixels per cell, columns, rows): the largest cells with which all fit."""
+    def fit(self) -> MapLayout:
+        """The layout with which every cell fits the room (the viewport, else the widget)."""
         n = self.view.n_cells if self.view else 0
-        w, h = max(self.width(), 1), max(self.height() - self.top() - self.bottom(), 1)
-        for cs in range(16, 1, -1):
-            cols = max(1, w // cs)
-            rows = -(-n // cols)
-            if rows * cs <= h:
-                return cs, cols, rows
-        cols = max(1, w // 2)
-        return 2, cols, -(-n // cols)
+        room_h = self.room.height() if self.room is not None else self.height()
+        w, h = max(self.width(), 1), max(room_h - self.top() - self.bottom(), 1)
+        return fit_layout(n, w, h)
+
+    def map_layout(self) -> MapLayout:
+        n = self.view.n_cells if self.view else 0
+        return zoomed(self.fit(), self.zoom_steps, n, max(self.width(), 1))
+
+    def cell_size(self) -> tuple[int, int, int]:
+        """(pixels per block, columns, rows); a block is one cell unless ``cells_per_block``."""
+        lay = self.map_layout()
+        return lay.px, lay.cols, lay.rows
+
+    @property
+    def cells_per_block(self) -> int:
+        return self.map_layout().k
+
+    def _relayout(self) -> None:
+        """A zoomed map is taller than its room: the scroll area scrolls it."""
+        lay = self.map_layout() if self._draws_cells() else None
+        want = (self.top() + lay.height + self.bottom()) if lay and self.zoom_steps else 120
+        if self.minimumHeight() != want:
+            self.setMinimumHeight(want)
+        if lay != self._shown:
+            self._shown = lay
+            self.layout_changed.emit()
+
+    def blocks(self) -> CellBlocks | None:
+        """The cells gathered as the map shows them now (None: no cell map)."""
+        if not self._draws_cells():
+            return None
+        k = self.cells_per_block
+        if self._blocks is None or self._blocks.k != k:
+            if self._keys is None:
+                v = self.view
+                primary, self._secondary = cell_colours(v.cell_owners, v.cell_pos, self.nodes)
+                self._keys = cell_blocks.cell_keys(primary, v.cell_unreported)
+            self._blocks = cell_blocks.aggregate(self._keys, self._secondary, k)
+        return self._blocks
+
+    def block_at(self, p: QPoint) -> int | None:
+        if not self._draws_cells():
+            return None
+        lay = self.map_layout()
+        y = p.y() - self.top()
+        col, row = p.x() // lay.px, y // lay.px
+        if p.x() < 0 or y < 0 or col >= lay.cols:
+            return None
+        b = row * lay.cols + col
+        return b if b * lay.k < self.view.n_cells else None
 
     def cell_at(self, p: QPoint) -> int | None:
-        if not self.view or not self.view.has_cells:
+        """The cell under ``p``; in a block, the first of its most common occupant's."""
+        b = self.block_at(p)
+        if b is None:
             return None
-        cs, cols, _rows = self.cell_size()
-        y = p.y() - self.top()
-        col, row = p.x() // cs, y // cs
-        if p.x() < 0 or y < 0 or col >= cols:
-            return None
-        i = row * cols + col
-        return i if i < self.view.n_cells else None
+        blocks = self.blocks()
+        a, end = blocks.cells(b)
+        if blocks.k == 1:
+            return a
+        first = np.flatnonzero(self._keys[a:end] == blocks.first[b])
+        return a + int(first[0]) if len(first) else a
 
     def cell_rect_center(self, cell: int) -> QPoint:
-        cs, cols, _rows = self.cell_size()
-        return QPoint((cell % cols) * cs + (cs - 1) // 2,
-                      self.top() + (cell // cols) * cs + (cs - 1) // 2)
+        lay = self.map_layout()
+        b = cell // lay.k
+        return QPoint((b % lay.cols) * lay.px + (lay.px - 1) // 2,
+                      self.top() + (b // lay.cols) * lay.px + (lay.px - 1) // 2)
+
+    def tooltip_at(self, p: QPoint) -> str:
+        b = self.block_at(p)
+        if b is None:
+            return ""
+        return self.tooltip_for(b) if self.cells_per_block == 1 else self.block_tooltip(b)
+
+    def who(self, key: int) -> str:
+        if key == cell_blocks.EMPTY:
+            return "empty"
+        if key == cell_blocks.UNREPORTED:
+            return "owners not reported"
+        node = self.nodes.get(key)
+        return node.describe() if node else f"sequence {key}"
+
+    def block_tooltip(self, block: int) -> str:
+        """A block's cells, positions and who holds them, the most cells first."""
+        v, blocks = self.view, self.blocks()
+        a, b = blocks.cells(block)
+        head = f"cells {a:,}–{b - 1:,} ({b - a:,} cells)"
+        pos = v.cell_pos[a:b]
+        pos = pos[pos >= 0]
+        if len(pos):
+            head += f", positions {int(pos.min()):,}–{int(pos.max()):,}"
+        parts = [f"{self.who(key)}: {n:,} cell{'s' if n != 1 else ''}"
+                 for key, n in cell_blocks.occupants(self._keys, a, b)]
+        mask = int(np.bitwise_or.reduce(v.cell_owners[a:b])) if b > a else 0
+        seqs = [s for s in range(64) if mask >> s & 1]
+        held = (f"; held by sequence{'s' if len(seqs) > 1 else ''} {', '.join(map(str, seqs))}"
+                if seqs else "")
+        more = "" if len(parts) <= 6 else f"; and {len(parts) - 6} more"
+        return f"{head}: {'; '.join(parts[:6])}{more}{held}"
 
     def tooltip_for(self, cell: int) -> str:
         v = self.view
@@ -187,37 +269,9 @@ class KvGrid(QWidget):
         return f"{where}, {node.describe()}{extra}"
 
     # ---- drawing
-    def _build_image(self) -> QImage:
-        v = self.view
-        cs, cols, rows = self.cell_size()
-        n = v.n_cells
-        primary, secondary = cell_colours(v.cell_owners, v.cell_pos, self.nodes)
-        colour = np.full(rows * cols, _rgb(BACKGROUND), dtype=np.uint32)
-        colour[:n] = _rgb(EMPTY)
-        table = np.array([_rgb(seq_color(s)) for s in range(64)], dtype=np.uint32)
-        used = primary >= 0
-        colour[:n][used] = table[primary[used]]
-        # a cell also held by a sequence outside the cache: striped with that sequence's colour
-        stripe = colour.copy()
-        hatched = secondary >= 0
-        stripe[:n][hatched] = table[secondary[hatched]]
-        if v.cell_unreported is not None:
-            colour[:n][v.cell_unreported] = _rgb(UNREPORTED[0])
-            stripe[:n][v.cell_unreported] = _rgb(UNREPORTED[1])
-        px = np.repeat(np.repeat(colour.reshape(rows, cols), cs, 0), cs, 1)
-        stripes = np.repeat(np.repeat(stripe.reshape(rows, cols), cs, 0), cs, 1)
-        ys, xs = np.indices(px.shape)
-        hatch = ((xs + ys) % 4 < 2) if cs >= 4 else ((xs + ys) % 2 == 0)
-        px[hatch] = stripes[hatch]
-        if cs >= 4:  # a one-pixel gap between cells
-            px[(xs % cs == cs - 1) | (ys % cs == cs - 1)] = _rgb(BACKGROUND)
-        px = np.ascontiguousarray(px)
-        img = QImage(px.data, px.shape[1], px.shape[0], px.shape[1] * 4, QImage.Format_RGB32)
-        return img.copy()  # own the pixels: px goes away
-
     def paintEvent(self, event) -> None:
         p = QPainter(self)
-        p.fillRect(self.rect(), QColor(BACKGROUND))
+        p.fillRect(event.rect(), QColor(BACKGROUND))
         v = self.view
         if v is not None and v.recurrent:
             self._draw_slots(p)
@@ -234,10 +288,17 @@ class KvGrid(QWidget):
                        f"No cell map to draw: llama.cpp could not be asked for its own ({v.note})."
                        " The legend shows each sequence's position range only.")
         else:
-            if self._image is None or self._layout != self.cell_size():
-                self._layout = self.cell_size()
-                self._image = self._build_image()
-            p.drawImage(0, self.top(), self._image)
+            lay = self.map_layout()
+            # only the rows being painted: a zoomed map is far taller than what shows of it
+            y0, y1 = event.rect().top() - self.top(), event.rect().bottom() + 1 - self.top()
+            r0 = max(0, y0 // lay.px)
+            r1 = min(lay.rows, -(-max(y1, 0) // lay.px))
+            if r1 > r0:
+                key = (lay, r0, r1)
+                if self._image is None or self._image[0] != key:
+                    self.images_built += 1
+                    self._image = (key, block_image(self.blocks(), lay, r0, r1))
+                p.drawImage(0, self.top() + r0 * lay.px, self._image[1])
             line = self.unreported_line()
             if line:
                 p.setPen(self.palette().text().color())
@@ -258,6 +319,7 @@ class KvGrid(QWidget):
     def resizeEvent(self, event) -> None:
         self._image = None
         super().resizeEvent(event)
+        self._relayout()
 
     def event(self, e) -> bool:
         if e.type() == QEvent.ToolTip:
@@ -265,14 +327,14 @@ class KvGrid(QWidget):
             if slot is not None:
                 QToolTip.showText(e.globalPos(), self.slot_tooltip(slot), self)
                 return True
-            cell = self.cell_at(e.pos())
+            tip = self.tooltip_at(e.pos())
             line = self.unreported_line()
-            if cell is None and line and e.pos().y() >= self.height() - self.bottom():
+            if not tip and line and e.pos().y() >= self.height() - self.bottom():
                 QToolTip.showText(e.globalPos(), line, self)
-            elif cell is None:
+            elif not tip:
                 QToolTip.hideText()
             else:
-                QToolTip.showText(e.globalPos(), self.tooltip_for(cell), self)
+                QToolTip.showText(e.globalPos(), tip, self)
             return True
         return super().event(e)
 

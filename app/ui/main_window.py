@@ -30,6 +30,7 @@ from .error_panel import ErrorPanel
 from .file_folders import FileFolders
 from .fillings_panel import FillingsPanel
 from .help_dialogs import ask_dialog, show_about, show_shortcuts
+from .reload_notice import prefix_dropped_text
 from .kv_dock import KvCacheDock
 from .model_events import follow
 from .model_panel import ModelPanel
@@ -237,6 +238,7 @@ class MainWindow(QMainWindow):
         self.bench.sweep_requested.connect(jobs.sweep)
         self.bench.error.connect(self.show_error)
         self.model_panel.apply_requested.connect(lambda again: self.load_model(remeasure=again))
+        self.model_panel.notice.prime_requested.connect(jobs.prime)
         self.library.load_requested.connect(jobs.load_state)
         self.library.save_requested.connect(self.save_state_dialog)
 
@@ -279,12 +281,15 @@ class MainWindow(QMainWindow):
             self.session.set_options(engine=replace(config, remeasure_kernels=False), edit=False)
         config = self.session.options.engine
         name = Path(config.model_path).name if config.model_path else "the default model"
+        was = self.engine_status.info  # whose cache held the primed prefix
 
         def done(info):
+            primed = self.session.state
             dropped = self.session.set_model(info)  # a state of another model goes
+            lost = prefix_dropped_text(primed, was, info, dropped)  # the new cache is empty
             self.show_status(f"loaded {Path(info.path).name}: {info.n_layer} layers, "
-                             f"context {info.n_ctx:,} tokens"
-                             + (f"; the primed state was dropped: {dropped}" if dropped else ""))
+                             f"context {info.n_ctx:,} tokens" + (f"; {lost}" if lost else ""))
+            self.model_panel.notice.offer(lost)
             if config.model_path:
                 self._add_recent(config.model_path)
 

@@ -15,8 +15,9 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QDockWidget, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPushButton, QScrollArea, QVBoxLayout, QWidget)
 
-from .engine_settings import EngineSettingsForm
+from .engine_settings import EngineSettingsForm, pending_text
 from .model_events import follow
+from .reload_notice import ReloadNotice
 from .session_edits import SessionEdits
 from .byte_sizes import size_text
 from ..engine import EngineStatus, ModelInfo
@@ -33,7 +34,7 @@ class ModelPanel(QDockWidget):
         self.session = session
         self.engine_status = engine_status
         self.form = EngineSettingsForm(session, edits or SessionEdits(session, self))
-        self.form.open_requested.connect(lambda: self.apply_requested.emit(False))
+        self.form.file_chosen.connect(self._file_chosen)  # loads with Apply, not at once
         self.remeasure = QPushButton("Measure again")
         self.remeasure.setObjectName("remeasureKernels")
         self.remeasure.setToolTip("Time both attention kernels again and reload")
@@ -51,6 +52,7 @@ class ModelPanel(QDockWidget):
         apply_row = QHBoxLayout()
         apply_row.addWidget(self.pending, 1)
         apply_row.addWidget(self.apply)
+        self.notice = ReloadNotice(session)  # what the last reload dropped, and Prime again
 
         self.facts = QFormLayout()
         self.fact_labels: dict[str, QLabel] = {}
@@ -77,6 +79,7 @@ class ModelPanel(QDockWidget):
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addWidget(self.form)
         lay.addLayout(apply_row)
+        lay.addWidget(self.notice)
         lay.addWidget(facts_box)
         lay.addWidget(notes_box)
         lay.addStretch(1)
@@ -87,6 +90,7 @@ class ModelPanel(QDockWidget):
         scroll.setWidget(body)
         self.setWidget(scroll)
         session.events.options.connect(lambda _o: self._show_pending())
+        session.events.state.connect(lambda _s: self._show_pending())
         follow(self, engine_status.events.info, self.show_info)
         follow(self, engine_status.events.config, lambda _config: self._show_pending())
         follow(self, engine_status.events.kernel_measurement, lambda _m: self._show_kernels())
@@ -99,10 +103,15 @@ class ModelPanel(QDockWidget):
             self.form.edits.set_engine("flash_attn", "auto")
         self.apply_requested.emit(remeasure)
 
+    def _file_chosen(self, path: str) -> None:
+        self.show()
+        self.raise_()
+        self.apply.setFocus()
+
     def _show_pending(self) -> None:
-        loaded = self.engine_status.config  # the settings the loaded model runs with
-        self.pending.setText("" if loaded is None or loaded == self.session.options.engine else
-                             "The loaded model runs with other settings: Apply to reload.")
+        # the settings the loaded model runs with, against the session's
+        self.pending.setText(pending_text(self.engine_status.config, self.session.options.engine,
+                                          self.session.state))
 
     def set_recent(self, paths: list[str]) -> None:
         self.form.set_recent(paths)

@@ -1,6 +1,7 @@
-"""The status bar: the loaded model, context use, memory, the running job's progress + Cancel,
-and the attention-kernel measurement that runs between jobs ("measuring attention kernels: 6 s
-left (flash attention off until measured)"), or its latest news.
+"""The status bar: the loaded model, context use, memory (against the engine's total, when it
+says one), the running job's progress + Cancel, and the attention-kernel measurement that runs
+between jobs ("measuring attention kernels: 6 s left (flash attention off until measured)"),
+or its latest news.
 
 The model and the job shown come from the engine status (app/engine/engine_status.py), which
 the bar observes; the progress of that job from the worker's progress signal, in the words of
@@ -20,6 +21,7 @@ from .engine_worker import EngineWorker, Job
 from .model_events import follow
 from .narrow_widgets import ElidedLabel
 
+BAR_STEPS = 1000
 QUIET_STAGES = {"generate"}  # one token at a time: too fast and too small to be worth a bar
 
 
@@ -35,6 +37,23 @@ def rss_bytes() -> int | None:
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         except Exception:
             return None
+
+
+def engine_memory_total(info: ModelInfo | None) -> int | None:
+    """The engine's planned total in bytes (``info.memory.total``), None when it has none."""
+    total = getattr(getattr(info, "memory", None), "total", None)
+    return int(total) if total else None
+
+
+def memory_text(rss: int, info: ModelInfo | None) -> tuple[str, str]:
+    """(text, tooltip) of the memory line: this process's resident memory, against the
+    engine's own sum of what it allocates (model, contexts, the cache's caps) when it has one."""
+    total = engine_memory_total(info)
+    if not total:
+        return f"memory {rss / 1e6:,.0f} MB", "This process's resident memory"
+    return (f"RAM {rss / 1e6:,.0f} / {total / 1e6:,.0f} MB",
+            f"This process uses {rss / 1e6:,.0f} MB; the engine counts {total / 1e6:,.0f} MB for "
+            "the model, its contexts and the cache's caps")
 
 
 class JobBar(QProgressBar):
@@ -62,6 +81,7 @@ class StatusBar(QStatusBar):
         self.model.setObjectName("statusModel")
         self.context = ElidedLabel("")
         self.memory = QLabel("")
+        self.memory.setObjectName("statusMemory")
         self.kernels = ElidedLabel("")
         self.kernels.setObjectName("kernelStatus")
         self.kernels.hide()
@@ -80,6 +100,7 @@ class StatusBar(QStatusBar):
             self.addPermanentWidget(w)
         worker.progress.connect(self.on_progress)
         follow(self, self.engine_status.events.info, self.show_model)
+        follow(self, self.engine_status.events.info, lambda _i: self.update_memory())
         follow(self, self.engine_status.events.job, self.show_job)
         follow(self, self.engine_status.events.kernel_measurement, self.show_kernels)
         follow(self, self.engine_status.events.working, lambda _w: self.show_kernels(
@@ -122,12 +143,9 @@ class StatusBar(QStatusBar):
         self.cancel.show()
         if p.stage == "load":
             self.bar.setRange(0, 0)
-        elif p.job is not None:  # the bar fills with the whole job, the text names the pass
-            self.bar.setRange(0, max(p.job.total, 1))
-            self.bar.setValue(p.job.done)
-        else:
-            self.bar.setRange(0, max(p.total, 1))
-            self.bar.setValue(p.done)
+        else:  # the whole job with the running pass (a run of one row fills as it runs)
+            self.bar.setRange(0, BAR_STEPS)
+            self.bar.setValue(round(p.fraction * BAR_STEPS))
         self.last_text = progress_line(job.label, p)
         self.bar.setToolTip(self.last_text)
         self.bar.setFormat(self.last_text)
@@ -147,4 +165,6 @@ class StatusBar(QStatusBar):
     def update_memory(self) -> None:
         rss = rss_bytes()
         if rss:
-            self.memory.setText(f"memory {rss / 1e6:,.0f} MB")
+            text, tip = memory_text(rss, self.engine_status.info)
+            self.memory.setText(text)
+            self.memory.setToolTip(tip)
