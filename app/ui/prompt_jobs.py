@@ -19,6 +19,7 @@ from ..engine import BenchResult, KvPrimerError, PrefixState, TextDelta
 from ..engine import session_flows as flows
 from ..engine import state_flows
 from ..engine.files.llama_state_file import save_state
+from ..engine.runs.cold_reference import ColdEstimate
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind
 from .session_edits import SessionEdits
@@ -42,6 +43,8 @@ class PromptJobs(QObject):
     state_saved = Signal(str, int)  # path, bytes
     state_loaded = Signal(str, object)  # path, PrefixState (its .warning may say how little was checked)
     state_load_failed = Signal(str)  # the reason
+    cold_estimate = Signal(str)  # before a long cold run: how long it will take
+    verified = Signal(object)  # RunRecord: an earlier warm-only run, now with its verdict
 
     def __init__(self, worker: EngineWorker, session: Session, parent: QObject | None = None,
                  edits: SessionEdits | None = None):
@@ -99,6 +102,11 @@ class PromptJobs(QObject):
                 self.row_started.emit(item.row)
             elif isinstance(item, RunRecord):
                 self.session.add_run(item)
+            elif isinstance(item, ColdEstimate):
+                text = item.text() + ("; Warm only skips it, Verify runs it later"
+                                      if job.label == "run both" else "")
+                self.cold_estimate.emit(text)
+                self.status.emit(text)
         elif job.kind is JobKind.BENCH and isinstance(item, BenchResult):
             self.session.set_bench(dataclasses.replace(item, rows=list(item.rows)))
         elif job.kind is JobKind.SWEEP and isinstance(item, list):
@@ -178,6 +186,25 @@ class PromptJobs(QObject):
 
         return self._submit(JobKind.RUN, lambda e, t: flows.run_rows(e, plan, t), done,
                             label=f"run {mode}")
+
+    def verify(self, record: RunRecord | None = None) -> Job | None:
+        """Verify a warm-only run later (the latest one not yet verified by default): its cold
+        run, between jobs; the session's record is replaced by the verified one."""
+        plan = self._plan(flows.verify_plan, self.session, record)
+        if plan is None:
+            return None
+
+        def done(new: RunRecord):
+            runs = self.session.runs
+            at = next((i for i, r in enumerate(runs) if r is plan.record), None)
+            if at is not None:  # not cleared meanwhile
+                runs[at] = new
+                self.session.mark_dirty()
+            self.verified.emit(new)
+            self.status.emit(f"verified row {new.row}: {new.report.verdict_text()}")
+
+        return self._submit(JobKind.RUN, lambda e, t: flows.verify(e, plan, t), done,
+                            label="verify")
 
     def bench(self, repeat: int | None = None) -> Job | None:
         plan = self._plan(flows.session_bench_plan, self.session, repeat or None)
