@@ -1,13 +1,15 @@
-"""Verifying a warm run later: its cold run made when there is time, between jobs.
+"""A warm run verified against its cold run: at once (run_prompt), or later, between jobs.
 
-A warm-only run (``run_prompt(..., cold=False)``) leaves its verdict open ("not yet verified")
-unless a kept cold run could judge it, and keeps what its cold run needs: the prompt's tokens
-and the ``ColdKey`` (cold_reference.py) naming its batches, kernel, settings, thread count and
-generation. ``verify_later`` makes that cold run (or takes a kept one) on the generation thread
-count the warm run held, and judges the warm run as run_prompt would have: a new report with
-the cold run, the noise run when needed, and the verdict. A run whose engine changed since (the
-model, the attention kernel, KV types, batch or context size) cannot be verified: its cold run
-would be another computation.
+``verify_run`` is the cold half of every run: the cold run (the caller's, as a benchmark's row
+shares it between its modes and repeats; kept by the cold reference from an earlier run,
+``report.cold_kept``; or evaluated now), the noise run only when warm and cold differ or when
+asked, and the verdict (verdict.py). A warm-only run makes no evaluation: a kept cold run judges
+it if one is kept, else it stays "not yet verified" and keeps what its cold run needs: the
+prompt's tokens and its ``ColdKey`` (cold_reference.py: its batches, kernel, settings, thread
+count and generation). ``verify_later`` makes that cold run, on the generation thread count the
+warm run held, and returns the report judged as a run of both paths would have been. A run whose
+engine changed since (the model, the attention kernel, KV types, batch or context size) cannot
+be verified: its cold run would be another computation.
 """
 from __future__ import annotations
 
@@ -16,11 +18,55 @@ from dataclasses import replace
 from ..errors import KvPrimerError
 from ..llama.thread_fit import shared_fit
 from ..task_state import TaskState
-from .prompt_runs import RunReport
 from .verdict import compare_runs, judge, needs_noise
 
 
-def check_verifiable(engine, report: RunReport) -> None:
+def verify_run(engine, report, tokens: list[int], gen, max_new: int, keep_n: int,
+               task: TaskState, *, cold: bool, oneshot: bool | None, colds: dict | None = None
+               ) -> None:
+    """Fill ``report``'s cold run, noise run, verdict and ``cold_kept`` (see the module
+    docstring). ``cold``: evaluate what is not kept; ``oneshot``: the noise run, None only
+    when warm and cold differ, True always, False never; ``colds``: the caller's cold runs."""
+    colds = {} if colds is None else colds
+    ref = engine.cold
+
+    def cold_path(plan, mode):
+        key = ref.key(tokens, plan, gen, max_new, keep_n)
+        local = (("cold", tuple(plan), gen, max_new, key.gen_threads) if plan
+                 else ("oneshot", gen, max_new, key.gen_threads))
+        if local in colds:
+            return colds[local], True
+        colds[local], kept = ref.reference(key, tokens, plan, gen, max_new, task, mode, keep_n,
+                                           report.warm)
+        return colds[local], kept
+
+    if cold:
+        # without a warm run to match, the cold run is the plain one a user would make (the
+        # one-shot run: one computation serves both)
+        report.cold, report.cold_kept = cold_path(report.plan if report.warm else None, "cold")
+        task.partial(report)
+    elif report.warm is not None and report.reference is not None:
+        report.cold = ref.kept.get(report.reference)  # warm only: judged if one is kept
+        report.cold_kept = report.cold is not None
+    if report.cold and report.warm:
+        w = compare_runs(report.cold.tokens, report.cold.logits, report.warm.tokens,
+                         report.warm.logits)
+        if not cold and needs_noise(w):  # warm only: a kept noise run, or no verdict yet
+            report.oneshot = ref.kept.get(ref.key(tokens, None, gen, max_new, keep_n))
+            if report.oneshot is None:
+                report.cold, report.cold_kept = None, False
+                return
+        # a bit-identical run needs no noise floor to be judged: its third evaluation is saved
+        elif oneshot or (oneshot is None and needs_noise(w)):
+            report.oneshot = cold_path(None, "oneshot")[0]
+        noise = None if report.oneshot is None else compare_runs(
+            report.cold.tokens, report.cold.logits, report.oneshot.tokens, report.oneshot.logits)
+        report.verdict = judge(w, noise, report.note)
+    elif oneshot:
+        report.oneshot = cold_path(None, "oneshot")[0]
+
+
+def check_verifiable(engine, report) -> None:
     """Refuse, in one line, a run that has nothing to verify or cannot be verified here."""
     if report.warm is None:
         raise KvPrimerError("a cold-only run has nothing to verify; run the row warm")
@@ -40,25 +86,15 @@ def check_verifiable(engine, report: RunReport) -> None:
                             "computation; run the row again to verify it")
 
 
-def verify_later(engine, report: RunReport, task: TaskState | None = None,
-                 oneshot: bool | None = None) -> RunReport:
-    """``report`` with its cold run and verdict (a verified report comes back as it is).
-    ``oneshot``: the noise run, None only when warm and cold differ, True always."""
+def verify_later(engine, report, task: TaskState | None = None, oneshot: bool | None = None):
+    """A new report: ``report`` (a RunReport with a warm run) judged against its cold run, made
+    now or kept; a verified report comes back as it is unless the noise run is asked for."""
     check_verifiable(engine, report)
     if report.verdict is not None and not oneshot:
         return report
-    ref, task = report.reference, task or TaskState()
-    marks = list(ref.starts) if ref.starts is not None else None
+    ref = report.reference
+    out = replace(report, cold=None, oneshot=None, verdict=None, cold_kept=False)
     with shared_fit().pinned(ref.gen_threads):
-        cold, kept = engine.cold.reference(ref, report.prompt, marks, ref.gen, ref.max_new,
-                                           task, "cold", ref.keep_logits, report.warm)
-        warm = report.warm
-        w = compare_runs(cold.tokens, cold.logits, warm.tokens, warm.logits)
-        noise_run = noise = None
-        if oneshot or (oneshot is None and needs_noise(w)):
-            noise_run, _kept = engine.cold.reference(
-                replace(ref, starts=None), report.prompt, None, ref.gen, ref.max_new, task,
-                "oneshot", ref.keep_logits, warm)
-            noise = compare_runs(cold.tokens, cold.logits, noise_run.tokens, noise_run.logits)
-    return replace(report, cold=cold, cold_kept=kept, oneshot=noise_run or report.oneshot,
-                   verdict=judge(w, noise, report.note))
+        verify_run(engine, out, report.prompt, ref.gen, ref.max_new, ref.keep_logits,
+                   task or TaskState(), cold=True, oneshot=oneshot)
+    return out

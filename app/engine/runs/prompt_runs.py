@@ -34,7 +34,8 @@ from ..files.prefix_state import PrefixState
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
-from .verdict import Verdict, compare_runs, judge, needs_noise
+from .late_verify import verify_run
+from .verdict import Verdict
 from .warm_cost import WarmBreakdown, run_breakdown
 
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
@@ -165,54 +166,11 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
                             max_new, recompute, keep, task, report, reuse_before)
         task.partial(report)
     keep_n = min(max_new, KEEP_LOGITS)
-    colds = cold_cache if cold_cache is not None else {}
     if warm:  # what verifying it later needs
         report.prompt = tokens
         report.reference = engine.cold.key(tokens, report.plan, gen, max_new, keep_n)
-
-    def cold_path(plan, mode) -> tuple[PathResult, bool]:
-        """A cold run: the caller's (a benchmark's row, shared by its modes and repeats), kept
-        by the cold reference, or evaluated now (False)."""
-        key = engine.cold.key(tokens, plan, gen, max_new, keep_n)
-        local = (("cold", tuple(plan), gen, max_new, key.gen_threads) if plan
-                 else ("oneshot", gen, max_new, key.gen_threads))
-        if local in colds:
-            return colds[local], True
-        colds[local], kept = engine.cold.reference(key, tokens, plan, gen, max_new, task, mode,
-                                                   keep_n, report.warm)
-        return colds[local], kept
-
-    if cold:
-        # without a warm run to match, the cold run is the plain one a user would make (the
-        # one-shot run: one computation serves both)
-        report.cold, report.cold_kept = cold_path(report.plan if warm else None, "cold")
-        task.partial(report)
-    elif report.warm:  # warm only: a kept cold run judges it, if one is kept
-        report.cold = engine.cold.kept.get(report.reference)
-        report.cold_kept = report.cold is not None
-
-    def noise_run() -> PathResult:
-        return cold_path(None, "oneshot")[0]
-
-    if report.cold and report.warm:
-        w = compare_runs(report.cold.tokens, report.cold.logits, report.warm.tokens,
-                         report.warm.logits)
-        noise = None
-        if not cold and needs_noise(w):  # warm only: no evaluation, so a kept noise run or none
-            noise_key = engine.cold.key(tokens, None, gen, max_new, keep_n)
-            report.oneshot = engine.cold.kept.get(noise_key)
-            if report.oneshot is None:
-                report.cold, report.cold_kept = None, False
-        # a bit-identical run needs no noise floor to be judged: its third evaluation is saved
-        elif oneshot or (oneshot is None and needs_noise(w)):
-            report.oneshot = noise_run()
-        if report.oneshot is not None:
-            noise = compare_runs(report.cold.tokens, report.cold.logits, report.oneshot.tokens,
-                                 report.oneshot.logits)
-        if report.cold is not None:
-            report.verdict = judge(w, noise, report.note)
-    elif oneshot:
-        report.oneshot = noise_run()
+    verify_run(engine, report, tokens, gen, max_new, keep_n, task, cold=cold, oneshot=oneshot,
+               colds=cold_cache)
     if report.warm:
         report.breakdown = run_breakdown(engine, report, len(tokens), segments)
     task.partial(report)
