@@ -195,3 +195,15 @@ def test_kvprimer_run_says_how_long_a_long_cold_run_will_take(tmp_path, tiny_mod
     assert main([*args, "--warm"]) == 0
     out, err = capsys.readouterr()
     assert "verifying" not in err and "verdict: not yet verified (warm only)" in out
+
+
+def test_the_estimate_learns_the_attention_cost_from_its_own_runs(engine):
+    """Own cold runs of sizes 2x apart show the per-token time rising with the length: a cold
+    run of 4,000 tokens costing n + 0.01·n² ms is estimated from runs of 500 and 1,000."""
+    info = engine.info
+    assert 2 * info.n_layer * info.n_embd / info.n_params < 0.02  # the shape says less
+    ref = engine.cold
+    ref._samples = [(0, n, n + 0.01 * n * n) for n in (500, 1000)]
+    assert ref.estimate(4000).seconds == pytest.approx((4000 + 0.01 * 4000 ** 2) / 1000)
+    ref._samples = ref._samples[:1]  # one size: the model's shape alone scales it
+    assert ref.estimate(4000).seconds < (4000 + 0.01 * 4000 ** 2) / 1000

@@ -18,7 +18,8 @@ cap, least recently used first out) under a ``ColdKey`` holding everything that 
 bits, and every later run, repeat or mode whose reference has the same key takes it from there.
 Before an evaluation expected to take long (``estimate``: from this reference's own earlier
 evaluations, else the warm run's, else the kernel measurement, scaled by the attention's share
-of the work at that length) a ``ColdEstimate`` goes out as a partial result.
+of the work at that length: the model's shape says it, or its own runs of other sizes where
+they show more) a ``ColdEstimate`` goes out as a partial result.
 """
 from __future__ import annotations
 
@@ -221,10 +222,7 @@ class ColdReference:
         measurement (None: nothing measured yet). Attention makes a token at position p cost
         more than one at 0: the measured time is scaled by ``work_units``, the attention's
         share taken from the model's shape (its FLOPs per position against the weights')."""
-        info = self._engine.info
-        layers = info.traits.attention_layers
-        layers = info.n_layer if layers is None else layers
-        k = 2 * layers * info.n_embd / max(info.n_params, 1)
+        k = self._attention_share()
         gen_ms = warm.gen_ms if warm is not None else 0.0
         if self._samples:
             s, e, ms = min(self._samples, key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
@@ -240,6 +238,21 @@ class ColdReference:
             basis = "the kernel measurement"
         seconds = (ms * work_units(0, n_tokens, k) / work_units(s, e, k) + gen_ms) / 1000
         return ColdEstimate(mode, n_tokens, seconds, basis)
+
+    def _attention_share(self) -> float:
+        """``work_units``' k: from the model's shape (attention FLOPs per position over the
+        weights' per token), or more where this reference's own evaluations of sizes at least
+        2x apart show attention costing more than its FLOPs say (t/n = a + b·n: k = 2b/a)."""
+        info = self._engine.info
+        layers = info.traits.attention_layers
+        layers = info.n_layer if layers is None else layers
+        k = 2 * layers * info.n_embd / max(info.n_params, 1)
+        n = np.array([e - s for s, e, _ms in self._samples if s == 0], dtype=np.float64)
+        if len(n) < 2 or n.max() < 2 * n.min():
+            return k
+        per = np.array([ms for s, _e, ms in self._samples if s == 0]) / n
+        b, a = np.polyfit(n, per, 1)
+        return min(max(k, 2 * b / a), 20 * k) if a > 0 else k  # a noisy fit stays bounded
 
     # ---- evaluating
     def run(self, tokens: list[int], marks: list[int] | None, gen: GenerationConfig,
