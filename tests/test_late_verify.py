@@ -13,6 +13,7 @@ from app.engine import GenerationConfig, KvPrimerError, Template, report_dict, r
 from app.engine import session_flows as flows
 from app.engine.files.project_file import report_from_dict
 from app.engine.prompts.rows import Row
+from app.engine.runs import cold_reference
 from app.engine.runs.cold_reference import ColdReference
 from app.engine.runs.late_verify import verify_later
 from app.engine.session import Options, RunRecord, Session
@@ -97,7 +98,7 @@ def test_the_verify_flow_takes_the_latest_run_not_yet_verified(engine):
         flows.verify_plan(s, new)
 
 
-def test_the_window_verifies_a_warm_only_run_later(qtbot, make_window):
+def test_the_window_verifies_a_warm_only_run_later(qtbot, make_window, monkeypatch):
     w = make_window()
     w.editor.set_text(TPL.source)
     for name, value in VALS.items():
@@ -110,7 +111,14 @@ def test_the_window_verifies_a_warm_only_run_later(qtbot, make_window):
     rec = w.session.runs[-1]
     assert rec.report.verdict is None and panel.verdict.text() == "not yet verified"
     assert verify.isEnabled() and panel.table.rowCount() == 1
+    monkeypatch.setattr(cold_reference, "LONG_COLD_S", 0.0)  # every cold run is "long"
+    estimates = []
+    w.jobs.cold_estimate.connect(estimates.append)
     job = click(qtbot, w, verify, JobKind.RUN)
+    # announced first, with the time it would take (from the warm run's speed)
+    said = f"verifying against a cold run of {rec.report.prompt_tokens:,} tokens: about "
+    assert estimates and estimates[0].startswith(said)
+    assert any(m.startswith(said) for m in w.errors.messages())
     assert job.outcome == "done" and job.label == "verify"
     new = w.session.runs[-1]
     assert new.row == rec.row and new.report.warm is rec.report.warm

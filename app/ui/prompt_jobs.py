@@ -79,10 +79,16 @@ class PromptJobs(QObject):
 
         def cancelled(job: Job):
             if not self.engine_status.closed:
+                self.cold_estimate.emit("")  # no cold run is coming now
                 self.status.emit(f"{job.label} cancelled")
 
-        return self.worker.submit(kind, body, label=label, on_done=done,
-                                  on_error=on_error or self._fail, on_cancelled=cancelled, **kw)
+        def failed(msg: str):
+            if not self.engine_status.closed:
+                self.cold_estimate.emit("")
+            (on_error or self._fail)(msg)
+
+        return self.worker.submit(kind, body, label=label, on_done=done, on_error=failed,
+                                  on_cancelled=cancelled, **kw)
 
     def _plan(self, make, *args):
         """The flow's plan, or None after telling the user why the flow cannot start."""

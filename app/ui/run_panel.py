@@ -258,7 +258,15 @@ class RunPanel(QWidget):
         self.verify_button.setEnabled(self._can_run and r is not None and not r.verified)
 
     def show_estimate(self, text: str) -> None:
-        """Before a long cold run: how long it will take, where its verdict will be."""
+        """Before a long cold run: how long it will take, where its verdict will be ("": the
+        run stopped; the last verdict again)."""
+        if not text:
+            if self.verdict.text() == "verifying…":
+                self.verdict.setText("")
+                self.details.setText("")
+                if self._shown is not None:
+                    self.show_verdict(self._shown)
+            return
         self.verdict.setText("verifying…")
         self.verdict.setStyleSheet("")
         self.details.setText(text)
