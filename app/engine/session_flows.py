@@ -1,6 +1,6 @@
-"""The session's flows, written once: Prime, Run the selected rows, Verify a warm-only run later,
-Benchmark the rows, the prefix sweep, and the snapshot Save writes after a run. The window (app/ui/prompt_jobs.py), the
-CLI (app/cli/) and the tests drive these same functions.
+"""The session's flows, written once: Prime, Run the selected rows, Verify a warm-only run
+later, Benchmark the rows, the prefix sweep, and the snapshot Save writes after a run. The
+window (app/ui/prompt_jobs.py), the CLI (app/cli/) and the tests drive these same functions.
 
 A flow has two halves. Its plan is made on the caller's thread, from a Session or from a
 template and rows (the CLI's files): it picks the rows, refuses what cannot run (no template,

@@ -108,11 +108,12 @@ class PromptJobs(QObject):
                 self.row_started.emit(item.row)
             elif isinstance(item, RunRecord):
                 self.session.add_run(item)
-            elif isinstance(item, ColdEstimate):
-                text = item.text() + ("; Warm only skips it, Verify runs it later"
-                                      if job.label == "run both" else "")
+        if isinstance(item, ColdEstimate):  # a run's, a verification's or a benchmark row's
+            text = item.text() + ("; Warm only skips it, Verify runs it later"
+                                  if job.label == "run both" else "")
+            if job.kind is JobKind.RUN:
                 self.cold_estimate.emit(text)
-                self.status.emit(text)
+            self.status.emit(text)
         elif job.kind is JobKind.BENCH and isinstance(item, BenchResult):
             self.session.set_bench(dataclasses.replace(item, rows=list(item.rows)))
         elif job.kind is JobKind.SWEEP and isinstance(item, list):

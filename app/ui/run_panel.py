@@ -5,8 +5,8 @@ verdict (bit-identical, within-noise or diverged, coloured, with its figures), w
 reused, where its time went (copy, evaluation, first token; and when chain's batching cost more
 than it saves), and a chart of cold vs warm time to first token. A warm-only run shows "not yet
 verified" until Verify makes its cold run (between jobs); a verdict judged against a cold run
-kept from an earlier run says so. The streamed text and the row
-being run are transient and come from the jobs. The max-tokens, reuse-mode, recompute and
+kept from an earlier run says so. The streamed text, the row being run and a long cold run's
+estimate are transient and come from the jobs. The max-tokens, reuse-mode, recompute and
 "always measure noise" boxes are the session's options, changed through SessionEdits (undoable).
 """
 from __future__ import annotations
@@ -154,8 +154,8 @@ class RunPanel(QWidget):
             self.run_buttons.append(b)
         self.verify_button = QPushButton("Verify")
         self.verify_button.setObjectName("verify")
-        self.verify_button.setToolTip("Run the cold run of the last warm-only run now and judge "
-                                      "it (a kept cold run of the same prompt is used if there is one)")
+        self.verify_button.setToolTip("Make the cold run of the last warm-only run now and judge "
+                                      "it (a kept cold run of the same prompt if there is one)")
         self.verify_button.setEnabled(False)
         self.verify_button.clicked.connect(lambda _=False: self.verify_requested.emit())
         buttons.addWidget(self.verify_button)

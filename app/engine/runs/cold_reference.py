@@ -82,7 +82,7 @@ class ColdKey:
     n_tokens: int
     starts: tuple[int, ...] | None  # the warm history's batch starts; None: plain batches
     model: str  # the model file's sha256
-    context: ContextParams  # kernel (flash attention), KV types, n_batch, n_ubatch, n_ctx, threads set
+    context: ContextParams  # kernel (flash attention), KV types, n_batch/n_ubatch, n_ctx, threads
     gen_threads: int  # one-token decodes' threads, held for the run (ThreadFit.pinned)
     gen: GenerationConfig
     max_new: int
@@ -228,7 +228,8 @@ class ColdReference:
             s, e, ms = min(self._samples, key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
             basis = "this engine's cold runs"
         elif warm is not None and warm.evaluated_tokens > 1 and warm.prompt_ms > 0:
-            s, e, ms = warm.reused_tokens, warm.reused_tokens + warm.evaluated_tokens, warm.prompt_ms
+            s, ms = warm.reused_tokens, warm.prompt_ms
+            e = s + warm.evaluated_tokens
             basis = "the warm run"
         else:
             cost = measured_batch_cost(self._engine.kernels)

@@ -140,11 +140,12 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     ``state``: a saved prefix state to reuse (restored once into the cache). ``keep``: cache
     the prompt's segments for later runs (chain). ``recompute``: compose mode evaluates the
     first k tokens of each module in context. ``cold_cache``: cold runs already made for this
-    prompt, by batch starts (a benchmark's row: its cold times, shared by its modes).
-    Cold runs kept by ``engine.cold`` from earlier runs stand in for new ones with the same key
-    (``report.cold_kept``). ``reuse_before``: reuse only cache nodes older than this cache generation (a benchmark's
-    repeats must not reuse what the row's own first run cached). ``oneshot``: the noise run,
-    None (the default) only when warm and cold differ, True always, False never.
+    prompt, by batch starts (a benchmark's row: its cold times, shared by its modes). Cold
+    runs kept by ``engine.cold`` from earlier runs stand in for new ones with the same key
+    (``report.cold_kept``). ``reuse_before``: reuse only cache nodes older than this cache
+    generation (a benchmark's repeats must not reuse what the row's own first run cached).
+    ``oneshot``: the noise run, None (the default) only when warm and cold differ, True
+    always, False never.
     """
     reuse, = check_reuse_modes(reuse, one=True)
     if not (cold or warm):
