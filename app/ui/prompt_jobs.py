@@ -210,8 +210,9 @@ class PromptJobs(QObject):
             self.verified.emit(new)
             self.status.emit(f"verified row {new.row}: {new.report.verdict_text()}")
 
+        # after the job running now, not instead of it; a job started later stops it
         return self._submit(JobKind.RUN, lambda e, t: flows.verify(e, plan, t), done,
-                            label="verify")
+                            label="verify", cancel_running=False)
 
     def bench(self, repeat: int | None = None) -> Job | None:
         plan = self._plan(flows.session_bench_plan, self.session, repeat or None)
