@@ -15,7 +15,7 @@ from app.cli.exit_codes import ExitCode
 from app.cli.flag_hints import with_flags
 from app.cli.parser import build_parser
 from app.engine import Engine, EngineConfig, GenerationConfig, Template
-from app.engine.runs import prompt_runs
+from app.engine.runs import late_verify, prompt_runs
 from app.engine.llama.native import ContextParams
 from app.engine.session import Options
 from app.engine.runs.verdict import DIVERGED, Verdict
@@ -155,7 +155,7 @@ def test_exit_codes_each_mean_one_outcome(files, capfd, monkeypatch):
     def diverged(warm, noise, note=""):
         return Verdict(DIVERGED, False, 0, 1.0, 0.5, 0.0, None, None, note, 1)
 
-    monkeypatch.setattr(prompt_runs, "judge", diverged)
+    monkeypatch.setattr(late_verify, "judge", diverged)  # where runs are judged
     assert main(["run", t, *m, *VALS, "-n", "2", "--reuse", "chain"]) == ExitCode.RUNS_DIFFER == 1
     assert main(["bench", t, *m, "--rows", str(d / "rows.csv"), "--reuse", "prefix",
                  "--repeat", "1", "-n", "2"]) == ExitCode.RUNS_DIFFER

@@ -40,9 +40,12 @@ def test_a_run_in_the_window_makes_two_evaluations_and_shows_the_warm_breakdown(
     evaluations.clear()
     click(qtbot, w, w.run_panel.findChild(QPushButton, "run_both"), JobKind.RUN)
     again = w.session.runs[-1].report
-    assert evaluations == ["cold", "oneshot"] and again.oneshot is not None
+    # the same prompt and batches: judged against the first run's kept cold run, and says so
+    assert evaluations == ["oneshot"] and again.oneshot is not None and again.cold_kept
     assert again.verdict.equivalence == "bit-identical"
-    assert "3 evaluations (cold, warm, noise); noise floor measured" in w.run_panel.breakdown.text()
+    assert ("2 evaluations (warm, noise); its cold run kept from an earlier run; noise floor "
+            "measured") in w.run_panel.breakdown.text()
+    assert w.run_panel.details.text().endswith("against a cold run kept from an earlier run")
     # the box is an option like the others: undone by Edit ▸ Undo, which names it
     assert "always measure noise" in w.edits.stack.undoText()
     w.edits.stack.undo()

@@ -6,6 +6,7 @@ model loads, so bad input costs nothing, then runs the flow the window runs.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ..engine import session_flows as flows
 from ..engine.files.llama_state_file import FORMATS, save_state
 from ..engine.llama.memory_budget import size_text
 from ..engine.benchmarks.bench_export import results_dict, write_results
+from ..engine.runs.cold_reference import ColdEstimate
 from ..engine.runs.prompt_runs import check_reuse_modes
 from ..engine.session import Options
 from .engine_options import (cancel_on_interrupt, check_save, load_state_file, open_engine,
@@ -186,6 +188,15 @@ def _one_mode(text: str | None) -> str | None:
     return None if text is None else check_reuse_modes(text, one=True)[0]
 
 
+def _say_cold_estimates(task, hint: str):
+    """Before a cold run expected to take long, one line on stderr: how long, and ``hint``."""
+    def said(item) -> None:
+        if isinstance(item, ColdEstimate):
+            print(f"kvprimer: {item.text()}{hint}", file=sys.stderr, flush=True)
+    task.on_partial = said
+    return task
+
+
 def cmd_run(args) -> int:
     tpl = read_template(args.template)
     opts = session_options(args, project_options(args.template), reuse_mode=_one_mode(args.reuse),
@@ -196,15 +207,19 @@ def cmd_run(args) -> int:
                           model=args.model)
     with open_engine(args) as eng:
         plan = replace(plan, restore=load_state_file(eng, args.state, tpl))
-        rep = flows.run_rows(eng, plan, progress_printer()).records[0].report
+        hint = "; --warm skips it" if paths == "both" else ""
+        task = _say_cold_estimates(progress_printer(), hint)
+        rep = flows.run_rows(eng, plan, task).records[0].report
 
     def words():
         print(f"prompt {rep.prompt_tokens} tokens; reused {rep.reuse_text()} "
               f"(tokenize {rep.tokenize_ms:.1f} ms)")
         for path in (rep.cold, rep.warm):
             if path:
+                kept = " (kept from an earlier run)" if path is rep.cold and rep.cold_kept else ""
                 print(f"{path.mode:>5}: restore {path.restore_ms:7.1f} ms  time to first token "
-                      f"{path.ttft_ms:8.1f} ms  {path.tokens_per_s:6.1f} tok/s  -> {path.text!r}")
+                      f"{path.ttft_ms:8.1f} ms  {path.tokens_per_s:6.1f} tok/s  -> {path.text!r}"
+                      f"{kept}")
         if rep.breakdown:
             print(f"warm time: {rep.breakdown.describe()}")
             if rep.breakdown.batching_note:
@@ -213,8 +228,8 @@ def cmd_run(args) -> int:
             print(f"speedup {rep.speedup:.1f}x")
         if rep.oneshot and rep.cold and rep.warm:
             print(f"noise run (one-shot cold): time to first token {rep.oneshot.ttft_ms:8.1f} ms")
-        if rep.verdict:
-            print(f"verdict: {rep.verdict.describe()}")
+        if rep.verdict_text():
+            print(f"verdict: {rep.verdict_text()}")
 
     emit(args, report_dict(rep), words)
     return verdicts_code([(rep.reuse, rep.verdict)])
@@ -237,6 +252,7 @@ def cmd_bench(args) -> int:
                            measure_noise=args.noise)
     plan = flows.bench_plan(tpl, rows, opts, snapshot=False, model=args.model)
     with open_engine(args) as eng, cancel_on_interrupt(progress_printer()) as task:
+        _say_cold_estimates(task, "; Ctrl+C stops with the rows finished")
         state = load_state_file(eng, args.state, tpl)
         plan = flows.bench_plan(tpl, rows, opts, restore=state, snapshot=False)
         res = flows.bench(eng, plan, task).result

@@ -1,6 +1,6 @@
-"""The session's flows, written once: Prime, Run the selected rows, Benchmark the rows, the
-prefix sweep, and the snapshot Save writes after a run. The window (app/ui/prompt_jobs.py), the
-CLI (app/cli/) and the tests drive these same functions.
+"""The session's flows, written once: Prime, Run the selected rows, Verify a warm-only run
+later, Benchmark the rows, the prefix sweep, and the snapshot Save writes after a run. The
+window (app/ui/prompt_jobs.py), the CLI (app/cli/) and the tests drive these same functions.
 
 A flow has two halves. Its plan is made on the caller's thread, from a Session or from a
 template and rows (the CLI's files): it picks the rows, refuses what cannot run (no template,
@@ -19,6 +19,7 @@ from .benchmarks.bench_rows import BenchResult, bench_rows, check_repeat
 from .errors import KvPrimerError, MissingValuesError, RowsError
 from .files.prefix_state import PrefixState
 from .benchmarks.prefix_sweep import SweepPoint, prefix_sweep
+from .runs.late_verify import verify_later
 from .runs.prompt_runs import check_recompute, check_reuse_modes, run_prompt
 from .prompts.prompt_tokens import common_prefix
 from .prompts.rows import Row
@@ -60,6 +61,12 @@ class BenchPlan:
     state: PrefixState | None = None
     restore: PrefixState | None = None
     snapshot: bool = True
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    record: RunRecord  # a warm run not yet verified
+    oneshot: bool | None = None  # the noise run: None only when warm and cold differ
 
 
 def session_template(session: Session) -> Template:
@@ -145,6 +152,18 @@ def session_bench_plan(session: Session, repeat: int | None = None) -> BenchPlan
     return bench_plan(tpl, session.all_rows(), opts, state=session.state)
 
 
+def verify_plan(session: Session, record: RunRecord | None = None) -> VerifyPlan:
+    """Verify ``record`` (else the session's latest run not yet verified) later: its cold run."""
+    if record is None:
+        record = next((r for r in reversed(session.runs) if not r.report.verified), None)
+        if record is None:
+            raise KvPrimerError("every run is verified already; a warm-only run can be "
+                                "verified later")
+    if record.report.verified:
+        raise KvPrimerError(f"row {record.row}'s run is verified already")
+    return VerifyPlan(record, True if session.options.measure_noise else None)
+
+
 def sweep_values(session: Session) -> tuple[Template, dict[str, str]]:
     """The sweep's template and its one row of values (the selected row, else the first)."""
     tpl = session_template(session)
@@ -210,6 +229,17 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
     if plan.snapshot and plan.paths != "cold":
         state = state_to_save(engine, plan.template, plan.state, task)
     return RunOutcome(tuple(records), state)
+
+
+def verify(engine, plan: VerifyPlan, task: TaskState | None = None) -> RunRecord:
+    """The plan's run with its cold run made now (or a kept one) and its verdict
+    (late_verify.py): a new record for the same row."""
+    task = task or TaskState()
+    task.begin_job("verify", 1)
+    task.begin_item(1, 1, number=plan.record.row)
+    rep = verify_later(engine, plan.record.report, task, plan.oneshot)
+    task.end_item()
+    return RunRecord(plan.record.row, rep)
 
 
 def bench(engine, plan: BenchPlan, task: TaskState | None = None) -> BenchOutcome:

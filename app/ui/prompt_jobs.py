@@ -19,6 +19,7 @@ from ..engine import BenchResult, KvPrimerError, PrefixState, TextDelta
 from ..engine import session_flows as flows
 from ..engine import state_flows
 from ..engine.files.llama_state_file import save_state
+from ..engine.runs.cold_reference import ColdEstimate
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind
 from .session_edits import SessionEdits
@@ -42,6 +43,8 @@ class PromptJobs(QObject):
     state_saved = Signal(str, int)  # path, bytes
     state_loaded = Signal(str, object)  # path, PrefixState (its .warning may say how little was checked)
     state_load_failed = Signal(str)  # the reason
+    cold_estimate = Signal(str)  # before a long cold run: how long it will take
+    verified = Signal(object)  # RunRecord: an earlier warm-only run, now with its verdict
 
     def __init__(self, worker: EngineWorker, session: Session, parent: QObject | None = None,
                  edits: SessionEdits | None = None):
@@ -76,10 +79,16 @@ class PromptJobs(QObject):
 
         def cancelled(job: Job):
             if not self.engine_status.closed:
+                self.cold_estimate.emit("")  # no cold run is coming now
                 self.status.emit(f"{job.label} cancelled")
 
-        return self.worker.submit(kind, body, label=label, on_done=done,
-                                  on_error=on_error or self._fail, on_cancelled=cancelled, **kw)
+        def failed(msg: str):
+            if not self.engine_status.closed:
+                self.cold_estimate.emit("")
+            (on_error or self._fail)(msg)
+
+        return self.worker.submit(kind, body, label=label, on_done=done, on_error=failed,
+                                  on_cancelled=cancelled, **kw)
 
     def _plan(self, make, *args):
         """The flow's plan, or None after telling the user why the flow cannot start."""
@@ -99,6 +108,12 @@ class PromptJobs(QObject):
                 self.row_started.emit(item.row)
             elif isinstance(item, RunRecord):
                 self.session.add_run(item)
+        if isinstance(item, ColdEstimate):  # a run's, a verification's or a benchmark row's
+            text = item.text() + ("; Warm only skips it, Verify runs it later"
+                                  if job.label == "run both" else "")
+            if job.kind is JobKind.RUN:
+                self.cold_estimate.emit(text)
+            self.status.emit(text)
         elif job.kind is JobKind.BENCH and isinstance(item, BenchResult):
             self.session.set_bench(dataclasses.replace(item, rows=list(item.rows)))
         elif job.kind is JobKind.SWEEP and isinstance(item, list):
@@ -178,6 +193,26 @@ class PromptJobs(QObject):
 
         return self._submit(JobKind.RUN, lambda e, t: flows.run_rows(e, plan, t), done,
                             label=f"run {mode}")
+
+    def verify(self, record: RunRecord | None = None) -> Job | None:
+        """Verify a warm-only run later (the latest one not yet verified by default): its cold
+        run, between jobs; the session's record is replaced by the verified one."""
+        plan = self._plan(flows.verify_plan, self.session, record)
+        if plan is None:
+            return None
+
+        def done(new: RunRecord):
+            runs = self.session.runs
+            at = next((i for i, r in enumerate(runs) if r is plan.record), None)
+            if at is not None:  # not cleared meanwhile
+                runs[at] = new
+                self.session.mark_dirty()
+            self.verified.emit(new)
+            self.status.emit(f"verified row {new.row}: {new.report.verdict_text()}")
+
+        # after the job running now, not instead of it; a job started later stops it
+        return self._submit(JobKind.RUN, lambda e, t: flows.verify(e, plan, t), done,
+                            label="verify", cancel_running=False)
 
     def bench(self, repeat: int | None = None) -> Job | None:
         plan = self._plan(flows.session_bench_plan, self.session, repeat or None)

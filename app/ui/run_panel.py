@@ -3,8 +3,10 @@
 Finished runs are the session's: the panel observes them and shows a table of runs, the
 verdict (bit-identical, within-noise or diverged, coloured, with its figures), what the warm run
 reused, where its time went (copy, evaluation, first token; and when chain's batching cost more
-than it saves), and a chart of cold vs warm time to first token. The streamed text and the row
-being run are transient and come from the jobs. The max-tokens, reuse-mode, recompute and
+than it saves), and a chart of cold vs warm time to first token. A warm-only run shows "not yet
+verified" until Verify makes its cold run (between jobs); a verdict judged against a cold run
+kept from an earlier run says so. The streamed text, the row being run and a long cold run's
+estimate are transient and come from the jobs. The max-tokens, reuse-mode, recompute and
 "always measure noise" boxes are the session's options, changed through SessionEdits (undoable).
 """
 from __future__ import annotations
@@ -116,17 +118,21 @@ def breakdown_text(report: RunReport) -> str:
     b = report.breakdown
     if b is None:
         return ""
-    names = {"cold": report.cold, "warm": report.warm, "noise": report.oneshot}
+    names = {"cold": None if report.cold_kept else report.cold, "warm": report.warm,
+             "noise": report.oneshot}
     evals = [name for name, p in names.items() if p is not None]
     noise = ("; noise floor measured (one-shot cold run "
              f"{report.oneshot.ttft_ms:,.0f} ms)" if report.oneshot else "")
     count = f"{len(evals)} evaluation{'s' if len(evals) > 1 else ''} ({', '.join(evals)})"
+    if report.cold_kept:
+        count += "; its cold run kept from an earlier run"
     text = f"Warm time: {b.describe()} · {count}{noise}"
     return f"{text}\nNote: {b.batching_note}" if b.batching_note else text
 
 
 class RunPanel(QWidget):
     run_requested = Signal(str)  # "both", "cold" or "warm"
+    verify_requested = Signal()  # the shown warm-only run: make its cold run now
 
     def __init__(self, session: Session, edits: SessionEdits | None = None,
                  parent: QWidget | None = None):
@@ -146,6 +152,14 @@ class RunPanel(QWidget):
             b.clicked.connect(lambda _=False, m=mode: self.run_requested.emit(m))
             buttons.addWidget(b)
             self.run_buttons.append(b)
+        self.verify_button = QPushButton("Verify")
+        self.verify_button.setObjectName("verify")
+        self.verify_button.setToolTip("Make the cold run of the last warm-only run now and judge "
+                                      "it (a kept cold run of the same prompt if there is one)")
+        self.verify_button.setEnabled(False)
+        self.verify_button.clicked.connect(lambda _=False: self.verify_requested.emit())
+        buttons.addWidget(self.verify_button)
+        self._can_run, self._shown = False, None
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 512)
         self.max_tokens.setValue(session.options.max_tokens)
@@ -236,6 +250,42 @@ class RunPanel(QWidget):
     def set_can_run(self, on: bool) -> None:
         for b in self.run_buttons:
             b.setEnabled(on)
+        self._can_run = on
+        self._update_verify()
+
+    def _update_verify(self) -> None:
+        r = self._shown
+        self.verify_button.setEnabled(self._can_run and r is not None and not r.verified)
+
+    def show_estimate(self, text: str) -> None:
+        """Before a long cold run: how long it will take, where its verdict will be ("": the
+        run stopped; the last verdict again)."""
+        if not text:
+            if self.verdict.text() == "verifying…":
+                self.verdict.setText("")
+                self.details.setText("")
+                if self._shown is not None:
+                    self.show_verdict(self._shown)
+            return
+        self.verdict.setText("verifying…")
+        self.verdict.setStyleSheet("")
+        self.details.setText(text)
+
+    def show_verified(self, record: RunRecord) -> None:
+        """An earlier run verified later: its cold line, chart bar and verdict."""
+        rep, v = record.report, record.report.verdict
+        for r in reversed(range(self.table.rowCount())):  # its warm line gets the verdict
+            if [self.table.item(r, c).text() for c in (0, 1)] == [str(record.row), "warm"]:
+                for col, text in (("speedup", f"×{rep.speedup:.1f}" if rep.speedup else "—"),
+                                  ("verdict", v.equivalence if v else "")):
+                    self.table.item(r, COLUMNS.index(col)).setText(text)
+                if v:
+                    self.table.item(r, COLUMNS.index("verdict")).setForeground(verdict_color(v))
+                break
+        if rep.cold is not None:
+            self._add_line(record.row, rep, rep.cold)
+        self._refresh_chart()
+        self.show_verdict(record.report)
 
     # ---- transient: the row being run and its streamed text
     def begin_row(self, number: int) -> None:
@@ -263,6 +313,9 @@ class RunPanel(QWidget):
                 t.setPlainText(path.text)
             self._add_line(number, report, path)
         self.show_verdict(report)
+        self._refresh_chart()
+
+    def _refresh_chart(self) -> None:
         bars = [TtftBar.single(r.row, r.report.cold.ttft_ms, r.report.warm.ttft_ms)
                 for r in self.session.runs if r.report.cold and r.report.warm]
         self.chart.set_bars(bars[-12:])
@@ -273,11 +326,18 @@ class RunPanel(QWidget):
                                              if report.build_ms else "")
             self.reuse.setText(f"Reused ({tier}): {report.reuse_text()}")
         self.breakdown.setText(breakdown_text(report))
+        self._shown = report
+        self._update_verify()
         v = report.verdict
         if v is None:
+            if report.warm is not None:  # warm only, and no kept cold run could judge it
+                self.verdict.setText("not yet verified")
+                self.verdict.setStyleSheet(f"color: {verdict_color(None).name()};")
+                self.details.setText("warm only: Verify runs its cold run now")
             return
         self.verdict.setText(v.equivalence)
-        self.details.setText(verdict_details(v))
+        kept = "; against a cold run kept from an earlier run" if report.cold_kept else ""
+        self.details.setText(verdict_details(v) + kept)
         self.verdict.setStyleSheet(f"color: {verdict_color(v).name()};")
 
     def _add_line(self, number: int, report: RunReport, path) -> None:
@@ -308,3 +368,5 @@ class RunPanel(QWidget):
         self.details.setText("")
         self.reuse.setText("")
         self.breakdown.setText("")
+        self._shown = None
+        self._update_verify()

@@ -116,11 +116,12 @@ class ThreadFit:
         return self._pinned if self._pinned else self.threads()
 
     @contextmanager
-    def pinned(self):
-        """One count for every one-token decode inside (a run's warm and cold paths alike)."""
+    def pinned(self, count: int = 0):
+        """One count for every one-token decode inside (a run's warm and cold paths alike):
+        ``count`` (a run verified later: the count its warm path held), else the batch count now."""
         outer = self._pinned
         if not outer:
-            self._pinned = self.threads()
+            self._pinned = count or self.threads()
         try:
             yield self._pinned
         finally:

@@ -11,19 +11,37 @@ its cells always start at cell 0 in position order. Two kinds of cold run:
   same-boundary run is the model's own numeric noise: what batch grouping and cell placement
   change in the arithmetic, both of which a cache could change without being wrong. It is run
   only to judge a warm run that differs from its same-boundary cold run, or when asked.
+
+A cold run of an 8k-token prompt on a 1B model takes minutes, so what it gave is kept
+(``KeptColdRuns``: its generated tokens and the logits the verdict compares, never KV; a byte
+cap, least recently used first out) under a ``ColdKey`` holding everything that decides its
+bits, and every later run, repeat or mode whose reference has the same key takes it from there.
+Before an evaluation expected to take long (``estimate``: from this reference's own earlier
+evaluations, else the warm run's, else the kernel measurement, scaled by the attention's share
+of the work at that length: the model's shape says it, or its own runs of other sizes where
+they show more) a ``ColdEstimate`` goes out as a partial result.
 """
 from __future__ import annotations
 
+import hashlib
 import time
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..task_state import TaskState, duration_text
 from .batch_feed import feed_batches, feed_token
 from .batch_plan import batch_starts
 from .generation import GenerationConfig, generate
-from ..llama.native import NativeContext
-from ..task_state import TaskState
+from .warm_cost import measured_batch_cost
+from ..llama.native import ContextParams, NativeContext
+from ..llama.thread_count import llama_default_threads
+from ..llama.thread_fit import shared_fit
+
+KEEP_BYTES = 64 * 2**20  # kept cold runs' logits and tokens, at most
+LONG_COLD_S = 15.0  # a cold evaluation expected to take this long is announced first
+_SAMPLES = 8  # own evaluations remembered for the estimate
 
 
 @dataclass
@@ -49,22 +67,195 @@ class PathResult:
         n = max(len(self.tokens) - 1, 0)  # the first token belongs to time-to-first-token
         return n / (self.gen_ms / 1000) if self.gen_ms > 0 else 0.0
 
+    @property
+    def nbytes(self) -> int:
+        """What keeping it costs: the logits, and the token ids as Python holds them."""
+        return sum(a.nbytes for a in self.logits) + 32 * (len(self.tokens) + len(self.starts)) \
+            + len(self.text)
+
+
+@dataclass(frozen=True)
+class ColdKey:
+    """Everything that decides a cold run's bits: two runs with one key give the same tokens
+    and logits, so a kept run stands in for a new one."""
+    prompt: str  # sha256 of the prompt's token ids
+    n_tokens: int
+    starts: tuple[int, ...] | None  # the warm history's batch starts; None: plain batches
+    model: str  # the model file's sha256
+    context: ContextParams  # kernel (flash attention), KV types, n_batch/n_ubatch, n_ctx, threads
+    gen_threads: int  # one-token decodes' threads, held for the run (ThreadFit.pinned)
+    gen: GenerationConfig
+    max_new: int
+    keep_logits: int
+
+
+@dataclass(frozen=True)
+class ColdEstimate:
+    """A partial result sent before a cold evaluation expected to take ``LONG_COLD_S`` or more."""
+    mode: str  # "cold" or "oneshot"
+    tokens: int
+    seconds: float
+    basis: str  # what the speed was measured on
+
+    def text(self) -> str:
+        what = "a cold run" if self.mode == "cold" else "a one-shot cold run (the noise floor)"
+        return (f"verifying against {what} of {self.tokens:,} tokens: about "
+                f"{duration_text(self.seconds)}")
+
+
+def prompt_digest(tokens) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype=np.int64).tobytes()).hexdigest()
+
+
+def generation_threads(params: ContextParams) -> int:
+    """The threads a context of ``params`` runs one-token decodes on now (native.py's rule):
+    a count set by the user, else the one ThreadFit holds for the run in progress."""
+    if params.n_threads > 0:
+        return min(params.n_threads_gen, params.n_threads) if params.n_threads_gen > 0 \
+            else params.n_threads
+    cap = llama_default_threads()
+    if params.n_threads_gen > 0:
+        return min(params.n_threads_gen, cap)
+    return min(cap, shared_fit().generation_threads())
+
+
+class KeptColdRuns:
+    """Cold runs by key, least recently used first out once their bytes pass ``cap``."""
+
+    def __init__(self, cap: int = KEEP_BYTES):
+        self.cap = cap
+        self._runs: OrderedDict[ColdKey, PathResult] = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def get(self, key: ColdKey) -> PathResult | None:
+        run = self._runs.get(key)
+        if run is not None:
+            self._runs.move_to_end(key)
+            self.hits += 1
+        return run
+
+    def put(self, key: ColdKey, run: PathResult) -> None:
+        if key in self._runs:
+            self.nbytes -= self._runs.pop(key).nbytes
+        if run.nbytes > self.cap:
+            return
+        while self._runs and self.nbytes + run.nbytes > self.cap:
+            self.nbytes -= self._runs.popitem(last=False)[1].nbytes
+        self._runs[key] = run
+        self.nbytes += run.nbytes
+
+    def clear(self) -> None:
+        self._runs.clear()
+        self.nbytes = 0
+
+
+def work_units(start: int, end: int, k: float) -> float:
+    """Evaluating positions start..end-1: a token's weights part costs 1, its attention k per
+    position it attends to."""
+    return (end - start) + k * (end * end - start * start) / 2
+
 
 class ColdReference:
     def __init__(self, engine):
         self._engine = engine
         self._ctx: NativeContext | None = None
+        self.kept = KeptColdRuns()
+        self.evaluations = 0  # prompts evaluated here (kept runs served do not count)
+        self._samples: list[tuple[int, int, float]] = []  # (start, end, ms) of own evaluations
 
     def close(self) -> None:
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
+        self.kept.clear()
+
+    def _params(self) -> ContextParams:
+        return self._engine.context_params(2)  # two sequences: the noise run's padding cell
 
     def _context(self) -> NativeContext:
-        if self._ctx is None:  # two sequences: the noise run's padding cell is another's
-            self._ctx = NativeContext(self._engine.model, self._engine.context_params(2))
+        params = self._params()
+        if self._ctx is not None and self._ctx.params != params:
+            self._ctx.close()  # another kernel or setting: its bits would not be the key's
+            self._ctx = None
+        if self._ctx is None:
+            self._ctx = NativeContext(self._engine.model, params)
         return self._ctx
 
+    # ---- kept runs
+    def key(self, tokens, marks, gen: GenerationConfig, max_new: int, keep_logits: int,
+            gen_threads: int | None = None) -> ColdKey:
+        """The key of the cold run ``run(tokens, marks, …)`` would make now (``gen_threads``:
+        the count a run held, for a verification made later)."""
+        params = self._params()
+        starts = None if marks is None else tuple(
+            batch_starts(0, len(tokens), self._engine.config.n_batch, marks))
+        return ColdKey(prompt_digest(tokens), len(tokens), starts, self._engine.info.sha256,
+                       params, gen_threads or generation_threads(params), gen, max_new,
+                       keep_logits)
+
+    def reference(self, key: ColdKey, tokens, marks, gen: GenerationConfig, max_new: int,
+                  task: TaskState | None, mode: str, keep_logits: int,
+                  warm: PathResult | None = None) -> tuple[PathResult, bool]:
+        """The cold run of ``key``: kept (True) or evaluated now and kept. Before an evaluation
+        expected to take long its estimate goes out through ``task`` (``warm``: the run it
+        verifies, one more speed to go on)."""
+        run = self.kept.get(key)
+        if run is not None:
+            return (run if run.mode == mode else replace(run, mode=mode)), True
+        task = task or TaskState()
+        est = self.estimate(len(tokens), mode, warm)
+        if est is not None and est.seconds >= LONG_COLD_S:
+            task.partial(est)
+        run = self.run(tokens, marks, gen, max_new, task, mode, keep_logits)
+        self.kept.put(key, run)
+        return run, False
+
+    # ---- how long an evaluation will take
+    def estimate(self, n_tokens: int, mode: str = "cold",
+                 warm: PathResult | None = None) -> ColdEstimate | None:
+        """How long evaluating ``n_tokens`` from scratch will take, from the nearest in size of
+        this reference's own evaluations, else the warm run's suffix, else the engine's kernel
+        measurement (None: nothing measured yet). Attention makes a token at position p cost
+        more than one at 0: the measured time is scaled by ``work_units``, the attention's
+        share taken from the model's shape (its FLOPs per position against the weights')."""
+        k = self._attention_share()
+        gen_ms = warm.gen_ms if warm is not None else 0.0
+        if self._samples:
+            s, e, ms = min(self._samples, key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
+            basis = "this engine's cold runs"
+        elif warm is not None and warm.evaluated_tokens > 1 and warm.prompt_ms > 0:
+            s, ms = warm.reused_tokens, warm.prompt_ms
+            e = s + warm.evaluated_tokens
+            basis = "the warm run"
+        else:
+            cost = measured_batch_cost(self._engine.kernels)
+            if cost is None:
+                return None
+            s, e, ms = 0, cost.tokens, cost.one_batch_ms
+            basis = "the kernel measurement"
+        seconds = (ms * work_units(0, n_tokens, k) / work_units(s, e, k) + gen_ms) / 1000
+        return ColdEstimate(mode, n_tokens, seconds, basis)
+
+    def _attention_share(self) -> float:
+        """``work_units``' k: from the model's shape (attention FLOPs per position over the
+        weights' per token), or more where this reference's own evaluations of sizes at least
+        2x apart show attention costing more than its FLOPs say (t/n = a + b·n: k = 2b/a)."""
+        info = self._engine.info
+        layers = info.traits.attention_layers
+        layers = info.n_layer if layers is None else layers
+        k = 2 * layers * info.n_embd / max(info.n_params, 1)
+        n = np.array([e - s for s, e, _ms in self._samples if s == 0], dtype=np.float64)
+        if len(n) < 2 or n.max() < 2 * n.min():
+            return k
+        per = np.array([ms for s, _e, ms in self._samples if s == 0]) / n
+        b, a = np.polyfit(n, per, 1)
+        return min(max(k, 2 * b / a), 20 * k) if a > 0 else k  # a noisy fit stays bounded
+
+    # ---- evaluating
     def run(self, tokens: list[int], marks: list[int] | None, gen: GenerationConfig,
             max_new: int, task: TaskState | None, mode: str, keep_logits: int) -> PathResult:
         """Evaluate ``tokens`` from scratch with batches starting at ``marks`` (None: plain
@@ -79,6 +270,9 @@ class ColdReference:
         t0 = time.perf_counter()
         feed_batches(ctx.decode, tokens, 0, starts, task=task, stage=mode)
         prompt_s = time.perf_counter() - t0
+        self.evaluations += 1
+        if tokens:
+            self._samples = (self._samples + [(0, len(tokens), prompt_s * 1000)])[-_SAMPLES:]
         pos = [len(tokens)]
 
         def step(tok: int) -> None:

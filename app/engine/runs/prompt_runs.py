@@ -9,6 +9,11 @@ cache gives bit-identical logits. Only when the two differ (or when asked) a one
 (plain batches) measures the model's own batch-grouping noise, so a bit-identical run costs two
 evaluations, not three. The verdict (verdict.py) weighs the warm run against both. The report
 also says where the warm time went (warm_cost.py).
+
+Cold runs are kept (cold_reference.py) by what decides their bits: a later run, repeat or mode
+whose reference is the same takes it from there (``RunReport.cold_kept``), a warm-only run too
+when a kept one can judge it; a warm-only run otherwise stays "not yet verified" and keeps what
+``late_verify.py`` needs to verify it later.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .batch_plan import EXACT_CHUNK, batch_end_at_or_before, batch_starts
-from .cold_reference import PathResult
+from .cold_reference import ColdKey, PathResult
 from ..errors import KvPrimerError
 from ..llama.thread_fit import shared_fit
 from .generation import GenerationConfig, TextDelta, generate
@@ -29,7 +34,8 @@ from ..files.prefix_state import PrefixState
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
-from .verdict import Verdict, compare_runs, judge, needs_noise
+from .late_verify import verify_run
+from .verdict import Verdict
 from .warm_cost import WarmBreakdown, run_breakdown
 
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
@@ -59,12 +65,29 @@ class RunReport:
     copied_tokens: int = 0  # reused tokens copied from the cache (the rest were in place)
     plan: list[int] = field(default_factory=list, repr=False)  # the warm history's batch starts
     breakdown: WarmBreakdown | None = None  # where the warm time to first token went
+    cold_kept: bool = False  # the cold run judged against was kept from an earlier run
+    # what a verification later needs (late_verify.py): the prompt's tokens, and the key of the
+    # cold run that is the warm run's reference (None: no warm run)
+    prompt: list[int] = field(default_factory=list, repr=False)
+    reference: ColdKey | None = field(default=None, repr=False)
 
     @property
     def speedup(self) -> float | None:
         if self.cold and self.warm and self.warm.ttft_ms > 0:
             return self.cold.ttft_ms / self.warm.ttft_ms
         return None
+
+    @property
+    def verified(self) -> bool:
+        """A warm run judged against its cold run (a cold-only run has nothing to verify)."""
+        return self.warm is None or self.verdict is not None
+
+    def verdict_text(self) -> str:
+        """The verdict's one line, saying when its cold run was a kept one; "" for a cold run."""
+        if self.verdict is None:
+            return "" if self.warm is None else "not yet verified (warm only)"
+        text = self.verdict.describe()
+        return f"{text}; against a cold run kept from an earlier run" if self.cold_kept else text
 
     def reuse_text(self) -> str:
         """What the run reused, for people: "static prefix 1,761 + <c1> = … 19 · evaluated 24"."""
@@ -92,6 +115,7 @@ def report_dict(rep: RunReport) -> dict:
             "state_bytes": rep.state_bytes, "speedup": rep.speedup,
             "cold": path(rep.cold), "warm": path(rep.warm), "oneshot": path(rep.oneshot),
             "verdict": None if v is None else {**asdict(v), "text": v.describe()},
+            "cold_kept": rep.cold_kept, "verified": rep.verified,
             "breakdown": None if rep.breakdown is None else asdict(rep.breakdown)}
 
 
@@ -116,10 +140,12 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     ``state``: a saved prefix state to reuse (restored once into the cache). ``keep``: cache
     the prompt's segments for later runs (chain). ``recompute``: compose mode evaluates the
     first k tokens of each module in context. ``cold_cache``: cold runs already made for this
-    prompt, by batch starts (a benchmark runs one cold run for several modes).
-    ``reuse_before``: reuse only cache nodes older than this cache generation (a benchmark's
-    repeats must not reuse what the row's own first run cached). ``oneshot``: the noise run,
-    None (the default) only when warm and cold differ, True always, False never.
+    prompt, by batch starts (a benchmark's row: its cold times, shared by its modes). Cold
+    runs kept by ``engine.cold`` from earlier runs stand in for new ones with the same key
+    (``report.cold_kept``). ``reuse_before``: reuse only cache nodes older than this cache
+    generation (a benchmark's repeats must not reuse what the row's own first run cached).
+    ``oneshot``: the noise run, None (the default) only when warm and cold differ, True
+    always, False never.
     """
     reuse, = check_reuse_modes(reuse, one=True)
     if not (cold or warm):
@@ -141,37 +167,11 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
                             max_new, recompute, keep, task, report, reuse_before)
         task.partial(report)
     keep_n = min(max_new, KEEP_LOGITS)
-    colds = cold_cache if cold_cache is not None else {}
-    if cold:
-        # without a warm run to match, the cold run is the plain one a user would make (the
-        # one-shot run: one computation serves both)
-        plan = report.plan if warm else None
-        threads = shared_fit().generation_threads()  # a cold run kept for later runs: theirs
-        key = (("cold", tuple(plan), gen, max_new, threads) if plan
-               else ("oneshot", gen, max_new, threads))
-        if key not in colds:
-            colds[key] = engine.cold.run(tokens, plan, gen, max_new, task, "cold", keep_n)
-        report.cold = colds[key]
-        task.partial(report)
-
-    def noise_run() -> PathResult:
-        key = ("oneshot", gen, max_new, shared_fit().generation_threads())
-        if key not in colds:
-            colds[key] = engine.cold.run(tokens, None, gen, max_new, task, "oneshot", keep_n)
-        return colds[key]
-
-    if report.cold and report.warm:
-        w = compare_runs(report.cold.tokens, report.cold.logits, report.warm.tokens,
-                         report.warm.logits)
-        noise = None
-        # a bit-identical run needs no noise floor to be judged: its third evaluation is saved
-        if oneshot or (oneshot is None and needs_noise(w)):
-            report.oneshot = noise_run()
-            noise = compare_runs(report.cold.tokens, report.cold.logits, report.oneshot.tokens,
-                                 report.oneshot.logits)
-        report.verdict = judge(w, noise, report.note)
-    elif oneshot:
-        report.oneshot = noise_run()
+    if warm:  # what verifying it later needs
+        report.prompt = tokens
+        report.reference = engine.cold.key(tokens, report.plan, gen, max_new, keep_n)
+    verify_run(engine, report, tokens, gen, max_new, keep_n, task, cold=cold, oneshot=oneshot,
+               colds=cold_cache)
     if report.warm:
         report.breakdown = run_breakdown(engine, report, len(tokens), segments)
     task.partial(report)
