@@ -96,3 +96,22 @@ def make_window(qtbot, tiny_model, tmp_path):
     for w in made:
         bugs = [m for m in w.errors.messages("error") if m.startswith("internal error")]
         assert not bugs, bugs
+
+
+class FakeClock:
+    """A clock the test moves by hand (``clock.now += 2.0``)."""
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The progress model's clock (task_state.py), moved by the test."""
+    from app.engine import task_state
+
+    c = FakeClock()
+    monkeypatch.setattr(task_state.time, "perf_counter", c)
+    return c

@@ -11,7 +11,6 @@ import pytest
 from app.cli import main
 from app.engine import GenerationConfig, Template, bench_rows
 from app.engine import session_flows as flows
-from app.engine import task_state
 from app.engine.prompts.rows import Row
 from app.engine.session import Options
 from app.engine.task_state import JobStep, Progress, TaskState, duration_text, progress_line
@@ -22,21 +21,6 @@ TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the conte
                      + "\n<c>\n<|im_end|>\n<|im_start|>user\n<q><|im_end|>\n")
 ROWS = [Row(i + 1, {"c": f"the world is question {i}", "q": "why?"}) for i in range(3)]
 GEN = GenerationConfig(max_tokens=2)
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    c = FakeClock()
-    monkeypatch.setattr(task_state.time, "perf_counter", c)
-    return c
 
 
 def test_time_left_comes_from_the_finished_items_of_the_current_part(clock):

@@ -9,35 +9,17 @@ from dataclasses import asdict
 import pytest
 from PySide6.QtWidgets import QPushButton
 
-from app.engine import GenerationConfig, KvPrimerError, Template, report_dict, run_prompt
+from app.engine import KvPrimerError, report_dict, run_prompt
 from app.engine import session_flows as flows
 from app.engine.files.project_file import report_from_dict
 from app.engine.prompts.rows import Row
 from app.engine.runs import cold_reference
-from app.engine.runs.cold_reference import ColdReference
 from app.engine.runs.late_verify import verify_later
 from app.engine.session import Options, RunRecord, Session
 from app.ui.engine_worker import JobKind
 from tests.ui_actions import click
 
-TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
-                     + "hello world of the answer and question. " * 3
-                     + "\n<c1>\n<c2>\n<|im_end|>\n<|im_start|>user\n<question><|im_end|>\n")
-VALS = {"c1": "the world is a question", "c2": "hello answer of the context", "question": "why?"}
-GEN = GenerationConfig(max_tokens=4)
-
-
-@pytest.fixture
-def evaluations(monkeypatch):
-    seen: list[str] = []
-    real = ColdReference.run
-
-    def spy(self, tokens, marks, gen, max_new, task, mode, keep_logits):
-        seen.append(mode)
-        return real(self, tokens, marks, gen, max_new, task, mode, keep_logits)
-
-    monkeypatch.setattr(ColdReference, "run", spy)
-    return seen
+from tests.cold_runs import GEN, TPL, VALS, evaluations  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("reuse", ["prefix", "chain"])

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from app.engine import Cancelled, GenerationConfig, Template, run_prompt
-from app.engine import task_state
 from app.engine.llama.native import NativeContext
 from app.engine.task_state import (JobStep, Progress, TaskState, fit_batch_times, progress_line,
                                    time_left)
@@ -22,21 +21,6 @@ TOTAL, BATCH = 6855, 256
 def token_seconds(a: int, b: int) -> float:
     p = np.arange(a, b)
     return float(np.sum(A + B * p))
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    c = FakeClock()
-    monkeypatch.setattr(task_state.time, "perf_counter", c)
-    return c
 
 
 def slowing_pass(clock, seen, noise=0.05, seed=7):

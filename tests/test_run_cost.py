@@ -8,34 +8,15 @@ import json
 import pytest
 
 from app.cli import main
-from app.engine import GenerationConfig, Template, report_dict, run_prompt
+from app.engine import report_dict, run_prompt
 from app.engine.files.project_file import bench_from_dict, report_from_dict
 from app.engine.llama.kernel_choice import SPLIT, KernelChoice, KernelTiming
 from app.engine.benchmarks.bench_rows import bench_rows
-from app.engine.runs.cold_reference import ColdReference
 from app.engine.runs.verdict import compare_runs, judge
 from app.engine.runs.warm_cost import BatchCost, batching_note
 from app.engine.prompts.rows import Row
 
-TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
-                     + "hello world of the answer and question. " * 3
-                     + "\n<c1>\n<c2>\n<|im_end|>\n<|im_start|>user\n<question><|im_end|>\n")
-VALS = {"c1": "the world is a question", "c2": "hello answer of the context", "question": "why?"}
-GEN = GenerationConfig(max_tokens=4)
-
-
-@pytest.fixture
-def evaluations(monkeypatch):
-    """The modes of every cold-reference evaluation ("cold", "oneshot"), in order."""
-    seen: list[str] = []
-    real = ColdReference.run
-
-    def spy(self, tokens, marks, gen, max_new, task, mode, keep_logits):
-        seen.append(mode)
-        return real(self, tokens, marks, gen, max_new, task, mode, keep_logits)
-
-    monkeypatch.setattr(ColdReference, "run", spy)
-    return seen
+from tests.cold_runs import GEN, TPL, VALS, evaluations  # noqa: F401 (a fixture)
 
 
 def test_a_bit_identical_run_makes_two_evaluations(engine, evaluations):

@@ -61,7 +61,15 @@ def context_size_for(cells: int) -> int:
     return -(-(cells + 1) // 256) * 256
 
 
-class StateFitError(ContextError):
+class MemoryBudgetError(ContextError):
+    """What the engine would allocate exceeds the memory available (memory_budget.py)."""
+
+
+class StateFileError(KvPrimerError):
+    """A .kvstate file is corrupt, truncated, or was made for another model or KV type."""
+
+
+class StateFitError(StateFileError):
     """A saved state needs more KV cells than the context has, or can free for it."""
 
     def __init__(self, needed: int, n_ctx: int, free: int | None = None, held_by: str = ""):
@@ -83,14 +91,6 @@ def _free_what(held_by: str) -> str:
     parts = (["clear sequence 0"] if "sequence 0" in held_by else []) + (
         ["unpin cached prompts"] if "pinned" in held_by else [])
     return ", ".join(parts) + ", " if parts else ""
-
-
-class MemoryBudgetError(ContextError):
-    """What the engine would allocate exceeds the memory available (memory_budget.py)."""
-
-
-class StateFileError(KvPrimerError):
-    """A .kvstate file is corrupt, truncated, or was made for another model or KV type."""
 
 
 class StoreError(KvPrimerError):

@@ -1,10 +1,6 @@
-"""Sizes for people, one way across the window: decimal units (kB, MB, GB)."""
+"""Sizes for people: the engine's one way (app/engine/byte_sizes.py), for the window's panels."""
 from __future__ import annotations
 
+from ..engine.byte_sizes import size_text
 
-def size_text(n: float) -> str:
-    for unit in ("B", "kB", "MB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+__all__ = ["size_text"]

@@ -26,8 +26,10 @@ from pathlib import Path
 
 import llama_cpp as L
 
+from ..byte_sizes import size_text
 from ..errors import MemoryBudgetError
 from .ggml_types import kv_bytes_per_token
+from .native import check_context_params
 from .llama_backend import add_log_listener, ensure_backend, expected_errors, remove_log_listener
 
 CELL_PAD = 256  # llama.cpp rounds a context up to a multiple of 256 cells
@@ -36,15 +38,6 @@ QUANTIZED_KV = "q8_0"  # the KV type a refusal suggests (about 0.53 of f16's byt
 
 def padded_cells(n_ctx: int) -> int:
     return -(-n_ctx // CELL_PAD) * CELL_PAD
-
-
-def size_text(n: float) -> str:
-    """Decimal units, as the window shows sizes (app/ui/byte_sizes.py)."""
-    for unit in ("B", "kB", "MB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 @dataclass(frozen=True)
@@ -282,6 +275,8 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
     facts = {**facts, "n_ff": _int(model.meta(f"{arch}.feed_forward_length"))}
     per_token = kv_bytes_per_token(facts, config.type_k, config.type_v)
     sets = context_sets(config, flash_attn)
+    for _name, p in sets:  # settings llama.cpp cannot take are refused as such, not as memory
+        check_context_params(p)
     distinct = list(dict.fromkeys(p for _n, p in sets))  # the work and cold ones are alike
     planned = planned_compute(model, distinct, use_extra_bufts, config.n_gpu_layers)
     contexts = []

@@ -80,24 +80,31 @@ class ContextParams:
 MAX_THREADS = 512  # GGML_MAX_N_THREADS
 
 
+def check_context_params(params: ContextParams) -> None:
+    """Raise ContextError, in one line, for settings llama.cpp would take wrongly or die on;
+    checked before anything is planned or allocated for them (memory_budget.py too)."""
+    for name in (params.type_k, params.type_v):
+        if name not in KV_TYPES:
+            raise ContextError(f"unknown KV type '{name}'; use one of {', '.join(KV_TYPES)}")
+    # n_ctx goes into a uint32 field: 2**32 + 16 would silently become 16
+    if not 16 <= params.n_ctx < 1 << 31 or params.n_batch < 1 or not 1 <= params.n_seq_max <= 64:
+        raise ContextError("context size must be between 16 and 2147483647, batch size at "
+                           "least 1, and sequences between 1 and 64")
+    threads = params.n_threads or llama_default_threads()
+    if not 1 <= threads <= MAX_THREADS:
+        raise ContextError(f"batch threads must be between 1 and {MAX_THREADS}, not {threads}")
+    if not 0 <= params.n_threads_gen <= MAX_THREADS:
+        raise ContextError(f"generation threads must be between 0 (as the batch threads) and "
+                           f"{MAX_THREADS}, not {params.n_threads_gen}")
+    if params.n_ubatch < 0:
+        raise ContextError(f"the micro-batch size must be 0 (the batch size) or more, not "
+                           f"{params.n_ubatch}")
+
+
 class NativeContext:
     def __init__(self, model: NativeModel, params: ContextParams):
-        for name in (params.type_k, params.type_v):
-            if name not in KV_TYPES:
-                raise ContextError(f"unknown KV type '{name}'; use one of {', '.join(KV_TYPES)}")
-        # n_ctx goes into a uint32 field: 2**32 + 16 would silently become 16
-        if not 16 <= params.n_ctx < 1 << 31 or params.n_batch < 1 or not 1 <= params.n_seq_max <= 64:
-            raise ContextError("context size must be between 16 and 2147483647, batch size at "
-                               "least 1, and sequences between 1 and 64")
+        check_context_params(params)
         threads = params.n_threads or llama_default_threads()
-        if not 1 <= threads <= MAX_THREADS:
-            raise ContextError(f"batch threads must be between 1 and {MAX_THREADS}, not {threads}")
-        if not 0 <= params.n_threads_gen <= MAX_THREADS:
-            raise ContextError(f"generation threads must be between 0 (as the batch threads) and "
-                               f"{MAX_THREADS}, not {params.n_threads_gen}")
-        if params.n_ubatch < 0:
-            raise ContextError(f"the micro-batch size must be 0 (the batch size) or more, not "
-                               f"{params.n_ubatch}")
         # llama.cpp caps its batch at n_ctx; our batch buffer must not be bigger either (a
         # batch of a billion tokens would allocate a billion seq-id arrays)
         n_batch = min(params.n_batch, params.n_ctx)
