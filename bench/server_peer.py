@@ -82,3 +82,52 @@ def run_server_peer(model_path: str, n_ctx: int, rows: list[list[int]], max_toke
             "built_by_project": proc.ours, "slots": props.total_slots, "n_ctx": props.n_ctx,
             "threads": int(threads.group(1)) if threads else None,
             "kv_setup": setup.group(1).strip() if setup else "", "build_info": props.build_info}
+
+
+def slot_and_cache_ram(model_path: str, *, n_ctx: int, flash_attn: bool, n_batch: int,
+                       n_threads: int, tokens: list[int], boundary: int, unrelated: list[int],
+                       max_tokens: int, repeats: int) -> dict:
+    """llama-server as `kvprimer serve` starts it (one slot, the engine's kernel, batch and
+    threads; app/servers/llama_server_process.py), on one prompt of the scale section:
+    - its host-memory prompt cache (``--cache-ram``, its default size): the prefix evaluated,
+      then an unrelated prompt takes the slot, then the prompt (the prefix comes back from the
+      cache). One sample: after it the cache holds the whole prompt, and a second request
+      would reuse more than the prefix;
+    - slot restore from ``--slot-save-path``: the server's own save of the prefix, restored by
+      a second server started with ``--cache-ram 0`` (so nothing else can serve the prefix)
+      after an unrelated prompt, ``repeats`` times; its time to first token counts the restore
+      request and the completion."""
+    import time as _time
+
+    prefix = tokens[:boundary]
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="kvprimer-scale-server-") as tmp:
+        base = dict(model_path=str(model_path), flash_attn=flash_attn, n_ctx=n_ctx,
+                    slot_dir=str(Path(tmp) / "slots"), n_batch=n_batch, n_threads=n_threads)
+        with ServerProcess(ServerSettings(**base), Path(tmp) / "a.log").start(START_TIMEOUT_S) as proc, \
+                LlamaServer(proc.url) as c:
+            first = c.complete(prefix, 1, cache_prompt=True)
+            saved = c.slot(0, "save", "prefix.bin")
+            c.complete(unrelated, 1, cache_prompt=True)
+            got = c.complete(tokens, max_tokens, cache_prompt=True)
+            out["prefix_ms"] = first.ttft_ms
+            out["slot_file"] = {"tokens": saved.tokens, "bytes": saved.bytes, "save_ms": saved.ms}
+            out["cache_ram"] = [{"ttft_ms": got.ttft_ms, "reused_tokens": got.cached_tokens,
+                                 "evaluated_tokens": got.evaluated_tokens, "tokens": got.tokens}]
+            out["command"] = proc.cmd[1:]
+        with ServerProcess(ServerSettings(**base, extra_args=("--cache-ram", "0")),
+                           Path(tmp) / "b.log").start(START_TIMEOUT_S) as proc, \
+                LlamaServer(proc.url) as c:
+            rows = []
+            for _ in range(repeats):
+                c.complete(unrelated, 1, cache_prompt=True)
+                t0 = _time.perf_counter()
+                r = c.slot(0, "restore", "prefix.bin")
+                restore_ms = (_time.perf_counter() - t0) * 1000
+                got = c.complete(tokens, max_tokens, cache_prompt=True)
+                rows.append({"ttft_ms": restore_ms + got.ttft_ms, "restore_ms": restore_ms,
+                             "server_restore_ms": r.ms, "restored_tokens": r.tokens,
+                             "reused_tokens": got.cached_tokens,
+                             "evaluated_tokens": got.evaluated_tokens, "tokens": got.tokens})
+            out["slot_restore"] = rows
+    return out

@@ -1,0 +1,121 @@
+"""The bench's scale section (bench/scale.py) at toy sizes on the tiny model: every path runs in
+its own process, the figures land where the report, the chart and results.json read them, and
+every ratio and goal is computed from the same run's figures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import scale
+from bench.scale import MODEL_32K, ScaleConfig, goal_rows, run_ratios, run_scale
+
+
+def _server_built() -> bool:
+    from app.servers.llama_server_process import ServeError, find_binary
+
+    try:
+        find_binary()
+    except ServeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def section(tiny_model):
+    cfg = ScaleConfig(sizes=(200, 400), sizes_1b=(), repeats=2, max_tokens=4, n_threads=1,
+                      n_batch=64, model_paths={MODEL_32K: str(tiny_model)}, head_chars=120,
+                      server=_server_built(), timeout_s=300)
+    seen = []
+    sc = run_scale(cfg, log=lambda _msg: None, on_run=lambda s: seen.append(len(s["runs"])))
+    sc["_partials"] = seen
+    return sc
+
+
+def test_each_size_runs_every_path_on_the_same_prompt(section):
+    assert section["_partials"] == [1, 2]  # results.json is written after each run
+    runs = section["runs"]
+    assert [(r["model"], r["label"]) for r in runs] == [(MODEL_32K, "200"), (MODEL_32K, "400")]
+    for r in runs:
+        assert "error" not in r, r.get("error")
+        o = r["ours"]
+        assert abs(o["prefix_tokens"] - r["target"]) <= 60
+        assert o["prefix_tokens"] + o["suffix_tokens"] == o["prompt_tokens"] <= r["n_ctx"]
+        assert o["cold"]["evaluated_tokens"] == o["prompt_tokens"]
+        s = o["samples"]
+        for tier, where in (("resident", "resident"), ("ram", "ram"), ("file_tier", "file")):
+            assert [x["hit_tier"] for x in s[tier]] == [where] * 2, tier
+        for tier in ("resident", "ram", "file_tier", "state_file", "limit"):
+            assert [x["evaluated_tokens"] for x in s[tier]] == [o["suffix_tokens"]] * 2, tier
+        assert all(x["load_ms"] > 0 for x in s["state_file"])
+        assert o["limit_seeded_from_state"]
+        # every warm run is the cold run's tokens, bit for bit
+        assert set(v for vs in o["verdicts"].values() for v in vs) == {"bit-identical"}
+        assert o["peak_rss"]["run"] >= o["peak_rss"]["prime"] >= o["peak_rss"]["load"] > 0
+        lim = o["limits"]
+        assert lim["bytes"] == o["sizes"]["state_bytes"] and lim["memcpy_ms"] > 0
+        assert lim["read_cold_ms"] > 0 and lim["read_cached_ms"] > 0
+        p = r["llamacpp"]
+        assert "error" not in p, p.get("error")
+        assert p["cold"]["evaluated_tokens"] == o["prompt_tokens"]
+        assert [x["evaluated_tokens"] for x in p["llamacpp_ram"]] == [o["suffix_tokens"]] * 2
+        assert p["peak_rss"]["plain"] > 0
+        if "llama_server" in r:
+            q = r["llama_server"]
+            assert "error" not in q, q.get("error")
+            assert q["slot_file"]["tokens"] == o["prefix_tokens"]
+            assert all(x["reused_tokens"] >= o["prefix_tokens"] - 1 for x in q["slot_restore"])
+
+
+def test_ratios_and_goals_come_from_the_same_run(section):
+    runs = section["runs"]
+    for r in runs:
+        assert r["ratios"] == run_ratios(r)
+        rs = r["ratios"]
+        assert 1.0 <= rs["state_bytes_vs_raw_kv"] <= 1.01
+        assert rs["not_bit_identical"] == 0
+        assert rs["rss_vs_plain"] > 0 and rs["warm_ram_vs_limit"] > 0
+        assert r["goals"]["warm_ram_vs_limit"]["value"] == rs["warm_ram_vs_limit"]
+    # the largest prefix of the default model's shape carries the warm / cold goal
+    assert "warm_ram_vs_cold" in runs[1]["goals"] and "warm_ram_vs_cold" not in runs[0]["goals"]
+    rows = {g["ratio"]: g for g in section["goal_rows"]}
+    assert rows == {g["ratio"]: g for g in goal_rows(runs)}
+    assert rows["rss_vs_plain"]["value"] == max(r["ratios"]["rss_vs_plain"] for r in runs)
+    assert rows["warm_ram_vs_cold"]["value"] == runs[1]["ratios"]["warm_ram_vs_cold"]
+    assert rows["not_bit_identical"]["value"] == 0 and rows["not_bit_identical"]["met"]
+    key = "scale_smollm2_32k_200_warm_ram_vs_limit"
+    assert section["ratios"][key] == runs[0]["ratios"]["warm_ram_vs_limit"]
+    assert section["goals"][key]["value"] == runs[0]["ratios"]["warm_ram_vs_limit"]
+    est = section["full_run_estimate"]
+    assert est["seconds"] > 0 and est["sizes"][MODEL_32K] == list(scale.DEFAULT_SIZES)
+    json.dumps(section)  # results.json can hold it
+
+
+def test_report_markdown_and_chart(section, tmp_path):
+    from bench.scale_chart import render_scale_chart
+    from bench.scale_report import format_scale, scale_markdown
+
+    text = format_scale(section)
+    assert "restore (GB/s)" in text and "estimated duration of the full scale run" in text
+    md = scale_markdown(section)
+    assert md.startswith("## Real sizes") and md.count(f"| {MODEL_32K} ") == 4
+    out = render_scale_chart(section, tmp_path / "scale.png")
+    assert out.stat().st_size > 5000
+
+
+def test_the_prompt_reaches_its_target_from_the_example_passages(tiny_model):
+    from app.engine.llama.native_model import NativeModel
+
+    m = NativeModel(tiny_model)
+    try:
+        def count(text):
+            return len(m.tokenize(text, add_special=True, parse_special=True))
+
+        tpl = scale.build_template(900, count, head_chars=200)
+    finally:
+        m.close()
+    prefix = tpl.split("<question>")[0]
+    assert 900 <= count(prefix) < 900 + 300
+    assert "1. (archive 1) " in tpl and tpl.endswith("<|im_start|>assistant\n")
+    lines = [ln for ln in prefix.splitlines() if ln[:1].isdigit()]
+    assert len(set(lines)) == len(lines)  # varied, not the same line again
