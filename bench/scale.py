@@ -343,14 +343,18 @@ def estimate_full_run(runs: list[dict], full: ScaleConfig) -> dict:
         per_model.setdefault(r["model"], []).append((p, cold_s))
         other.append(max(r["seconds"] - EVALS_PER_RUN * cold_s, 0.0))
     fits = {m: _fit(pts) for m, pts in per_model.items()}
-    total = 0.0
-    for name, target in plan(full):
-        a, b = fits.get(name, (None, None))
-        if a is None:
-            return {"seconds": None, "note": f"no run of {name} to estimate from"}
-        total += EVALS_PER_RUN * (a * target + b * target * target) + _med(other)
-    return {"seconds": round(total), "fits": {m: {"a_s_per_token": a, "b_s_per_token2": b}
-                                              for m, (a, b) in fits.items()},
+
+    def seconds(name: str, target: int) -> float:
+        a, b = fits[name]
+        return EVALS_PER_RUN * (a * target + b * target * target) + _med(other)
+
+    missing = sorted({name for name, _ in plan(full)} - set(fits))
+    if missing:
+        return {"seconds": None, "note": f"no run of {', '.join(missing)} to estimate from"}
+    return {"seconds": round(sum(seconds(n, t) for n, t in plan(full))),
+            # the "16k on the 1B shape if it fits in about 15 minutes"
+            "extra_1b_16k_seconds": round(seconds(MODEL_1B, 16384)),
+            "fits": {m: {"a_s_per_token": a, "b_s_per_token2": b} for m, (a, b) in fits.items()},
             "sizes": {MODEL_32K: list(full.sizes), MODEL_1B: list(full.sizes_1b)}}
 
 

@@ -59,6 +59,9 @@ def run_rows(sc: dict) -> list[dict]:
             "read_cached_gbs": _gbs(nbytes, lim["read_cached_ms"]),
             "dropped": lim["page_cache_dropped"],
             "rss_ours": _mb(o["peak_rss"]["run"]),
+            # what the RAM tier held then (its kept copies included): part of our RSS
+            "ram_tier_mb": _mb(sum(t["used_bytes"] for t in o["tiers_after_run"]
+                                   if t["name"] == "ram")),
             "rss_plain": _mb((p.get("peak_rss") or {}).get("plain")),
             "bit_identical": f"{sum(v == 'bit-identical' for v in verdicts)}/{len(verdicts)}",
             "plain_cold": (p.get("cold") or {}).get("ttft_ms"),
@@ -121,7 +124,9 @@ def format_scale(sc: dict) -> str:
     if est:
         lines.append("" if est.get("seconds") is None else
                      f"\nestimated duration of the full scale run (sizes {est['sizes']}): "
-                     f"about {est['seconds'] / 60:.0f} min, from this run's cold times")
+                     f"about {est['seconds'] / 60:.0f} min, from this run's cold times; "
+                     f"16k on the 1B shape (--scale-1b-sizes 2048,8192,16384) would add about "
+                     f"{est['extra_1b_16k_seconds'] / 60:.0f} min")
         if est.get("seconds") is None:
             lines.append(f"full run: no estimate ({est['note']})")
     lines.append(f"scale section {sc.get('duration_s')} s")
@@ -147,7 +152,8 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
         out.append(f"| {x['run']} | {x['prefix']:,} | {x['n_ctx']:,} | {_ms(x['cold'])} | "
                    f"{_ms(x['resident'])} | {_ms(x['ram'])} | {_ms(x['file_tier'])} | "
                    f"{_ms(x['state_file'])} | {_ms(x['limit'])} | {_r(x['state_vs_raw'], 4)} | "
-                   f"{x['rss_ours']} ({x['rss_plain']}) | {x['bit_identical']} |")
+                   f"{x['rss_ours']} ({x['rss_plain']}; RAM tier {x['ram_tier_mb']}) | "
+                   f"{x['bit_identical']} |")
     out += ["", "| run | RAM restore GB/s (memcpy) | file load GB/s (read, dropped / cached) "
             "| LlamaRAMCache ms | LlamaDiskCache ms | llama-server cache-ram ms | slot restore ms |",
             "|---|---:|---:|---:|---:|---:|---:|"]

@@ -28,6 +28,7 @@ file; a file is written beside its name and renamed into place.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -172,6 +173,13 @@ def with_context_length(src: Path, out: Path, n_ctx: int) -> Path:
     return out
 
 
+@functools.lru_cache(maxsize=2)
+def tokenizer_copy(path: Path, file_id: str) -> "TokenizerCopy":
+    """One TokenizerCopy per file and process: gguf's reader takes seconds over 100,000
+    strings. (``file_id``: a changed file is read again.)"""
+    return TokenizerCopy(path)
+
+
 class TokenizerCopy:
     """Writes every tokenizer.* key of a GGUF (the default model's) with its own types."""
 
@@ -230,7 +238,7 @@ def write_shaped(path: Path, shape: Shape, tokenizer_gguf: Path, weight_type: st
     """Write ``shape`` to ``path`` (no cache: shaped_model is the cached way)."""
     from tests.tiny_model import write_arch_model
 
-    vocab = TokenizerCopy(tokenizer_gguf)
+    vocab = tokenizer_copy(Path(tokenizer_gguf), _file_id(Path(tokenizer_gguf)))
     weights = random_blocks_weights(weight_type)
     extra = {}
     if shape.arch == "gemma3":
