@@ -184,7 +184,7 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
              repeats: int) -> dict:
     """``repeats`` rounds of: the limit, the warm run from each tier, the warm run from the
     state file (module docstring)."""
-    from app.engine import state_flows
+    from app.engine import KvPrimerError, state_flows
 
     from .kvprimer_paths import FastestLimit
     from .workload import RowTokens
@@ -193,6 +193,7 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
     samples: dict[str, list[dict]] = {k: [] for k in (
         "limit", "resident", "ram", "file_tier", "state_file")}
     verdicts: dict[str, list[str]] = {k: [] for k in samples if k != "limit"}
+    errors: dict[str, str] = {}  # a path that failed: the engine's one line, once
     limit = FastestLimit(eng)
     try:
         seeded = _seed_limit(limit, state, tokens[:boundary])
@@ -220,10 +221,17 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
                 w["restore_ms"] += promote_ms
                 samples[tier].append(w)
                 verdicts[tier].append(_verdict(rep))
+            if "state_file" in errors:
+                continue
             eng.clear_cache()
             dropped = drop_from_page_cache(state_file)
             t0 = time.perf_counter()
-            loaded = state_flows.load_state(eng, state_file, tpl)  # as `run --state` loads it
+            try:
+                loaded = state_flows.load_state(eng, state_file, tpl)  # as `run --state` does
+            except KvPrimerError as e:  # what a user of `run --state` would be told
+                errors["state_file"] = f"{type(e).__name__}: {e}"
+                eng.prime_node(tpl)  # the next round's tiers need the prefix cached again
+                continue
             load_ms = (time.perf_counter() - t0) * 1000
             rep = run(loaded)
             w = _path(rep.warm, {"load_ms": load_ms, "page_cache_dropped": dropped,
@@ -233,7 +241,8 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
             verdicts["state_file"].append(_verdict(rep))
     finally:
         limit.close()
-    return {"samples": samples, "verdicts": verdicts, "limit_seeded_from_state": seeded}
+    return {"samples": samples, "verdicts": verdicts, "limit_seeded_from_state": seeded,
+            "errors": errors}
 
 
 TIERS = {"resident": "resident", "ram": "ram", "file_tier": "file"}

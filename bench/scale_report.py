@@ -26,7 +26,7 @@ def _gbs(nbytes: int, ms: float | None) -> str:
 
 
 def _mb(n) -> str:
-    return "-" if not n else f"{n / 1e6:,.0f}"
+    return "-" if not n else f"{n / 1e6:,.0f}" if n >= 1e7 else f"{n / 1e6:,.2f}"
 
 
 def run_rows(sc: dict) -> list[dict]:
@@ -41,7 +41,8 @@ def run_rows(sc: dict) -> list[dict]:
         q = r.get("llama_server") or {}
         nbytes = o["sizes"]["state_bytes"]
         ram_restore = _med(s["ram"], "restore_ms")
-        file_restore = statistics.median(x["load_ms"] + x["restore_ms"] for x in s["state_file"])
+        file_restore = (statistics.median(x["load_ms"] + x["restore_ms"] for x in s["state_file"])
+                        if s["state_file"] else None)
         lim = o["limits"]
         verdicts = [v for vs in o["verdicts"].values() for v in vs] + [o["first_verdict"]]
         rows.append({
@@ -73,6 +74,7 @@ def run_rows(sc: dict) -> list[dict]:
             "peer_errors": "; ".join(f"{k}: {v['error']}" for k, v in
                                      (("llama-cpp-python", p), ("llama-server", q))
                                      if "error" in v),
+            "path_errors": "; ".join(f"{k}: {v}" for k, v in (o.get("errors") or {}).items()),
             "kernels": o["kernels"],
         })
     return rows
@@ -97,6 +99,8 @@ def format_scale(sc: dict) -> str:
                      f"{_ms(x['state_file']):>9} {_ms(x['limit']):>8} {x['state_mb']:>8} "
                      f"{_r(x['state_vs_raw'], 4):>7} {x['rss_ours']:>7} {x['rss_plain']:>6} "
                      f"{x['bit_identical']:>6}")
+        if x["path_errors"]:
+            lines.append(f"{'':<24} failed: {x['path_errors']}")
     lines += ["", "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load vs a "
               "sequential read of a file of its size (page cache dropped / cached)"]
     for x in rows:
@@ -154,6 +158,9 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
                    f"{_ms(x['state_file'])} | {_ms(x['limit'])} | {_r(x['state_vs_raw'], 4)} | "
                    f"{x['rss_ours']} ({x['rss_plain']}; RAM tier {x['ram_tier_mb']}) | "
                    f"{x['bit_identical']} |")
+    failed = [f"{x['run']}: {x['path_errors']}" for x in rows if x.get("path_errors")]
+    if failed:
+        out += ["", "Paths that failed: " + "; ".join(failed) + "."]
     out += ["", "| run | RAM restore GB/s (memcpy) | file load GB/s (read, dropped / cached) "
             "| LlamaRAMCache ms | LlamaDiskCache ms | llama-server cache-ram ms | slot restore ms |",
             "|---|---:|---:|---:|---:|---:|---:|"]
