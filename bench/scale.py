@@ -391,7 +391,7 @@ def run_scale(cfg: ScaleConfig, log=print, on_run=None) -> dict:
     from .machine import CpuShare, loadavg, machine_info
 
     t_start = time.perf_counter()
-    share = CpuShare(cfg.n_threads)
+    share = CpuShare(cfg.n_threads, children=True)  # the work runs in child processes
     out: dict = {"settings": {**asdict(cfg), "evals_per_run": EVALS_PER_RUN,
                               "models": {MODEL_32K: "the default model, context_length "
                                          "rewritten to 32,768", MODEL_1B: "random weights, "
@@ -413,9 +413,12 @@ def run_scale(cfg: ScaleConfig, log=print, on_run=None) -> dict:
     out["goal_rows"] = goal_rows(out["runs"])
     out["ratios"], out["goals"] = top_level(out["runs"])
     out["duration_s"] = round(time.perf_counter() - t_start, 1)
-    if (cfg.sizes, cfg.sizes_1b) != (DEFAULT_SIZES, DEFAULT_1B_SIZES):
-        out["full_run_estimate"] = estimate_full_run(out["runs"], ScaleConfig())
     out["machine"].update(loadavg_end=loadavg(), cpu_share=round(share.value(), 3))
+    if (cfg.sizes, cfg.sizes_1b) != (DEFAULT_SIZES, DEFAULT_1B_SIZES):
+        est = out["full_run_estimate"] = estimate_full_run(out["runs"], ScaleConfig())
+        if est.get("seconds") and 0 < out["machine"]["cpu_share"] < 1:
+            # on a quiet machine the same work gets all of its cores
+            est["quiet_seconds"] = round(est["seconds"] * out["machine"]["cpu_share"])
     return out
 
 

@@ -128,7 +128,10 @@ def format_scale(sc: dict) -> str:
     if est:
         lines.append("" if est.get("seconds") is None else
                      f"\nestimated duration of the full scale run (sizes {est['sizes']}): "
-                     f"about {est['seconds'] / 60:.0f} min, from this run's cold times; "
+                     f"about {est['seconds'] / 60:.0f} min at this run's speed"
+                     + (f" (about {est['quiet_seconds'] / 60:.0f} min on a quiet machine: this "
+                        f"run got {m.get('cpu_share')} of its cores)" if est.get("quiet_seconds")
+                        else "") + "; "
                      f"16k on the 1B shape (--scale-1b-sizes 2048,8192,16384) would add about "
                      f"{est['extra_1b_16k_seconds'] / 60:.0f} min")
         if est.get("seconds") is None:
