@@ -65,8 +65,8 @@ def test_each_shape_loads_with_its_shape_and_the_default_tokenizer(name, folder,
     path = shaped_model(name, n_layer=depth, folder=folder)
     with _engine(path) as eng:
         info = eng.info
-        assert (info.architecture, info.n_layer, info.n_embd, info.n_head) == (
-            shape.arch, depth, shape.n_embd, shape.n_head)
+        assert (info.architecture, info.n_layer, info.n_embd, info.n_head, info.n_head_kv) == (
+            shape.arch, depth, shape.n_embd, shape.n_head, shape.n_head_kv)
         assert info.n_ctx_train == shape.n_ctx
         assert info.kv_bytes_per_token == shape.kv_bytes_per_token
         n_vocab, ids = default_ids
