@@ -14,9 +14,9 @@ For each model and size (each side in a process of its own, so that its peak RSS
   RSS, and its LlamaRAMCache and LlamaDiskCache on the same prompt;
 - llama-server (server_peer.slot_and_cache_ram): its --cache-ram and a slot restored from
   --slot-save-path.
-Ratios per run (``run_ratios``, from that run's own figures) and the issue's goals table
-(``goal_rows``: the worst run against each goal) go under "scale" in results.json; the chart is
-bench/scale_chart.py's, the text and Markdown bench/scale_report.py's.
+Ratios per run (``run_ratios``, from that run's own figures) and the goals table for real
+sizes (``goal_rows``: the worst run against each goal) go under "scale" in results.json; the
+chart is bench/scale_chart.py's, the text and Markdown bench/scale_report.py's.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ CTX_MARGIN = 256
 # prefix evaluations per run: our prime, our cold run, plain llama-cpp-python, llama-server
 EVALS_PER_RUN = 4
 
-# per-run goals (upper bounds), issue 35's table; restore times against the machine's limit
-# times: <= 2 is "at 50% or more of the limit's speed"
+# per-run goals (upper bounds) the project sets for real sizes; restore times against the
+# machine's limit times: <= 2 is "at 50% or more of the limit's speed"
 RUN_GOALS = {
     "warm_ram_vs_limit": 1.1,
     "warm_file_vs_limit": 1.2,
@@ -51,7 +51,7 @@ RUN_GOALS = {
     "rss_vs_plain": 1.25,
     "state_bytes_vs_raw_kv": 1.01,
     "not_bit_identical": 0,
-    "failed_paths": 0,  # e.g. a .kvstate that fits the context refused (issue 35, item 3)
+    "failed_paths": 0,  # e.g. a .kvstate that fits the context, refused
 }
 WARM_VS_COLD_32K_GOAL = 1 / 150  # the default model's shape at its largest prefix
 
@@ -298,7 +298,7 @@ def run_goals(run: dict, largest_32k: bool) -> dict:
             for k, b in goals.items()}
 
 
-# the issue's goals table: (figure, ratio name, bound, "max" or "min" over the runs, runs)
+# the goals for real sizes: (figure, ratio name, bound, the runs it applies to)
 GOAL_ROWS = (
     ("warm / cold time to first token, largest prefix, the default model's 32k shape",
      "warm_ram_vs_cold", WARM_VS_COLD_32K_GOAL, "largest_32k"),
@@ -320,7 +320,7 @@ SUMMED = ("not_bit_identical", "failed_paths")  # counts: the goals table adds t
 
 
 def goal_rows(runs: list[dict]) -> list[dict]:
-    """Each goal of the issue against the worst run (the largest value: every goal is an
+    """Each goal for real sizes against the worst run (the largest value: every goal is an
     upper bound), with the run it came from."""
     ok = [r for r in runs if "error" not in r]
     big = max((r for r in ok if r["model"] == MODEL_32K), key=lambda r: r["target"], default=None)
@@ -365,7 +365,7 @@ def estimate_full_run(runs: list[dict], full: ScaleConfig) -> dict:
     if missing:
         return {"seconds": None, "note": f"no run of {', '.join(missing)} to estimate from"}
     return {"seconds": round(sum(seconds(n, t) for n, t in plan(full))),
-            # the issue's "16k on the 1B shape if it fits in about 15 minutes"
+            # 16k on the 1B shape is worth a run if it fits in about 15 minutes
             "extra_1b_16k_seconds": round(seconds(MODEL_1B, 16384)),
             "fits": {m: {"a_s_per_token": a, "b_s_per_token2": b} for m, (a, b) in fits.items()},
             "sizes": {MODEL_32K: list(full.sizes), MODEL_1B: list(full.sizes_1b)}}

@@ -119,7 +119,7 @@ def format_scale(sc: dict) -> str:
                          f"{_ms(x['server_cache_ram'])} ({x['server_reused']}), slot "
                          f"{_ms(x['server_slot'])}"
                          + (f"  [{x['peer_errors']}]" if x["peer_errors"] else ""))
-    lines += ["", f"{'goal (issue 35)':<92} {'value':>8} {'goal':>9}  verdict (worst run)"]
+    lines += ["", f"{'goal (real sizes)':<92} {'value':>8} {'goal':>9}  verdict (worst run)"]
     for g in sc.get("goal_rows", []):
         verdict = "-" if g["met"] is None else "met" if g["met"] else "MISSED"
         lines.append(f"{g['figure']:<92} {_r(g['value'], 4):>8} {g['goal']:>9}  {verdict} "
@@ -173,7 +173,7 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
                        f"({x['read_cold_gbs']} / {x['read_cached_gbs']}) | "
                        f"{_ms(x['llamacpp_ram'])} | {_ms(x['llamacpp_disk'])} | "
                        f"{_ms(x['server_cache_ram'])} | {_ms(x['server_slot'])} |")
-    out += ["", "| goal (issue 35) | value | goal | verdict | worst run |", "|---|---:|---|---|---|"]
+    out += ["", "| goal (real sizes) | value | goal | verdict | worst run |", "|---|---:|---|---|---|"]
     for g in sc.get("goal_rows", []):
         verdict = "-" if g["met"] is None else "met" if g["met"] else "**missed**"
         out.append(f"| {g['figure']} | {_r(g['value'], 4)} | {g['goal'].replace('<=', '≤')} | "

@@ -109,7 +109,7 @@ def test_report_markdown_and_chart(section, tmp_path):
     assert md.startswith("## Real sizes")
     # a row in each of the two tables per run; the goals table names the worst run
     assert sum(line.startswith(f"| {MODEL_32K} 200 |") for line in md.splitlines()) == 2
-    assert md.count("| goal (issue 35) | value | goal | verdict | worst run |") == 1
+    assert md.count("| goal (real sizes) | value | goal | verdict | worst run |") == 1
     out = render_scale_chart(section, tmp_path / "scale.png")
     assert out.stat().st_size > 5000
 
