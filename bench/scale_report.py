@@ -75,6 +75,8 @@ def run_rows(sc: dict) -> list[dict]:
                                      (("llama-cpp-python", p), ("llama-server", q))
                                      if "error" in v),
             "path_errors": "; ".join(f"{k}: {v}" for k, v in (o.get("errors") or {}).items()),
+            # a prefix over the resident tier's cap waits in the RAM tier between runs
+            "resident_from": sorted({x.get("from_tier", "resident") for x in s["resident"]}),
             "kernels": o["kernels"],
         })
     return rows
@@ -101,6 +103,9 @@ def format_scale(sc: dict) -> str:
                      f"{x['bit_identical']:>6}")
         if x["path_errors"]:
             lines.append(f"{'':<24} failed: {x['path_errors']}")
+        if x["resident_from"] != ["resident"]:
+            lines.append(f"{'':<24} its \"resident\" runs found the prefix in: "
+                         f"{', '.join(x['resident_from'])} (over the resident tier's cap)")
     lines += ["", "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load vs a "
               "sequential read of a file of its size (page cache dropped / cached)"]
     for x in rows:

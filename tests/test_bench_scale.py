@@ -131,3 +131,30 @@ def test_the_prompt_reaches_its_target_from_the_example_passages(tiny_model):
     assert "1. (archive 1) " in tpl and tpl.endswith("<|im_start|>assistant\n")
     lines = [ln for ln in prefix.splitlines() if ln[:1].isdigit()]
     assert len(set(lines)) == len(lines)  # varied, not the same line again
+
+
+def test_the_bench_command_runs_the_scale_section_alone(section, monkeypatch, tmp_path):
+    import bench.__main__ as main
+
+    got = {}
+
+    def fake_run(cfg, log=None, on_run=None):
+        got["cfg"] = cfg
+        on_run(section)
+        return section
+
+    monkeypatch.setattr(scale, "run_scale", fake_run)
+    out = tmp_path / "results.json"
+    out.write_text(json.dumps({"kept": 1, "ratios": {"other": 2.0}}))
+    code = main.main(["--only-scale", "--scale-sizes", "512,1024", "--scale-1b-sizes", "",
+                      "--scale-repeats", "2", "--out", str(out),
+                      "--scale-chart", str(tmp_path / "scale.png")])
+    assert code == 0
+    cfg = got["cfg"]
+    assert (cfg.sizes, cfg.sizes_1b, cfg.repeats) == ((512, 1024), (), 2)
+    res = json.loads(out.read_text())
+    assert res["kept"] == 1 and res["ratios"]["other"] == 2.0  # the other figures stay
+    assert res["scale"]["runs"] == json.loads(json.dumps(section["runs"]))
+    assert res["ratios"]["scale_smollm2_32k_200_warm_ram_vs_limit"] == \
+        section["runs"][0]["ratios"]["warm_ram_vs_limit"]
+    assert (tmp_path / "scale.png").stat().st_size > 5000
