@@ -283,9 +283,10 @@ def run_ratios(run: dict) -> dict:
                                                       p["sizes"]["ram_entry_bytes"])
     q = run.get("llama_server") or {}
     if "error" not in q and q:
-        r["warm_ram_vs_server_cache_ram"] = _div(_med(_ms(s["ram"])), _med(_ms(q["cache_ram"])))
+        r["warm_ram_vs_server_cache_ram"] = _div(_med(_ms(s["ram"])),
+                                                 _med(_ms(q.get("cache_ram", []))))
         r["warm_file_vs_server_slot_restore"] = _pair(_ms(s["state_file"]),
-                                                      _ms(q["slot_restore"]))
+                                                      _ms(q.get("slot_restore", [])))
     return r
 
 

@@ -71,9 +71,10 @@ def run_rows(sc: dict) -> list[dict]:
             "server_cache_ram": _med(q.get("cache_ram")),
             "server_reused": (q.get("cache_ram") or [{}])[0].get("reused_tokens"),
             "server_slot": _med(q.get("slot_restore")),
-            "peer_errors": "; ".join(f"{k}: {v['error']}" for k, v in
+            "peer_errors": "; ".join(f"{k}: {v[e]}" for k, v in
                                      (("llama-cpp-python", p), ("llama-server", q))
-                                     if "error" in v),
+                                     for e in ("error", "cache_ram_error", "slot_restore_error")
+                                     if e in v),
             "path_errors": "; ".join(f"{k}: {v}" for k, v in (o.get("errors") or {}).items()),
             # a prefix over the resident tier's cap waits in the RAM tier between runs
             "resident_from": sorted({x.get("from_tier", "resident") for x in s["resident"]}),
