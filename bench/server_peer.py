@@ -26,6 +26,8 @@ from app.servers import LlamaServer
 from app.servers.llama_server_process import HOST, ServerProcess, ServerSettings
 
 START_TIMEOUT_S = 120.0
+# the scale section's prompts: a 32k-token prefix on a CPU takes minutes before the first frame
+LONG_PROMPT_TIMEOUT_S = 3 * 3600.0
 
 
 class DefaultsServer(ServerProcess):
@@ -105,7 +107,8 @@ def slot_and_cache_ram(model_path: str, *, n_ctx: int, flash_attn: bool, n_batch
                     slot_dir=str(Path(tmp) / "slots"), n_batch=n_batch, n_threads=n_threads)
         try:
             with ServerProcess(ServerSettings(**base), Path(tmp) / "a.log").start(
-                    START_TIMEOUT_S) as proc, LlamaServer(proc.url) as c:
+                    START_TIMEOUT_S) as proc, \
+                    LlamaServer(proc.url, timeout_s=LONG_PROMPT_TIMEOUT_S) as c:
                 first = c.complete(prefix, 1, cache_prompt=True)
                 saved = c.slot(0, "save", "prefix.bin")
                 out["prefix_ms"] = first.ttft_ms
@@ -137,7 +140,8 @@ def _slot_restores(base: dict, tmp: Path, tokens: list[int], unrelated: list[int
 
     rows = []
     with ServerProcess(ServerSettings(**base, extra_args=("--cache-ram", "0")),
-                       tmp / "b.log").start(START_TIMEOUT_S) as proc, LlamaServer(proc.url) as c:
+                       tmp / "b.log").start(START_TIMEOUT_S) as proc, \
+            LlamaServer(proc.url, timeout_s=LONG_PROMPT_TIMEOUT_S) as c:
         for _ in range(repeats):
             c.complete(unrelated, 1, cache_prompt=True)
             t0 = _time.perf_counter()
