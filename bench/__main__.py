@@ -218,9 +218,9 @@ def scale_figures(results: dict, args) -> None:
     from .scale_report import format_scale
     from .suite import _Log
 
-    quick = args.quick  # a development run: toy sizes, the 1B shape at 512 tokens
-    cfg = ScaleConfig(sizes=_sizes(args.scale_sizes, (512, 1024) if quick else DEFAULT_SIZES),
-                      sizes_1b=_sizes(args.scale_1b_sizes, (512,) if quick else DEFAULT_1B_SIZES),
+    quick = args.quick  # a short run: the default model's 32k shape at 512 tokens only
+    cfg = ScaleConfig(sizes=_sizes(args.scale_sizes, (512,) if quick else DEFAULT_SIZES),
+                      sizes_1b=_sizes(args.scale_1b_sizes, () if quick else DEFAULT_1B_SIZES),
                       repeats=args.scale_repeats or 3, n_batch=args.batch,
                       n_threads=args.threads or os.cpu_count() or 1,
                       llamacpp=not args.no_llamacpp, server=not args.no_server_peer)
