@@ -147,7 +147,8 @@ def build_template(target: int, count_tokens, head_chars: int | None = None) -> 
 
 
 def tokenizer_of(path: Path):
-    """(count_tokens, n_ctx_train) from the model's own vocabulary (the engine's loader)."""
+    """(count_tokens, n_ctx_train, the model to close) from the model's own vocabulary, loaded
+    by the engine's loader."""
     import llama_cpp as L
 
     from app.engine.llama.native_model import NativeModel
@@ -201,9 +202,11 @@ def one_run(cfg: ScaleConfig, name: str, target: int, log) -> dict:
         "n_threads": cfg.n_threads, "template": tpl, "values": {"question": question()},
         "max_tokens": cfg.max_tokens, "repeats": cfg.repeats}, cfg.timeout_s)
     run["ours"] = ours
-    log(f"scale: ours {ours['prefix_tokens']} prefix tokens: cold {ours['cold']['ttft_ms']:,.0f} ms, "
-        f"warm from RAM {statistics.median(s['ttft_ms'] for s in ours['samples']['ram']):,.0f} ms "
-        f"({time.perf_counter() - t0:.0f} s)")
+    ram = _med(s["ttft_ms"] for s in ours["samples"]["ram"])
+    log(f"scale: ours {ours['prefix_tokens']} prefix tokens: cold {ours['cold']['ttft_ms']:,.0f} "
+        f"ms, warm from RAM " + ("failed" if ram is None else f"{ram:,.0f} ms")
+        + f" ({time.perf_counter() - t0:.0f} s)"
+        + "".join(f"; {k} failed: {v}" for k, v in (ours.get("errors") or {}).items()))
     common = {"model_path": str(path), "n_ctx": n_ctx, "n_batch": cfg.n_batch,
               "n_threads": cfg.n_threads, "flash_attn": ours["flash_attn"]}
     if cfg.llamacpp:

@@ -184,7 +184,7 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
              repeats: int) -> dict:
     """``repeats`` rounds of: the limit, the warm run from each tier, the warm run from the
     state file (module docstring)."""
-    from app.engine import KvPrimerError, state_flows
+    from app.engine import KvPrimerError
 
     from .kvprimer_paths import FastestLimit
     from .workload import RowTokens
@@ -202,47 +202,70 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
             samples["limit"].append({"ttft_ms": s.ms, "evaluated_tokens": s.evaluated,
                                      "tokens": [s.first_token]})
             for tier in ("resident", "ram", "file_tier"):
-                eng.work.reset()  # the prefix comes from the cache, not kept in place
-                was = _move_to(eng, state.n_tokens, TIERS[tier])
-                # prefix mode brings the node back to resident in prime_node, before the warm
-                # run's clock starts: timed here (less a second call's lookup, which
-                # tokenizes the prefix: the warm time leaves tokenizing out), and added to the
-                # warm time and its restore
-                t0 = time.perf_counter()
-                eng.prime_node(tpl)
-                t1 = time.perf_counter()
-                eng.prime_node(tpl)
-                lookup_ms = (time.perf_counter() - t1) * 1000
-                promote_ms = max((t1 - t0) * 1000 - lookup_ms, 0.0)
-                rep = run()
-                w = _path(rep.warm, {"from_tier": was, "promote_ms": promote_ms,
-                                     "lookup_ms": lookup_ms})
-                w["ttft_ms"] += promote_ms
-                w["restore_ms"] += promote_ms
-                samples[tier].append(w)
-                verdicts[tier].append(_verdict(rep))
+                if tier in errors:
+                    continue
+                try:
+                    samples[tier].append(_tier_sample(eng, tpl, run, state, tier, verdicts))
+                except KvPrimerError as e:  # what a user's run would be told; the rest runs
+                    errors[tier] = f"{type(e).__name__}: {e}"
+                    _recover(eng, tpl)
             if "state_file" in errors:
                 continue
-            eng.clear_cache()
-            dropped = drop_from_page_cache(state_file)
-            t0 = time.perf_counter()
             try:
-                loaded = state_flows.load_state(eng, state_file, tpl)  # as `run --state` does
+                samples["state_file"].append(_file_sample(eng, tpl, run, state_file, verdicts))
             except KvPrimerError as e:  # what a user of `run --state` would be told
                 errors["state_file"] = f"{type(e).__name__}: {e}"
-                eng.prime_node(tpl)  # the next round's tiers need the prefix cached again
-                continue
-            load_ms = (time.perf_counter() - t0) * 1000
-            rep = run(loaded)
-            w = _path(rep.warm, {"load_ms": load_ms, "page_cache_dropped": dropped,
-                                 "from_tier": "state file"})
-            w["ttft_ms"] += load_ms  # the file is read inside the warm run's time, as the CLI's
-            samples["state_file"].append(w)
-            verdicts["state_file"].append(_verdict(rep))
+                _recover(eng, tpl)
     finally:
         limit.close()
     return {"samples": samples, "verdicts": verdicts, "limit_seeded_from_state": seeded,
             "errors": errors}
+
+
+def _tier_sample(eng, tpl, run, state, tier: str, verdicts: dict) -> dict:
+    """The warm run with the prefix's node moved down to ``tier`` first."""
+    eng.work.reset()  # the prefix comes from the cache, not kept in place
+    was = _move_to(eng, state.n_tokens, TIERS[tier])
+    # prefix mode brings the node back to resident in prime_node, before the warm run's clock
+    # starts: timed here (less a second call's lookup, which tokenizes the prefix: the warm
+    # time leaves tokenizing out), and added to the warm time and its restore
+    t0 = time.perf_counter()
+    eng.prime_node(tpl)
+    t1 = time.perf_counter()
+    eng.prime_node(tpl)
+    lookup_ms = (time.perf_counter() - t1) * 1000
+    promote_ms = max((t1 - t0) * 1000 - lookup_ms, 0.0)
+    rep = run()
+    w = _path(rep.warm, {"from_tier": was, "promote_ms": promote_ms, "lookup_ms": lookup_ms})
+    w["ttft_ms"] += promote_ms
+    w["restore_ms"] += promote_ms
+    verdicts[tier].append(_verdict(rep))
+    return w
+
+
+def _file_sample(eng, tpl, run, state_file: Path, verdicts: dict) -> dict:
+    """`kvprimer run --state`: an empty cache, the file out of the page cache, read, checked
+    and adopted (state_flows.load_state), then the warm run from it."""
+    from app.engine import state_flows
+
+    eng.clear_cache()
+    dropped = drop_from_page_cache(state_file)
+    t0 = time.perf_counter()
+    loaded = state_flows.load_state(eng, state_file, tpl)
+    load_ms = (time.perf_counter() - t0) * 1000
+    rep = run(loaded)
+    w = _path(rep.warm, {"load_ms": load_ms, "page_cache_dropped": dropped,
+                         "from_tier": "state file"})
+    w["ttft_ms"] += load_ms  # the file is read inside the warm run's time, as the CLI's
+    verdicts["state_file"].append(_verdict(rep))
+    return w
+
+
+def _recover(eng, tpl) -> None:
+    """After a path failed: an empty cache and the prefix primed again (untimed), so that the
+    other paths start as they would have."""
+    eng.clear_cache()
+    eng.prime_node(tpl)
 
 
 TIERS = {"resident": "resident", "ram": "ram", "file_tier": "file"}
