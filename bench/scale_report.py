@@ -104,7 +104,7 @@ def format_scale(sc: dict) -> str:
                      f"{x['bit_identical']:>6}")
         if x["path_errors"]:
             lines.append(f"{'':<24} failed: {x['path_errors']}")
-        if x["resident_from"] != ["resident"]:
+        if x["resident_from"] and x["resident_from"] != ["resident"]:
             lines.append(f"{'':<24} its \"resident\" runs found the prefix in: "
                          f"{', '.join(x['resident_from'])} (over the resident tier's cap)")
     lines += ["", "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load vs a "
