@@ -64,7 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="run only the stateful-model section; other figures in --out are kept")
     ap.add_argument("--no-scale", action="store_true",
                     help="skip the scale section (2k-32k-token prefixes on the default model "
-                         "declaring 32k, 2k-8k on a Llama 3.2 1B-shaped model; about an hour)")
+                         "declaring 32k, 2k-8k on a Llama 3.2 1B-shaped model; roughly 1-1.5 "
+                         "hours on 2 quiet cores)")
     ap.add_argument("--only-scale", action="store_true",
                     help="run only the scale section; other figures in --out are kept")
     ap.add_argument("--scale-sizes",
