@@ -1,6 +1,7 @@
 """`python -m bench` (`make bench`): run the suite, print the table, write results.json and the
 PNG chart. `--quick` is a short development run (1 row, 2 repeats, one sweep point);
-`--only-reuse` runs the reuse section alone (our modes and the peers on rag-recurring.csv)."""
+`--only-reuse` runs the reuse section alone (our modes and the peers on rag-recurring.csv);
+`--only-scale` the scale section alone (long prefixes on real-sized models, bench/scale.py)."""
 from __future__ import annotations
 
 import argparse
@@ -61,6 +62,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="skip the stateful-model section (random-weight lfm2, granitehybrid, mamba2)")
     ap.add_argument("--only-stateful", action="store_true",
                     help="run only the stateful-model section; other figures in --out are kept")
+    ap.add_argument("--no-scale", action="store_true",
+                    help="skip the scale section (2k-32k-token prefixes on the default model "
+                         "declaring 32k, 2k-8k on a Llama 3.2 1B-shaped model; roughly 1-1.5 "
+                         "hours on 2 quiet cores)")
+    ap.add_argument("--only-scale", action="store_true",
+                    help="run only the scale section; other figures in --out are kept")
+    ap.add_argument("--scale-sizes",
+                    help="scale section: prefix tokens on the default model's 32k shape "
+                         "(2048,8192,32768; '' for none)")
+    ap.add_argument("--scale-1b-sizes",
+                    help="scale section: prefix tokens on the Llama 3.2 1B shape (2048,8192; "
+                         "add 16384 if it fits; '' for none)")
+    ap.add_argument("--scale-repeats", type=int, help="scale section: warm samples per path (3)")
+    ap.add_argument("--scale-chart", type=Path, default=HERE / "results-scale.png")
     ap.add_argument("--out", type=Path,
                     help="results file (bench/results.json; --only-reuse: results-reuse.json)")
     ap.add_argument("--chart", type=Path, default=HERE / "results.png")
@@ -190,6 +205,41 @@ def stateful_figures(results: dict, args) -> None:
         _write(results, args.out)
 
 
+def _sizes(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    return default if text is None else tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def scale_figures(results: dict, args) -> None:
+    """The scale section (bench/scale.py), under "scale", with its chart; its ratios and goals
+    join the top-level ones. results.json is written after every run of the section."""
+    if args.no_scale:
+        return
+    from .scale import DEFAULT_1B_SIZES, DEFAULT_SIZES, ScaleConfig, run_scale
+    from .scale_chart import render_scale_chart
+    from .scale_report import format_scale
+    from .suite import _Log
+
+    quick = args.quick  # a short run: the default model's 32k shape at 512 tokens only
+    cfg = ScaleConfig(sizes=_sizes(args.scale_sizes, (512,) if quick else DEFAULT_SIZES),
+                      sizes_1b=_sizes(args.scale_1b_sizes, () if quick else DEFAULT_1B_SIZES),
+                      repeats=args.scale_repeats or 3, n_batch=args.batch,
+                      n_threads=args.threads or os.cpu_count() or 1,
+                      llamacpp=not args.no_llamacpp, server=not args.no_server_peer)
+
+    def partial(sc):
+        results["scale"] = sc
+        _write(results, args.out)
+
+    sc = _section(results, "scale", "the scale section",
+                  lambda: run_scale(cfg, log=_Log(), on_run=partial))
+    if sc is None:
+        _write(results, args.out)
+        return
+    if any("error" not in r for r in sc["runs"]):
+        render_scale_chart(sc, args.scale_chart)
+    _publish(results, args, format_scale(sc), sc["ratios"], sc["goals"])
+
+
 def soak_and_stalls(results: dict, args) -> None:
     """The soak (RSS must not keep growing over 1,000 warm runs: bench/soak.py's leak rate) and the window's event-loop stalls
     while the default model primes the RAG prefix (goal: under 50 ms).
@@ -254,8 +304,13 @@ def main(argv=None) -> int:
         return peers_into(args)
     if args.only_reuse:
         return only_reuse(args)
-    if args.only_stateful or args.only_busy:  # the other figures stay as the last run wrote them
+    if args.only_stateful or args.only_busy or args.only_scale:
+        # the other figures stay as the last run wrote them
         results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
+        if args.only_scale:
+            scale_figures(results, args)
+            sc = results.get("scale", {})
+            return 0 if "error" not in sc and sc.get("runs") else 1
         if args.only_busy:
             busy_machine(results, args)
             return 0 if results.get("busy_machine", {}).get("bit_identical") else 1
@@ -281,6 +336,7 @@ def main(argv=None) -> int:
         render_chart(results, args.chart)
     stateful_figures(results, args)
     busy_machine(results, args)
+    scale_figures(results, args)
     soak_and_stalls(results, args)
     print(f"\nwrote {args.out} and {args.chart}")
     return 0 if results["same_suffix_tokens"]["ok"] else 1

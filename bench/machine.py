@@ -43,16 +43,20 @@ class CpuShare:
     """How much of its threads' time this process got: CPU seconds / (wall seconds × threads).
     Near 1.0 on a quiet machine; well below it when other work competes for the cores."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, children: bool = False):
+        """``children``: count the CPU time of child processes that ended (a section that
+        runs its work in children, bench/scale.py)."""
         self.threads = max(threads, 1)
+        self.children = children
         self.t0 = time.perf_counter()
-        self.c0 = _cpu_seconds()
+        self.c0 = _cpu_seconds(children)
 
     def value(self) -> float:
         wall = time.perf_counter() - self.t0
-        return (_cpu_seconds() - self.c0) / (wall * self.threads) if wall > 0 else 0.0
+        return ((_cpu_seconds(self.children) - self.c0) / (wall * self.threads)
+                if wall > 0 else 0.0)
 
 
-def _cpu_seconds() -> float:
+def _cpu_seconds(children: bool = False) -> float:
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)

@@ -26,6 +26,8 @@ from app.servers import LlamaServer
 from app.servers.llama_server_process import HOST, ServerProcess, ServerSettings
 
 START_TIMEOUT_S = 120.0
+# the scale section's prompts: a 32k-token prefix on a CPU takes minutes before the first frame
+LONG_PROMPT_TIMEOUT_S = 3 * 3600.0
 
 
 class DefaultsServer(ServerProcess):
@@ -82,3 +84,72 @@ def run_server_peer(model_path: str, n_ctx: int, rows: list[list[int]], max_toke
             "built_by_project": proc.ours, "slots": props.total_slots, "n_ctx": props.n_ctx,
             "threads": int(threads.group(1)) if threads else None,
             "kv_setup": setup.group(1).strip() if setup else "", "build_info": props.build_info}
+
+
+def slot_and_cache_ram(model_path: str, *, n_ctx: int, flash_attn: bool, n_batch: int,
+                       n_threads: int, tokens: list[int], boundary: int, unrelated: list[int],
+                       max_tokens: int, repeats: int) -> dict:
+    """llama-server as `kvprimer serve` starts it (one slot, the engine's kernel, batch and
+    threads; app/servers/llama_server_process.py), on one prompt of the scale section:
+    - its host-memory prompt cache (``--cache-ram``, its default size): the prefix evaluated,
+      then an unrelated prompt takes the slot, then the prompt (the prefix comes back from the
+      cache). One sample: after it the cache holds the whole prompt, and a second request
+      would reuse more than the prefix;
+    - slot restore from ``--slot-save-path``: the server's own save of the prefix, restored by
+      a second server started with ``--cache-ram 0`` (so nothing else can serve the prefix)
+      after an unrelated prompt, ``repeats`` times; its time to first token counts the restore
+      request and the completion.
+    A part that fails is said under "<part>_error"; the other still runs."""
+    prefix = tokens[:boundary]
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="kvprimer-scale-server-") as tmp:
+        base = dict(model_path=str(model_path), flash_attn=flash_attn, n_ctx=n_ctx,
+                    slot_dir=str(Path(tmp) / "slots"), n_batch=n_batch, n_threads=n_threads)
+        try:
+            with ServerProcess(ServerSettings(**base), Path(tmp) / "a.log").start(
+                    START_TIMEOUT_S) as proc, \
+                    LlamaServer(proc.url, timeout_s=LONG_PROMPT_TIMEOUT_S) as c:
+                first = c.complete(prefix, 1, cache_prompt=True)
+                saved = c.slot(0, "save", "prefix.bin")
+                out["prefix_ms"] = first.ttft_ms
+                out["slot_file"] = {"tokens": saved.tokens, "bytes": saved.bytes,
+                                    "save_ms": saved.ms}
+                out["command"] = proc.cmd[1:]
+                c.complete(unrelated, 1, cache_prompt=True)
+                got = c.complete(tokens, max_tokens, cache_prompt=True)
+                out["cache_ram"] = [{"ttft_ms": got.ttft_ms, "reused_tokens": got.cached_tokens,
+                                     "evaluated_tokens": got.evaluated_tokens,
+                                     "tokens": got.tokens}]
+        except Exception as e:  # noqa: BLE001 - said in the results; the restore may still run
+            out["cache_ram_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+        if "slot_file" not in out:
+            return out
+        try:
+            out["slot_restore"] = _slot_restores(base, Path(tmp), tokens, unrelated, max_tokens,
+                                                 repeats)
+        except Exception as e:  # noqa: BLE001
+            out["slot_restore_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    return out
+
+
+def _slot_restores(base: dict, tmp: Path, tokens: list[int], unrelated: list[int],
+                   max_tokens: int, repeats: int) -> list[dict]:
+    """The saved prefix restored into a server that keeps no host-memory cache, after an
+    unrelated prompt took its slot, then the prompt; ``repeats`` times."""
+    import time as _time
+
+    rows = []
+    with ServerProcess(ServerSettings(**base, extra_args=("--cache-ram", "0")),
+                       tmp / "b.log").start(START_TIMEOUT_S) as proc, \
+            LlamaServer(proc.url, timeout_s=LONG_PROMPT_TIMEOUT_S) as c:
+        for _ in range(repeats):
+            c.complete(unrelated, 1, cache_prompt=True)
+            t0 = _time.perf_counter()
+            r = c.slot(0, "restore", "prefix.bin")
+            restore_ms = (_time.perf_counter() - t0) * 1000
+            got = c.complete(tokens, max_tokens, cache_prompt=True)
+            rows.append({"ttft_ms": restore_ms + got.ttft_ms, "restore_ms": restore_ms,
+                         "server_restore_ms": r.ms, "restored_tokens": r.tokens,
+                         "reused_tokens": got.cached_tokens,
+                         "evaluated_tokens": got.evaluated_tokens, "tokens": got.tokens})
+    return rows

@@ -31,19 +31,23 @@ SHORTCONV_L_CACHE = 3
 # Qwen3.5's Gated DeltaNet: 2 key heads and 4 value heads of 16 (ssm.group_count and
 # ssm.time_step_rank), a convolution of 4 over Q, K and V
 DELTA_HEAD, DELTA_K_HEADS, DELTA_V_HEADS = 16, 2, 4
+# (head size, key heads, value heads): the tiny default; bench/shaped_models.py gives real ones
+DELTA_DIMS = (DELTA_HEAD, DELTA_K_HEADS, DELTA_V_HEADS)
 
 
-def write_ssm_keys(w, arch: str, n_embd: int) -> None:
-    """The ssm.* keys (Mamba and Mamba 2 mixers) or shortconv.* (LFM2)."""
+def write_ssm_keys(w, arch: str, n_embd: int, delta: tuple[int, int, int] = DELTA_DIMS) -> None:
+    """The ssm.* keys (Mamba and Mamba 2 mixers) or shortconv.* (LFM2); ``delta``: the Gated
+    DeltaNet's (head size, key heads, value heads)."""
     if arch == "lfm2":
         w.add_uint32(f"{arch}.shortconv.l_cache", SHORTCONV_L_CACHE)
         return
     if arch == "qwen35":
+        head, k_heads, v_heads = delta
         w.add_ssm_conv_kernel(D_CONV)
-        w.add_ssm_inner_size(DELTA_HEAD * DELTA_V_HEADS)
-        w.add_ssm_state_size(DELTA_HEAD)
-        w.add_ssm_time_step_rank(DELTA_V_HEADS)
-        w.add_uint32(f"{arch}.ssm.group_count", DELTA_K_HEADS)
+        w.add_ssm_inner_size(head * v_heads)
+        w.add_ssm_state_size(head)
+        w.add_ssm_time_step_rank(v_heads)
+        w.add_uint32(f"{arch}.ssm.group_count", k_heads)
         w.add_uint32(f"{arch}.full_attention_interval", 4)
         return
     w.add_ssm_conv_kernel(D_CONV)
@@ -90,26 +94,32 @@ def write_shortconv(w, blk: str, n_embd: int, t) -> None:
     w.add_tensor(blk + "shortconv.out_proj.weight", t(n_embd, n_embd))
 
 
-def write_gated_deltanet(w, blk: str, n_embd: int, t) -> None:
-    keys, values = DELTA_HEAD * DELTA_K_HEADS, DELTA_HEAD * DELTA_V_HEADS
-    w.add_tensor(blk + "attn_qkv.weight", t(2 * keys + values, n_embd))
-    w.add_tensor(blk + "attn_gate.weight", t(values, n_embd))
+def write_gated_deltanet(w, blk: str, n_embd: int, t, mat=None,
+                         delta: tuple[int, int, int] = DELTA_DIMS) -> None:
+    """``mat(name, n_out, n_in)`` writes the projections (default: ``t``'s floats), so that a
+    real-sized model can write them quantized."""
+    mat = mat or (lambda name, n_out, n_in: w.add_tensor(name, t(n_out, n_in)))
+    head, k_heads, v_heads = delta
+    keys, values = head * k_heads, head * v_heads
+    mat(blk + "attn_qkv.weight", 2 * keys + values, n_embd)
+    mat(blk + "attn_gate.weight", values, n_embd)
     w.add_tensor(blk + "ssm_conv1d.weight", t(2 * keys + values, D_CONV))
-    w.add_tensor(blk + "ssm_dt.bias", t(DELTA_V_HEADS, scale=0.1))
-    w.add_tensor(blk + "ssm_a", -np.exp(t(DELTA_V_HEADS, scale=0.5)))
-    w.add_tensor(blk + "ssm_beta.weight", t(DELTA_V_HEADS, n_embd))
-    w.add_tensor(blk + "ssm_alpha.weight", t(DELTA_V_HEADS, n_embd))
-    w.add_tensor(blk + "ssm_norm.weight", np.ones(DELTA_HEAD, dtype=np.float32))
-    w.add_tensor(blk + "ssm_out.weight", t(n_embd, values))
+    w.add_tensor(blk + "ssm_dt.bias", t(v_heads, scale=0.1))
+    w.add_tensor(blk + "ssm_a", -np.exp(t(v_heads, scale=0.5)))
+    w.add_tensor(blk + "ssm_beta.weight", t(v_heads, n_embd))
+    w.add_tensor(blk + "ssm_alpha.weight", t(v_heads, n_embd))
+    w.add_tensor(blk + "ssm_norm.weight", np.ones(head, dtype=np.float32))
+    mat(blk + "ssm_out.weight", n_embd, values)
 
 
-def write_recurrent_layer(w, arch: str, kind: str, blk: str, n_embd: int, t) -> None:
+def write_recurrent_layer(w, arch: str, kind: str, blk: str, n_embd: int, t, mat=None,
+                          delta: tuple[int, int, int] = DELTA_DIMS) -> None:
     """One layer's mixer of kind M (Mamba or Mamba 2, by architecture), C (short convolution)
-    or L (Gated DeltaNet)."""
+    or L (Gated DeltaNet, whose projections ``mat`` writes when given)."""
     if kind == "C":
         write_shortconv(w, blk, n_embd, t)
     elif kind == "L":
-        write_gated_deltanet(w, blk, n_embd, t)
+        write_gated_deltanet(w, blk, n_embd, t, mat, delta)
     elif arch == "mamba":
         write_mamba_mixer(w, blk, n_embd, t)
     else:

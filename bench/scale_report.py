@@ -1,0 +1,203 @@
+"""The scale section (bench/scale.py) in words: the text `make bench` prints, and the Markdown
+section of BENCHMARKS.md (`python -m bench.scale_report [results.json]` prints it, for the doc
+to be written from a stored run, never by hand)."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _med(samples: list[dict] | None, key: str = "ttft_ms") -> float | None:
+    return statistics.median(s[key] for s in samples) if samples else None
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _r(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _gbs(nbytes: int, ms: float | None) -> str:
+    return "-" if not ms else f"{nbytes / ms / 1e6:.2f}"
+
+
+def _mb(n) -> str:
+    return "-" if not n else f"{n / 1e6:,.0f}" if n >= 1e7 else f"{n / 1e6:,.2f}"
+
+
+def run_rows(sc: dict) -> list[dict]:
+    """One dict of display figures per run (failed runs: their error)."""
+    rows = []
+    for r in sc["runs"]:
+        if "error" in r:
+            rows.append({"run": f"{r['model']} {r['label']}", "error": r["error"]})
+            continue
+        o, s = r["ours"], r["ours"]["samples"]
+        p = r.get("llamacpp") or {}
+        q = r.get("llama_server") or {}
+        nbytes = o["sizes"]["state_bytes"]
+        ram_restore = _med(s["ram"], "restore_ms")
+        file_restore = (statistics.median(x["load_ms"] + x["restore_ms"] for x in s["state_file"])
+                        if s["state_file"] else None)
+        lim = o["limits"]
+        verdicts = [v for vs in o["verdicts"].values() for v in vs] + [o["first_verdict"]]
+        rows.append({
+            "run": f"{r['model']} {r['label']}", "prefix": o["prefix_tokens"],
+            "suffix": o["suffix_tokens"], "n_ctx": r["n_ctx"], "cold": o["cold"]["ttft_ms"],
+            "resident": _med(s["resident"]), "ram": _med(s["ram"]),
+            "file_tier": _med(s["file_tier"]), "state_file": _med(s["state_file"]),
+            "limit": _med(s["limit"]), "prime": o["prime_ms"],
+            "state_mb": _mb(o["sizes"]["state_file_bytes"]),
+            "state_vs_raw": r["ratios"].get("state_bytes_vs_raw_kv"),
+            "ram_restore": ram_restore, "ram_gbs": _gbs(nbytes, ram_restore),
+            "memcpy_gbs": _gbs(nbytes, lim["memcpy_ms"]),
+            "file_restore": file_restore, "file_gbs": _gbs(nbytes, file_restore),
+            "read_cold_gbs": _gbs(nbytes, lim["read_cold_ms"]),
+            "read_cached_gbs": _gbs(nbytes, lim["read_cached_ms"]),
+            "dropped": lim["page_cache_dropped"],
+            "rss_ours": _mb(o["peak_rss"]["run"]),
+            # what the RAM tier held then (its kept copies included): part of our RSS
+            "ram_tier_mb": _mb(sum(t["used_bytes"] for t in o["tiers_after_run"]
+                                   if t["name"] == "ram")),
+            "rss_plain": _mb((p.get("peak_rss") or {}).get("plain")),
+            "bit_identical": f"{sum(v == 'bit-identical' for v in verdicts)}/{len(verdicts)}",
+            "plain_cold": (p.get("cold") or {}).get("ttft_ms"),
+            "llamacpp_ram": _med(p.get("llamacpp_ram")),
+            "llamacpp_disk": _med(p.get("llamacpp_disk")),
+            "server_cache_ram": _med(q.get("cache_ram")),
+            "server_reused": (q.get("cache_ram") or [{}])[0].get("reused_tokens"),
+            "server_slot": _med(q.get("slot_restore")),
+            "peer_errors": "; ".join(f"{k}: {v[e]}" for k, v in
+                                     (("llama-cpp-python", p), ("llama-server", q))
+                                     for e in ("error", "cache_ram_error", "slot_restore_error")
+                                     if e in v),
+            "path_errors": "; ".join(f"{k}: {v}" for k, v in (o.get("errors") or {}).items()),
+            # a prefix over the resident tier's cap waits in the RAM tier between runs
+            "resident_from": sorted({x.get("from_tier", "resident") for x in s["resident"]}),
+            "kernels": o["kernels"],
+        })
+    return rows
+
+
+def format_scale(sc: dict) -> str:
+    m, st = sc["machine"], sc["settings"]
+    lines = [f"Scale section: {', '.join(f'{k} ({v})' for k, v in st['models'].items())}",
+             f"threads {st['n_threads']}, n_batch {st['n_batch']}, {st['repeats']} warm samples "
+             f"per path, {st['max_tokens']} tokens generated; load average "
+             f"{m.get('loadavg_start')} -> {m.get('loadavg_end')}, CPU share {m.get('cpu_share')}",
+             "", f"{'run':<24} {'prefix':>6} {'n_ctx':>6} {'cold ms':>9} {'resident':>9} "
+             f"{'RAM tier':>9} {'file tier':>9} {'.kvstate':>9} {'limit':>8} {'state MB':>8} "
+             f"{'/raw KV':>7} {'RSS MB':>7} {'plain':>6} {'exact':>6}"]
+    rows = run_rows(sc)
+    for x in rows:
+        if "error" in x:
+            lines.append(f"{x['run']:<24} failed: {x['error']}")
+            continue
+        lines.append(f"{x['run']:<24} {x['prefix']:>6} {x['n_ctx']:>6} {_ms(x['cold']):>9} "
+                     f"{_ms(x['resident']):>9} {_ms(x['ram']):>9} {_ms(x['file_tier']):>9} "
+                     f"{_ms(x['state_file']):>9} {_ms(x['limit']):>8} {x['state_mb']:>8} "
+                     f"{_r(x['state_vs_raw'], 4):>7} {x['rss_ours']:>7} {x['rss_plain']:>6} "
+                     f"{x['bit_identical']:>6}")
+        if x["path_errors"]:
+            lines.append(f"{'':<24} failed: {x['path_errors']}")
+        if x["resident_from"] and x["resident_from"] != ["resident"]:
+            lines.append(f"{'':<24} its \"resident\" runs found the prefix in: "
+                         f"{', '.join(x['resident_from'])} (over the resident tier's cap)")
+    lines += ["", "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load vs a "
+              "sequential read of a file of its size (page cache dropped / cached)"]
+    for x in rows:
+        if "error" not in x:
+            lines.append(f"  {x['run']:<24} RAM {x['ram_gbs']} vs memcpy {x['memcpy_gbs']}; "
+                         f"file {x['file_gbs']} vs read {x['read_cold_gbs']} / cached "
+                         f"{x['read_cached_gbs']}"
+                         + ("" if x["dropped"] else " (page cache NOT dropped)"))
+    lines += ["", "peers on the same prompts (time to first token, ms): plain llama-cpp-python "
+              "cold, LlamaRAMCache, LlamaDiskCache; llama-server --cache-ram (tokens reused), "
+              "slot restore"]
+    for x in rows:
+        if "error" not in x:
+            lines.append(f"  {x['run']:<24} cold {_ms(x['plain_cold'])}, RAM {_ms(x['llamacpp_ram'])}, "
+                         f"disk {_ms(x['llamacpp_disk'])}; server cache-ram "
+                         f"{_ms(x['server_cache_ram'])} ({x['server_reused']}), slot "
+                         f"{_ms(x['server_slot'])}"
+                         + (f"  [{x['peer_errors']}]" if x["peer_errors"] else ""))
+    lines += ["", f"{'goal (real sizes)':<92} {'value':>8} {'goal':>9}  verdict (worst run)"]
+    for g in sc.get("goal_rows", []):
+        verdict = "-" if g["met"] is None else "met" if g["met"] else "MISSED"
+        lines.append(f"{g['figure']:<92} {_r(g['value'], 4):>8} {g['goal']:>9}  {verdict} "
+                     f"({g['worst']})")
+    est = sc.get("full_run_estimate")
+    if est:
+        lines.append("" if est.get("seconds") is None else
+                     f"\nestimated duration of the full scale run (sizes {est['sizes']}): "
+                     f"about {est['seconds'] / 60:.0f} min at this run's speed"
+                     + (f" (about {est['quiet_seconds'] / 60:.0f} min on a quiet machine: this "
+                        f"run got {m.get('cpu_share')} of its cores)" if est.get("quiet_seconds")
+                        else "") + "; "
+                     f"16k on the 1B shape (--scale-1b-sizes 2048,8192,16384) would add about "
+                     f"{est['extra_1b_16k_seconds'] / 60:.0f} min")
+        if est.get("seconds") is None:
+            lines.append(f"full run: no estimate ({est['note']})")
+    lines.append(f"scale section {sc.get('duration_s')} s")
+    return "\n".join(lines)
+
+
+def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
+    """BENCHMARKS.md's scale section, every figure as results.json stores it."""
+    m = sc["machine"]
+    out = ["## Real sizes (`scale`; `bench/scale.py`)", "",
+           f"Models: {'; '.join(f'`{k}`: {v}' for k, v in sc['settings']['models'].items())}. "
+           f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}, load average "
+           f"{m.get('loadavg_start')} -> {m.get('loadavg_end')}, CPU share {m.get('cpu_share')}.",
+           "", f"![time to first token against prefix length]({chart})", "",
+           "| run | prefix | n_ctx | cold ms | warm resident | RAM tier | file tier | .kvstate "
+           "| limit | state / raw KV | peak RSS MB (plain) | bit-identical |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = run_rows(sc)
+    for x in rows:
+        if "error" in x:
+            out.append(f"| {x['run']} | failed: {x['error']} |||||||||||")
+            continue
+        out.append(f"| {x['run']} | {x['prefix']:,} | {x['n_ctx']:,} | {_ms(x['cold'])} | "
+                   f"{_ms(x['resident'])} | {_ms(x['ram'])} | {_ms(x['file_tier'])} | "
+                   f"{_ms(x['state_file'])} | {_ms(x['limit'])} | {_r(x['state_vs_raw'], 4)} | "
+                   f"{x['rss_ours']} ({x['rss_plain']}; RAM tier {x['ram_tier_mb']}) | "
+                   f"{x['bit_identical']} |")
+    failed = [f"{x['run']}: {x['path_errors']}" for x in rows if x.get("path_errors")]
+    if failed:
+        out += ["", "Paths that failed: " + "; ".join(failed) + "."]
+    out += ["", "| run | RAM restore GB/s (memcpy) | file load GB/s (read, dropped / cached) "
+            "| LlamaRAMCache ms | LlamaDiskCache ms | llama-server cache-ram ms | slot restore ms |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for x in rows:
+        if "error" not in x:
+            out.append(f"| {x['run']} | {x['ram_gbs']} ({x['memcpy_gbs']}) | {x['file_gbs']} "
+                       f"({x['read_cold_gbs']} / {x['read_cached_gbs']}) | "
+                       f"{_ms(x['llamacpp_ram'])} | {_ms(x['llamacpp_disk'])} | "
+                       f"{_ms(x['server_cache_ram'])} | {_ms(x['server_slot'])} |")
+    out += ["", "| goal (real sizes) | value | goal | verdict | worst run |", "|---|---:|---|---|---|"]
+    for g in sc.get("goal_rows", []):
+        verdict = "-" if g["met"] is None else "met" if g["met"] else "**missed**"
+        out.append(f"| {g['figure']} | {_r(g['value'], 4)} | {g['goal'].replace('<=', '≤')} | "
+                   f"{verdict} | {g['worst']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    path = Path(argv[0]) if argv else Path(__file__).resolve().parent / "results.json"
+    sc = json.loads(path.read_text(encoding="utf-8")).get("scale")
+    if not sc or "runs" not in sc:
+        print(f"{path} has no scale section; run `python -m bench --only-scale` first",
+              file=sys.stderr)
+        return 1
+    print(scale_markdown(sc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

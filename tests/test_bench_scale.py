@@ -1,0 +1,160 @@
+"""The bench's scale section (bench/scale.py) at toy sizes on the tiny model: every path runs in
+its own process, the figures land where the report, the chart and results.json read them, and
+every ratio and goal is computed from the same run's figures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import scale
+from bench.scale import MODEL_1B, MODEL_32K, ScaleConfig, goal_rows, run_ratios, run_scale
+
+
+def _server_built() -> bool:
+    from app.servers.llama_server_process import ServeError, find_binary
+
+    try:
+        find_binary()
+    except ServeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def section(tiny_model):
+    # both of the section's models are the tiny model here, at toy sizes
+    cfg = ScaleConfig(sizes=(200,), sizes_1b=(300,), repeats=2, max_tokens=4, n_threads=1,
+                      n_batch=64, model_paths={MODEL_32K: str(tiny_model), MODEL_1B: str(tiny_model)},
+                      head_chars=120,
+                      server=_server_built(), timeout_s=300)
+    seen = []
+    sc = run_scale(cfg, log=lambda _msg: None, on_run=lambda s: seen.append(len(s["runs"])))
+    sc["_partials"] = seen
+    return sc
+
+
+def test_each_size_runs_every_path_on_the_same_prompt(section):
+    assert section["_partials"] == [1, 2]  # results.json is written after each run
+    runs = section["runs"]
+    assert [(r["model"], r["label"]) for r in runs] == [(MODEL_32K, "200"), (MODEL_1B, "300")]
+    for r in runs:
+        assert "error" not in r, r.get("error")
+        o = r["ours"]
+        assert r["target"] - 2 <= o["prefix_tokens"] <= r["target"] + 150  # whole passage lines
+        assert o["prefix_tokens"] + o["suffix_tokens"] == o["prompt_tokens"] <= r["n_ctx"]
+        assert o["cold"]["evaluated_tokens"] == o["prompt_tokens"]
+        assert o["cold_runs"] == 1  # every warm run was judged against the one cold run
+        s = o["samples"]
+        for tier, where in (("resident", "resident"), ("ram", "ram"), ("file_tier", "file")):
+            assert [x["from_tier"] for x in s[tier]] == [where] * 2, tier
+        for tier in ("resident", "ram", "file_tier", "state_file", "limit"):
+            assert [x["evaluated_tokens"] for x in s[tier]] == [o["suffix_tokens"]] * 2, tier
+        assert all(x["load_ms"] > 0 for x in s["state_file"])
+        assert o["limit_seeded_from_state"]
+        # every warm run is the cold run's tokens, bit for bit
+        assert set(v for vs in o["verdicts"].values() for v in vs) == {"bit-identical"}
+        assert o["peak_rss"]["run"] >= o["peak_rss"]["prime"] >= o["peak_rss"]["load"] > 0
+        lim = o["limits"]
+        assert lim["bytes"] == o["sizes"]["state_bytes"] and lim["memcpy_ms"] > 0
+        assert lim["read_cold_ms"] > 0 and lim["read_cached_ms"] > 0
+        p = r["llamacpp"]
+        assert "error" not in p, p.get("error")
+        assert p["cold"]["evaluated_tokens"] == o["prompt_tokens"]
+        assert [x["evaluated_tokens"] for x in p["llamacpp_ram"]] == [o["suffix_tokens"]] * 2
+        assert p["peak_rss"]["plain"] > 0
+        if "llama_server" in r:
+            q = r["llama_server"]
+            assert not [k for k in q if k.endswith("error")], q
+            assert q["slot_file"]["tokens"] == o["prefix_tokens"]
+            assert all(x["reused_tokens"] >= o["prefix_tokens"] - 1 for x in q["slot_restore"])
+
+
+def test_ratios_and_goals_come_from_the_same_run(section):
+    runs = section["runs"]
+    for r in runs:
+        assert r["ratios"] == run_ratios(r)
+        rs = r["ratios"]
+        sz = r["ours"]["sizes"]
+        assert rs["state_bytes_vs_raw_kv"] == sz["state_file_bytes"] / sz["raw_kv_bytes"]
+        # the cells, plus a header and the token ids (a share that shrinks at real sizes)
+        assert 0 < sz["state_file_bytes"] - sz["raw_kv_bytes"] < 8192
+        assert rs["not_bit_identical"] == 0
+        assert rs["rss_vs_plain"] > 0 and rs["warm_ram_vs_limit"] > 0
+        assert r["goals"]["warm_ram_vs_limit"]["value"] == rs["warm_ram_vs_limit"]
+    # the largest prefix of the default model's shape carries the warm / cold goal
+    assert "warm_ram_vs_cold" in runs[0]["goals"] and "warm_ram_vs_cold" not in runs[1]["goals"]
+    rows = {g["ratio"]: g for g in section["goal_rows"]}
+    assert rows == {g["ratio"]: g for g in goal_rows(runs)}
+    assert rows["rss_vs_plain"]["value"] == max(r["ratios"]["rss_vs_plain"] for r in runs)
+    assert rows["warm_ram_vs_cold"]["value"] == runs[0]["ratios"]["warm_ram_vs_cold"]
+    assert rows["not_bit_identical"]["value"] == 0 and rows["not_bit_identical"]["met"]
+    assert rows["failed_paths"]["value"] == 0  # the tiny model's states load at a tight n_ctx
+    key = "scale_smollm2_32k_200_warm_ram_vs_limit"
+    assert section["ratios"][key] == runs[0]["ratios"]["warm_ram_vs_limit"]
+    assert section["goals"][key]["value"] == runs[0]["ratios"]["warm_ram_vs_limit"]
+    est = section["full_run_estimate"]
+    assert est["seconds"] > 0 and est["sizes"][MODEL_32K] == list(scale.DEFAULT_SIZES)
+    assert set(est["fits"]) == {MODEL_32K, MODEL_1B}
+    json.dumps(section)  # results.json can hold it
+
+
+def test_report_markdown_and_chart(section, tmp_path):
+    from bench.scale_chart import render_scale_chart
+    from bench.scale_report import format_scale, scale_markdown
+
+    text = format_scale(section)
+    assert "restore (GB/s)" in text and "estimated duration of the full scale run" in text
+    md = scale_markdown(section)
+    assert md.startswith("## Real sizes")
+    # a row in each of the two tables per run; the goals table names the worst run
+    assert sum(line.startswith(f"| {MODEL_32K} 200 |") for line in md.splitlines()) == 2
+    assert md.count("| goal (real sizes) | value | goal | verdict | worst run |") == 1
+    out = render_scale_chart(section, tmp_path / "scale.png")
+    assert out.stat().st_size > 5000
+
+
+def test_the_prompt_reaches_its_target_from_the_example_passages(tiny_model):
+    from app.engine.llama.native_model import NativeModel
+
+    m = NativeModel(tiny_model)
+    try:
+        def count(text):
+            return len(m.tokenize(text, add_special=True, parse_special=True))
+
+        tpl = scale.build_template(900, count, head_chars=200)
+        prefix = tpl.split("<question>")[0]
+        n = count(prefix)
+    finally:
+        m.close()
+    assert 900 <= n < 900 + 300
+    assert "1. (archive 1) " in tpl and tpl.endswith("<|im_start|>assistant\n")
+    lines = [ln for ln in prefix.splitlines() if ln[:1].isdigit()]
+    assert len(set(lines)) == len(lines)  # varied, not the same line again
+
+
+def test_the_bench_command_runs_the_scale_section_alone(section, monkeypatch, tmp_path):
+    import bench.__main__ as main
+
+    got = {}
+
+    def fake_run(cfg, log=None, on_run=None):
+        got["cfg"] = cfg
+        on_run(section)
+        return section
+
+    monkeypatch.setattr(scale, "run_scale", fake_run)
+    out = tmp_path / "results.json"
+    out.write_text(json.dumps({"kept": 1, "ratios": {"other": 2.0}}))
+    code = main.main(["--only-scale", "--scale-sizes", "512,1024", "--scale-1b-sizes", "",
+                      "--scale-repeats", "2", "--out", str(out),
+                      "--scale-chart", str(tmp_path / "scale.png")])
+    assert code == 0
+    cfg = got["cfg"]
+    assert (cfg.sizes, cfg.sizes_1b, cfg.repeats) == ((512, 1024), (), 2)
+    res = json.loads(out.read_text())
+    assert res["kept"] == 1 and res["ratios"]["other"] == 2.0  # the other figures stay
+    assert res["scale"]["runs"] == json.loads(json.dumps(section["runs"]))
+    assert res["ratios"]["scale_smollm2_32k_200_warm_ram_vs_limit"] == \
+        section["runs"][0]["ratios"]["warm_ram_vs_limit"]
+    assert (tmp_path / "scale.png").stat().st_size > 5000
