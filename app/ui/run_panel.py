@@ -287,6 +287,14 @@ class RunPanel(QWidget):
         self._refresh_chart()
         self.show_verdict(record.report)
 
+    def follow_jobs(self, jobs) -> None:
+        """Show what the jobs (prompt_jobs.PromptJobs) tell of runs; Verify asks them."""
+        jobs.row_started.connect(self.begin_row)
+        jobs.delta.connect(self.on_delta)
+        jobs.cold_estimate.connect(self.show_estimate)
+        jobs.verified.connect(self.show_verified)
+        self.verify_requested.connect(jobs.verify)
+
     # ---- transient: the row being run and its streamed text
     def begin_row(self, number: int) -> None:
         self.current_row = number

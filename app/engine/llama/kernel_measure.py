@@ -52,7 +52,8 @@ from typing import Callable
 
 from ..runs.batch_feed import feed_batches
 from .kernel_passes import (BUDGET_S, CALIBRATION_PREFIX, CALIBRATION_SUFFIX, MAX_ROUNDS, MIN_ROUNDS,
-                            PILOT_TOKENS, PILOT_WARMUP, PROBE_SUFFIX, Passes, plan_passes)
+                            PILOT_TOKENS, PILOT_WARMUP, PROBE_SUFFIX, Passes, plan_passes,
+                            probe_sizes, quartiles, relative_spread)
 from .machine_load import LoadMeter, MachineLoad
 from .native import ContextParams, NativeContext, NativeModel
 
@@ -119,40 +120,11 @@ class Measured:
         return " and ".join(why)
 
 
-def probe_sizes(n: int) -> tuple[int, ...]:
-    """Uneven batches of two tokens or more for ``n`` tokens: two, then three of different sizes
-    and residues (for 64: 2, 13, 29, 20), fewer when ``n`` is small. (A one-token batch is
-    another computation, which the runs keep apart: batch_plan.py.)"""
-    if n < 4:
-        return (n,)
-    rest = n - 2
-    a = max(2, rest * 2 // 9)
-    b = max(2, (rest - a) * 3 // 5) if rest - a >= 4 else 0
-    parts = [x for x in (2, a, b, rest - a - b) if x > 0]
-    if parts[-1] < 2:  # never a lone token
-        parts[-2:] = [parts[-2] + parts[-1]]
-    return tuple(parts)
-
-
 def fingerprint(ctx: NativeContext) -> bytes:
     """The sequence's cells (its whole state) and the last logits, hashed: equal bits or not."""
     h = hashlib.sha256(ctx.state_get(0))
     h.update(ctx.logits(-1).tobytes())
     return h.digest()
-
-
-def relative_spread(values: list[float]) -> float:
-    """(p75 - p25) / median: how far repeats of one timing stray, robust to one outlier."""
-    if len(values) < 2:
-        return 0.0
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    med = statistics.median(values)
-    return (q[2] - q[0]) / med if med > 0 else 0.0
-
-
-def quartiles(values: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
-    return q[0], q[2]
 
 
 @dataclass(frozen=True)
