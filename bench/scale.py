@@ -73,7 +73,10 @@ class ScaleConfig:
 
 
 def plan(cfg: ScaleConfig) -> list[tuple[str, int]]:
-    return [(MODEL_32K, n) for n in cfg.sizes] + [(MODEL_1B, n) for n in cfg.sizes_1b]
+    """Shorter prefixes first, whatever the model: the longest run (minutes per evaluation at
+    32k) comes last, so a run stopped early has kept every smaller size."""
+    runs = [(MODEL_32K, n) for n in cfg.sizes] + [(MODEL_1B, n) for n in cfg.sizes_1b]
+    return sorted(runs, key=lambda r: r[1])
 
 
 def model_path(cfg: ScaleConfig, name: str) -> Path:

@@ -229,3 +229,36 @@ def test_promotions_in_a_nearly_full_context_make_room_first(tiny_model, tmp_pat
                 assert_tree_consistent(eng)
         finally:
             eng.close()
+
+
+@pytest.mark.parametrize("tier", ["ram", "file"])
+def test_a_prefix_run_brings_its_prefix_from_a_lower_tier_inside_its_own_clock(tiny_model, tmp_path,
+                                                                               monkeypatch, tier):
+    """Promoting the static prefix back from RAM or a file is part of the warm run (its
+    restore time), not done by the lookup of the prefix's node before the run's clock starts.
+    Each promotion here moves the clock on by 10 s: the warm restore time must hold them all."""
+    import time
+
+    eng = make(tiny_model, tmp_path)
+    try:
+        node = eng.prime_node(TPL)
+        _evict_down(eng, [node], tier)
+        assert eng.prime_node(TPL, resident=False).tier == tier  # found, left where it is
+        real_clock, real_promote = time.perf_counter, eng.cache.tiers.materialise
+        skipped = [0.0]
+        monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + skipped[0])
+
+        def slow_promotion(n):
+            skipped[0] += 10.0
+            return real_promote(n)
+
+        monkeypatch.setattr(eng.cache.tiers, "materialise", slow_promotion)
+        eng.work.reset()  # nothing of the prefix in the work context: it comes from the cache
+        rep = run_prompt(eng, TPL, {"c1": value(2), "question": "why?"}, reuse="prefix",
+                         gen=GEN, oneshot=False)
+        assert rep.hit_tier == tier and rep.reused_tokens == node.depth
+        assert rep.verdict.equivalence == "bit-identical", rep.verdict.describe()
+        assert rep.warm.restore_ms >= skipped[0] * 1000  # every promotion inside the clock
+        assert rep.warm.ttft_ms >= rep.warm.restore_ms
+    finally:
+        eng.close()

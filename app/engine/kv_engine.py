@@ -346,8 +346,10 @@ class Engine:
         self.check_state(state)
         return state
 
-    def prime_node(self, template: Template, task: TaskState | None = None) -> RadixNode:
-        """The radix cache's node holding the template's static prefix, evaluated if needed.
+    def prime_node(self, template: Template, task: TaskState | None = None,
+                   resident: bool = True) -> RadixNode:
+        """The radix cache's node holding the template's static prefix, evaluated if needed;
+        resident unless ``resident`` is False (a warm run promotes it within its own clock).
 
         The prefix is evaluated in the work context in plain n_batch batches from cell 0, as a
         cold run evaluates it. (Sliding-window models evaluate in the cache's context: into an
@@ -362,7 +364,8 @@ class Engine:
         hit = self.cache.lookup(tokens)
         with self.cache.busy(hit.node):
             if hit.reused == len(tokens) and hit.node.depth == len(tokens):
-                self.cache.materialise(hit.node)
+                if resident:
+                    self.cache.materialise(hit.node)
                 self.cache.touch(hit.node)
                 return hit.node
             if self.runs_in_work_context:

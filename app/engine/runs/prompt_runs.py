@@ -197,11 +197,11 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
     if state is not None:
         node = engine.adopt(state)
         hit = cache.lookup(tokens, limit=min(node.depth, len(tokens) - 1))
-    elif reuse == "chain":
-        engine.prime_node(template, task)
+    elif reuse == "chain":  # (promoting a cached prefix from RAM or a file is warm time)
+        engine.prime_node(template, task, resident=False)
         hit = cache.lookup(tokens, limit=len(tokens) - 1, before=before)
     else:
-        node = engine.prime_node(template, task)
+        node = engine.prime_node(template, task, resident=False)
         hit = cache.lookup(tokens, limit=min(segments[0].end, node.depth, len(tokens) - 1))
     compose = reuse == "compose" and state is None
     if compose:  # modules seen for the first time are built first, timed apart
@@ -216,6 +216,7 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
                                      max_new, keep, task, report)
     report.note = hit.approx
     reused_nodes = [hit.node] + ([m for _s, m in plan.modules] if compose else [])
+    t0 = time.perf_counter()  # bringing the reused cells back from RAM or a file is warm time
     with cache.busy(*reused_nodes):  # making room must not evict what this run reuses
         # promotions from RAM or files take cells too: make them first, then room for the rest
         for n in reused_nodes:
@@ -224,7 +225,6 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
         cache.ensure_free_cells(len(tokens) - hit.reused + max_new)
         work = cache.take_work_seq()
     try:
-        t0 = time.perf_counter()
         with cache.busy(hit.node):
             if compose:
                 c = compose_into(engine, plan, tokens, work, recompute, task)
