@@ -13,11 +13,10 @@ samples meets the same load:
 - resident: the warm run with the prefix node resident (the work context emptied first, so the
   prefix is copied from the cache, not kept in place);
 - ram / file_tier: the prefix node moved down to the RAM tier or to the cache's file tier
-  (evictions), then the warm run. Prefix mode promotes the node back (``Engine.prime_node``)
-  before the warm run's own clock starts: that promotion is timed here and added to the warm
-  time and its restore time. Each sample says which tier the node was in: a prefix larger
-  than the resident tier's cap (3/4 of the context's cells) lives in the RAM tier between
-  runs, so its "resident" samples come from the RAM tier too;
+  (evictions), then the warm run, which brings it back inside its own clock (its restore time).
+  Each sample says which tier the node was in: a prefix larger than the resident tier's cap
+  (3/4 of the context's cells) lives in the RAM tier between runs, so its "resident" samples
+  come from the RAM tier too;
 - state_file: the cache emptied, the .kvstate file dropped from the page cache
   (posix_fadvise), read and adopted, then the warm run: `kvprimer run --state`.
 Every warm run is judged against the one cold run (run_prompt's cold_cache: same batches).
@@ -226,19 +225,9 @@ def _tier_sample(eng, tpl, run, state, tier: str, verdicts: dict) -> dict:
     """The warm run with the prefix's node moved down to ``tier`` first."""
     eng.work.reset()  # the prefix comes from the cache, not kept in place
     was = _move_to(eng, state.n_tokens, TIERS[tier])
-    # prefix mode brings the node back to resident in prime_node, before the warm run's clock
-    # starts: timed here (less a second call's lookup, which tokenizes the prefix: the warm
-    # time leaves tokenizing out), and added to the warm time and its restore
-    t0 = time.perf_counter()
-    eng.prime_node(tpl)
-    t1 = time.perf_counter()
-    eng.prime_node(tpl)
-    lookup_ms = (time.perf_counter() - t1) * 1000
-    promote_ms = max((t1 - t0) * 1000 - lookup_ms, 0.0)
+    # the warm run brings the prefix back from that tier inside its own clock (prompt_runs)
     rep = run()
-    w = _path(rep.warm, {"from_tier": was, "promote_ms": promote_ms, "lookup_ms": lookup_ms})
-    w["ttft_ms"] += promote_ms
-    w["restore_ms"] += promote_ms
+    w = _path(rep.warm, {"from_tier": was, "hit_tier": rep.hit_tier})
     verdicts[tier].append(_verdict(rep))
     return w
 
