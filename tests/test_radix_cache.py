@@ -259,6 +259,9 @@ def test_a_prefix_run_brings_its_prefix_from_a_lower_tier_inside_its_own_clock(t
         assert rep.hit_tier == tier and rep.reused_tokens == node.depth
         assert rep.verdict.equivalence == "bit-identical", rep.verdict.describe()
         assert rep.warm.restore_ms >= skipped[0] * 1000  # every promotion inside the clock
+        # a snapshot of all the prefix's cells is the copy the work context takes, from RAM or
+        # from its file: nothing is restored into the cache's context on the way
+        assert skipped[0] == 0
         assert rep.warm.ttft_ms >= rep.warm.restore_ms
     finally:
         eng.close()

@@ -217,9 +217,13 @@ class CacheTiers(RecurrentSnapshots):
         if c is not None and (c.p0, c.p1) == (p0, p1):
             c.last_used = time.monotonic()  # a hit changes no tier's size: nothing to enforce
             return c.data
-        if node.ram is not None and (node.ram_start, 0, node.depth) == (0, p0, p1):
-            return node.ram  # a snapshot of all its cells, in position order: that copy
-        data = self.parts.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
+        whole = (node.ram_start, 0, node.depth) == (0, p0, p1)
+        if whole and node.ram is not None:  # a snapshot of all its cells is that copy
+            return node.ram
+        if whole and node.file is not None:  # the same, from its file: read, not promoted
+            data = read_node_file(node.file)
+        else:
+            data = self.parts.seqs.cells_of(self.materialise(node), p0, p1, self.sequences.scratch)
         self.keep_copy(node, p0, p1, data)
         return data
 
