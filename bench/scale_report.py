@@ -152,7 +152,10 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     out = ["## Real sizes (`scale`; `bench/scale.py`)", "",
            f"Models: {'; '.join(f'`{k}`: {v}' for k, v in sc['settings']['models'].items())}. "
            f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}, load average "
-           f"{m.get('loadavg_start')} -> {m.get('loadavg_end')}, CPU share {m.get('cpu_share')}.",
+           f"{m.get('loadavg_start')}"
+           + (f" -> {m['loadavg_end']}" if m.get("loadavg_end") is not None else "")
+           + (f", CPU share {m['cpu_share']}" if m.get("cpu_share") is not None else "")
+           + "." + (f" Not run: {sc['not_run']}." if sc.get("not_run") else ""),
            "", f"![time to first token against prefix length]({chart})", "",
            "| run | prefix | n_ctx | cold ms | warm resident | RAM tier | file tier | .kvstate "
            "| limit | state / raw KV | peak RSS MB (plain) | bit-identical |",

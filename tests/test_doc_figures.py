@@ -381,3 +381,38 @@ def test_the_busy_machine_figures_are_the_stored_ones():
                           f"against {ms(statistics.median(busy['all_cores_ms']))} ms on every core",
                   f"quiet, {ms(statistics.median(quiet['auto_ms']))} against "
                   f"{ms(statistics.median(quiet['all_cores_ms']))} ms")
+
+
+def test_the_scale_section_is_the_stored_one():
+    """BENCHMARKS.md's real-size tables are bench/scale_report.py's rendering of the stored run,
+    and the prose quotes its ratios."""
+    from bench.scale_report import scale_markdown
+
+    sc = RES["scale"]
+    assert scale_markdown(sc) in BENCHMARKS
+    section = flat(BENCHMARKS[BENCHMARKS.index("## Real sizes"):BENCHMARKS.index("## Hybrid")])
+    runs = [r["ratios"] for r in sc["runs"] if "ratios" in r]
+    for name, words in (("warm_ram_vs_limit", "{lo:.2f}–{hi:.2f} of it from the RAM tier"),
+                        ("warm_file_vs_limit", "takes {lo:.2f}–{hi:.2f}x the limit"),
+                        ("warm_ram_vs_llamacpp_ram", "took {lo:.2f}–{hi:.2f} of LlamaRAMCache"),
+                        ("warm_file_vs_llamacpp_disk", "{lo:.2f}–{hi:.2f} of LlamaDiskCache"),
+                        ("warm_ram_vs_server_cache_ram", "{lo:.2f}–{hi:.2f} of its `--cache-ram`"),
+                        ("warm_file_vs_server_slot_restore", "{lo:.2f}–{hi:.2f} of its slot")):
+        values = [r[name] for r in runs]
+        assert words.format(lo=min(values), hi=max(values)) in section, name
+
+
+def test_the_readme_quotes_the_stored_scale_runs():
+    """README's "What to expect": the 8k runs' cold over warm (RAM tier) times, and the 1B's."""
+    runs = {(r["model"], r["label"]): r["ours"] for r in RES["scale"]["runs"] if "ours" in r}
+    text = flat(README)
+    for model, words in (("smollm2-135m-32k", "{x:.0f}x sooner than a cold run's on the "
+                                              "default model's shape"),
+                         ("llama3.2-1b", "{x:.0f}x sooner on a model of Llama 3.2 1B's shape")):
+        o = runs[(model, "8k")]
+        warm = statistics.median(s["ttft_ms"] for s in o["samples"]["ram"])
+        assert words.format(x=o["cold"]["ttft_ms"] / warm) in text, model
+    o = runs[("llama3.2-1b", "8k")]
+    cold_s = o["cold"]["ttft_ms"] / 1000
+    warm_s = statistics.median(s["ttft_ms"] for s in o["samples"]["ram"]) / 1000
+    assert f"({warm_s:.1f} s against {cold_s // 60:.0f} min {cold_s % 60:.0f} s)" in text
