@@ -157,6 +157,8 @@ def serve(request: dict) -> dict:
 
 
 def main() -> int:
+    # child_protocol.py's answer_request, written out: this file runs as a script, under
+    # other Pythons and llama-cpp-python builds, and imports nothing of the bench
     request = json.load(sys.stdin)
     answer_fd = os.dup(1)
     os.dup2(2, 1)  # anything llama.cpp prints goes to stderr; stdout carries the answer only

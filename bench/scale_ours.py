@@ -25,13 +25,12 @@ The machine's limits for the same bytes, measured here too: a memcpy (numpy copy
 buffers of the state's size) and a sequential read of a file of the same size, after dropping
 it from the page cache and again cached.
 
-Peak RSS (ru_maxrss) is read at checkpoints: after loading, after prime, after the first run
+Peak RSS (VmHWM, see peak_rss) is read at checkpoints: after loading, after prime, after the first run
 (what `kvprimer prime` + `kvprimer run` hold), after the tier runs, and at the end (the limit's
 context added).
 """
 from __future__ import annotations
 
-import json
 import os
 import resource
 import statistics
@@ -41,6 +40,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .child_protocol import answer_request
 
 
 MODEL_KEYS = ("path", "name", "architecture", "n_layer", "n_embd", "n_head", "n_head_kv", "n_ctx",
@@ -297,16 +298,7 @@ def _seed_limit(limit, state, prefix: list[int]) -> bool:
 
 
 def main() -> int:
-    request = json.load(sys.stdin)
-    answer_fd = os.dup(1)
-    os.dup2(2, 1)  # anything llama.cpp prints goes to stderr; stdout carries the answer only
-    try:
-        answer = serve(request)
-    except Exception as e:  # noqa: BLE001 - the parent turns it into one line for the user
-        answer = {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
-    with os.fdopen(answer_fd, "w", encoding="utf-8") as out:
-        json.dump(answer, out, default=lambda x: x.item() if hasattr(x, "item") else str(x))
-    return 0 if answer["ok"] else 1
+    return answer_request(serve)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ Request: {"model_path", "n_ctx", "n_batch", "n_threads", "flash_attn", "tokens":
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .child_protocol import answer_request
 
 
 def serve(req: dict) -> dict:
@@ -72,16 +72,7 @@ def serve(req: dict) -> dict:
 
 
 def main() -> int:
-    request = json.load(sys.stdin)
-    answer_fd = os.dup(1)
-    os.dup2(2, 1)  # anything llama.cpp prints goes to stderr; stdout carries the answer only
-    try:
-        answer = serve(request)
-    except Exception as e:  # noqa: BLE001 - the parent turns it into one line for the user
-        answer = {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
-    with os.fdopen(answer_fd, "w", encoding="utf-8") as out:
-        json.dump(answer, out)
-    return 0 if answer["ok"] else 1
+    return answer_request(serve)
 
 
 if __name__ == "__main__":

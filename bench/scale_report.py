@@ -29,6 +29,13 @@ def _mb(n) -> str:
     return "-" if not n else f"{n / 1e6:,.0f}" if n >= 1e7 else f"{n / 1e6:,.2f}"
 
 
+def _load(m: dict) -> str:
+    """The machine's load over the run: what was recorded (a run stopped early has no end)."""
+    return (f"load average {m.get('loadavg_start')}"
+            + (f" -> {m['loadavg_end']}" if m.get("loadavg_end") is not None else "")
+            + (f", CPU share {m['cpu_share']}" if m.get("cpu_share") is not None else ""))
+
+
 def run_rows(sc: dict) -> list[dict]:
     """One dict of display figures per run (failed runs: their error)."""
     rows = []
@@ -87,8 +94,7 @@ def format_scale(sc: dict) -> str:
     m, st = sc["machine"], sc["settings"]
     lines = [f"Scale section: {', '.join(f'{k} ({v})' for k, v in st['models'].items())}",
              f"threads {st['n_threads']}, n_batch {st['n_batch']}, {st['repeats']} warm samples "
-             f"per path, {st['max_tokens']} tokens generated; load average "
-             f"{m.get('loadavg_start')} -> {m.get('loadavg_end')}, CPU share {m.get('cpu_share')}",
+             f"per path, {st['max_tokens']} tokens generated; {_load(m)}",
              "", f"{'run':<24} {'prefix':>6} {'n_ctx':>6} {'cold ms':>9} {'resident':>9} "
              f"{'RAM tier':>9} {'file tier':>9} {'.kvstate':>9} {'limit':>8} {'state MB':>8} "
              f"{'/raw KV':>7} {'RSS MB':>7} {'plain':>6} {'exact':>6}"]
@@ -151,11 +157,8 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     m = sc["machine"]
     out = ["## Real sizes (`scale`; `bench/scale.py`)", "",
            f"Models: {'; '.join(f'`{k}`: {v}' for k, v in sc['settings']['models'].items())}. "
-           f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}, load average "
-           f"{m.get('loadavg_start')}"
-           + (f" -> {m['loadavg_end']}" if m.get("loadavg_end") is not None else "")
-           + (f", CPU share {m['cpu_share']}" if m.get("cpu_share") is not None else "")
-           + "." + (f" Not run: {sc['not_run']}." if sc.get("not_run") else ""),
+           f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}, {_load(m)}."
+           + (f" Not run: {sc['not_run']}." if sc.get("not_run") else ""),
            "", f"![time to first token against prefix length]({chart})", "",
            "| run | prefix | n_ctx | cold ms | warm resident | RAM tier | file tier | .kvstate "
            "| limit | state / raw KV | peak RSS MB (plain) | bit-identical |",
