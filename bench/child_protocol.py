@@ -1,6 +1,6 @@
-"""How the bench's child processes answer (scale_ours.py, scale_peer_child.py; peer_child.py writes it out):
-a JSON request on stdin, one JSON answer on stdout, everything llama.cpp prints on stderr, and
-an exception turned into one line for the parent to show."""
+"""How the bench's child processes answer (scale_ours.py, scale_peer_child.py; peer_child.py
+writes it out): a JSON request on stdin, one JSON answer on stdout, everything llama.cpp prints
+on stderr, and an exception turned into one line for the parent to show."""
 from __future__ import annotations
 
 import json
