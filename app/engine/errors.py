@@ -79,7 +79,7 @@ class StateFitError(StateFileError):
         fit = context_size_for(needed)
         if free is None or needed >= n_ctx:
             super().__init__(f"the saved state needs {needed:,} KV cells but the context has "
-                             f"{n_ctx:,}; raise the context size to {fit:,} or more")
+                             f"{n_ctx:,} cells; raise the context size to {fit:,} or more")
         else:  # it would fit an empty context: cells the cache cannot evict are in the way
             super().__init__(
                 f"the saved state needs {needed:,} KV cells but only {free:,} of the context's "

@@ -21,7 +21,7 @@ from .engine_kernels import EngineKernels, KernelStatus
 from .llama.kernel_choice import KernelChoice
 from .llama.memory_budget import MemoryBudget, check_budget, memory_available, plan_budget
 from .llama.recurrent_state import measure_recurrent_bytes
-from .errors import ContextOverflowError, KvPrimerError, StateFileError, StateFitError
+from .errors import ContextOverflowError, KvPrimerError, StateFileError
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
 from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
@@ -304,11 +304,8 @@ class Engine:
             template_sha256=template.sha256 if template else "", text=text)
 
     def check_state(self, state: PrefixState) -> None:
-        # the size last (StateFitError names the context size that holds it)
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
-                               SEQ_STATE_VERSION, max(self.ctx.n_ctx, state.n_tokens + 1))
-        if state.n_tokens >= self.ctx.n_ctx:
-            raise StateFitError(state.n_tokens, self.ctx.n_ctx)
+                               SEQ_STATE_VERSION, self.ctx.n_ctx)
         # a state of another family (attention only, hybrid, recurrent) is refused by its layout
         # (a recurrent record's size is fixed per model: the partial state less its header)
         state.check_payload(self.info.n_vocab, self.family,

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import StateFileError
+from ..errors import StateFileError, StateFitError
 from ..llama.ggml_types import KV_TYPES
 from .user_files import atomic_write, open_user_file
 from .seq_payload import check_seq_payload
@@ -117,11 +117,8 @@ class PrefixState:
                 f"{type_k}/{type_v}; set the KV cache types to {self.type_k}/{self.type_v} or prime again"
             )
         self._check_version(seq_state_version)
-        if self.n_tokens >= n_ctx:
-            raise StateFileError(
-                f"this state holds {self.n_tokens} tokens but the context has {n_ctx} cells; "
-                f"raise the context size above {self.n_tokens}"
-            )
+        if self.n_tokens >= n_ctx:  # the cells it needs, and the context size that holds them
+            raise StateFitError(self.n_tokens, n_ctx)
 
     def _check_version(self, seq_state_version: int) -> None:
         check_version(self.seq_state_version)  # a format this reader does not know
