@@ -29,8 +29,8 @@ from app.engine import Engine, EngineConfig
 from app.engine.llama.native import NativeContext
 from app.engine.llama.thread_count import logical_cpus
 from app.engine.llama.thread_fit import shared_fit
-from app.engine.runs.batch_feed import feed_batches
-from app.engine.runs.batch_plan import batch_starts
+from app.engine.llama.batch_feed import feed_batches
+from app.engine.llama.batch_policy import batch_starts
 
 from .workload import load_workload
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from app.engine import Engine, EngineConfig
-from app.engine.runs.batch_feed import feed_batches
-from app.engine.runs.batch_plan import batch_starts
+from app.engine.llama.batch_feed import feed_batches
+from app.engine.llama.batch_policy import batch_starts
 from app.engine.llama.native import ContextParams, NativeContext
 
 from .workload import load_workload

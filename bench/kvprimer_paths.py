@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from app.engine import Engine, GenerationConfig, PrefixState, Template
-from app.engine.runs.batch_feed import feed_batches, feed_token
-from app.engine.runs.batch_plan import EXACT_CHUNK, batch_starts
+from app.engine.llama.batch_feed import feed_batches, feed_token
+from app.engine.llama.batch_policy import EXACT_CHUNK, batch_starts
 from app.engine.runs.generation import generate
 from app.engine.llama.native import NativeContext
 from app.engine.runs.prompt_runs import state_hit, warm_in_work_context

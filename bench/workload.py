@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine import Engine, Template, read_rows
-from app.engine.runs.batch_plan import batch_starts
+from app.engine.llama.batch_policy import batch_starts
 from app.engine.prompts.prompt_tokens import common_prefix
 from app.engine.prompts.prompt_segments import prompt_segments
 from app.resources_path import examples_dir

@@ -1,5 +1,6 @@
-"""One loop feeds batches to llama_decode (runs/batch_feed.py): its contract, and that every
+"""One loop feeds batches to llama_decode (llama/batch_feed.py): its contract, and that every
 evaluator in the project goes through it."""
+import ast
 import re
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 
 from app.engine import TaskState
 from app.engine.errors import Cancelled
-from app.engine.runs.batch_feed import feed_batches, feed_token
+from app.engine.llama.batch_feed import feed_batches, feed_token
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,3 +77,60 @@ def test_only_the_feeder_loops_over_batches_into_llama_decode():
                  if loop.search(p.read_text(encoding="utf-8"))
                  and p.name != "batch_feed.py"]
     assert offenders == []
+
+
+def _decode_calls(src: Path) -> list[str]:
+    """Where ``src`` calls llama_decode or a ``.decode(entries)`` (text codecs, called with an
+    encoding or on a decoder, are not decodes), as "file:Class.function"."""
+    out: list[str] = []
+
+    def visit(node: ast.AST, where: tuple[str, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            where = (*where, node.name)
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name == "llama_decode" or (
+                    name == "decode" and isinstance(f, ast.Attribute) and not node.keywords
+                    and not any(isinstance(a, ast.Constant) for a in node.args)
+                    and "decoder" not in ast.unparse(f.value)):
+                out.append(f"{src.relative_to(ROOT)}:{'.'.join(where)}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, where)
+
+    visit(ast.parse(src.read_text(encoding="utf-8")), ())
+    return out
+
+
+# the one-batch calls under the loop: llama.cpp's own, and each owner's one decode that keeps
+# what its sequences hold (the loop in batch_feed.py gets them as its ``decode``)
+ONE_DECODE = {"app/engine/llama/native.py:NativeContext.decode",
+              "app/engine/kv/kv_debug_log.py:TrackedContext.decode",
+              "app/engine/kv/sequence_ops.py:SequenceOps.decode",
+              "app/engine/kv_engine.py:Engine.decode",
+              "app/engine/runs/work_context.py:WorkContext._decode",
+              "app/crash_probe_child.py:main"}  # a test decode in a child process that may crash
+
+
+def test_only_the_one_loop_decodes():
+    """Evaluations and generation steps call decode through batch_feed.py alone: any other
+    call of llama_decode or ``.decode(entries)`` in app/ is a second loop."""
+    calls = {c for p in sorted((ROOT / "app").rglob("*.py")) for c in _decode_calls(p)}
+    assert calls == ONE_DECODE
+
+
+def test_the_decode_scan_sees_a_decode_loop(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("def run(ctx, batches):\n    for b in batches:\n        ctx.decode(b)\n"
+                   "def text(raw):\n    return raw.decode('utf-8')\n")
+    found = [c.split(":")[1] for c in _decode_calls_at(bad, tmp_path)]
+    assert found == ["run"]
+
+
+def _decode_calls_at(src: Path, root: Path) -> list[str]:
+    global ROOT
+    saved, ROOT = ROOT, root
+    try:
+        return _decode_calls(src)
+    finally:
+        ROOT = saved

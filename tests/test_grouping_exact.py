@@ -13,7 +13,7 @@ from app.engine.llama import kernel_measure as km
 from app.engine.llama.kernel_choice import KernelChoice, score
 from app.engine.llama.kernel_measure import KernelMeasurement, KernelTiming, probe_sizes
 from app.engine.llama.native import ContextParams, NativeModel
-from app.engine.runs.batch_plan import (batch_end_at_or_before, batch_starts, clear_of_single,
+from app.engine.llama.batch_policy import (batch_end_at_or_before, batch_starts, clear_of_single,
                                         shared_history)
 from tests.cache_checks import assert_tree_consistent
 
@@ -41,7 +41,7 @@ def test_probe_batches_are_uneven_two_tokens_or_more_and_cover_the_suffix():
     assert probe_sizes(64) == (2, 13, 29, 20)
     for n in range(2, 130):
         sizes = probe_sizes(n)
-        assert sum(sizes) == n and min(sizes) >= 2  # never a lone token (batch_plan.py)
+        assert sum(sizes) == n and min(sizes) >= 2  # never a lone token (batch_policy.py)
     assert len({s % 4 for s in probe_sizes(64)}) > 1  # rows multiplied in fours see remainders
 
 

@@ -8,8 +8,8 @@ import pytest
 from app.engine.llama import thread_fit
 from app.engine.llama.native import ContextParams, NativeContext, NativeModel
 from app.engine.llama.thread_fit import ThreadFit
-from app.engine.runs.batch_feed import feed_batches
-from app.engine.runs.batch_plan import batch_starts
+from app.engine.llama.batch_feed import feed_batches
+from app.engine.llama.batch_policy import batch_starts
 
 
 class Machine:

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from app.engine import Engine, EngineConfig, GenerationConfig, Template, run_prompt
-from app.engine.runs.batch_plan import batch_end_at_or_before, shared_history
+from app.engine.llama.batch_policy import batch_end_at_or_before, shared_history
 from tests.cache_checks import assert_tree_consistent
 
 # a static prefix of ~250 tokens and values long enough that suffixes pass 64 tokens: the

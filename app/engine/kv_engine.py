@@ -12,8 +12,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .runs.batch_feed import feed_batches
-from .runs.batch_plan import EXACT_CHUNK, batch_starts
+from .llama.batch_feed import feed_batches
+from .llama.batch_policy import BatchPolicy
 from .runs.cold_reference import ColdReference
 from .engine_config import EngineConfig, model_info
 from .llama.crash_probe import checked_cpu_kernels
@@ -76,6 +76,7 @@ class Engine:
         """The KV context, the work context, the cold reference and an empty radix cache, all
         with the kernel of the current choice."""
         config = self.config
+        self.batching = BatchPolicy(config.n_batch)  # where every evaluation's batches start
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
         self.memory = self._memory_budget()  # refused here, before a context takes any of it
         self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
@@ -94,7 +95,7 @@ class Engine:
                                 lambda: self.grouping_exact)
         self.cache = RadixCache(EngineAccess(
             self.ctx, self.seqs, self.seq_tokens, self.work, self.model,
-            self.info.kv_bytes_per_token, config.n_batch, config.n_seq_max, self.n_swa > 0,
+            self.info.kv_bytes_per_token, self.batching, config.n_seq_max, self.n_swa > 0,
             self.family), config.cache)
 
     def _memory_budget(self) -> MemoryBudget:
@@ -230,11 +231,10 @@ class Engine:
                    marks=()) -> list[int]:
         """Where batches start to append ``n_tokens`` to ``seq``: at most ``chunk`` tokens each
         (default and cap n_batch), and a batch also starts at every absolute position in
-        ``marks`` (batch_plan.py). Callers that record the plan (nodes, the cold reference)
-        make it here and pass it to ``evaluate``."""
+        ``marks`` (batch_policy.py). Callers that record the plan (nodes, the cold reference)
+        make it and pass it to ``evaluate``."""
         start = self.seq_tokens.count(seq)
-        return batch_starts(start, start + n_tokens,
-                            min(chunk or self.config.n_batch, self.config.n_batch), marks)
+        return self.batching.chunked(start, start + n_tokens, chunk, marks)
 
     def evaluate(self, tokens: list[int], seq: int = 0, task: TaskState | None = None,
                  stage: str = "eval", want_logits: bool = True, starts: list[int] | None = None,
@@ -351,7 +351,7 @@ class Engine:
         The prefix is evaluated in the work context in plain n_batch batches from cell 0, as a
         cold run evaluates it. (Sliding-window models evaluate in the cache's context: into an
         empty cache in plain batches from cell 0, otherwise in small batches, whose results do
-        not depend on where the cells land, batch_plan.py.)
+        not depend on where the cells land, batch_policy.py.)
         """
         tokens = self.tokenize(template.prefix_prompt())
         if not tokens:
@@ -369,18 +369,20 @@ class Engine:
                 hit = self.cache.whole_batches(hit)
                 self.cache.bring_to_work(hit, tokens)
                 self.work.evaluate(tokens[hit.reused:],
-                                   batch_starts(hit.reused, len(tokens), self.config.n_batch),
+                                   self.batching.prime(hit.reused, len(tokens), windowed=False,
+                                                       cache_empty=False),
                                    task, stage="prime", want_logits=False,
                                    snap_at=(len(tokens),))
                 return self.cache.store(tokens, "static prefix", template.sha256, hit.approx)
             if hit.node is not None:
                 self.cache.materialise(hit.node)
-            chunk = None if self.seqs.used_cells() == 0 else EXACT_CHUNK
+            cache_empty = self.seqs.used_cells() == 0
             self.cache.ensure_free_cells(len(tokens) - hit.reused)
             work = self.cache.take_work_seq()
             try:
                 self.cache.fork_into(hit, work)
-                starts = self.batch_plan(work, len(tokens) - hit.reused, chunk)
+                starts = self.batching.prime(hit.reused, len(tokens), windowed=True,
+                                             cache_empty=cache_empty)
                 self.evaluate(tokens[hit.reused:], work, task, stage="prime", want_logits=False,
                               starts=starts)
                 return self.cache.add(work, "static prefix", hit.head_cuts() + starts,

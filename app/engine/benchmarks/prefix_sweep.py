@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from ..runs.batch_plan import batch_starts
 from ..errors import KvPrimerError
 from ..runs.generation import GenerationConfig
 from ..runs.prompt_runs import _evaluate_and_generate
@@ -58,11 +57,10 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     suffix = tokens[p:]
     engine.check_fits(len(tokens))
     lengths = sorted({max(1, round(p * s)) for s in shares})
-    n_batch = engine.config.n_batch
     work = engine.work
     # one evaluation of the prefix (untimed), its batches ending at every length
     work.reset()
-    plan = batch_starts(0, p, n_batch, lengths)
+    plan = engine.batching.plain(0, p, lengths)
     work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False, snap_at=lengths)
     # the cells, and on a hybrid or recurrent model the recurrent state at n (kept apart)
     states = {n: (work.cells(0, n), work.snapshots.get(n)) for n in lengths}

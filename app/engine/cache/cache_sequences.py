@@ -4,7 +4,7 @@ a running job, and the two it keeps for itself.
 Sequence 0 stays the user's (KV dock actions, `kvprimer kv`); the last one is scratch (cells
 pass through it on their way in or out of a state). Evicted nodes' cells go to a holding
 sequence instead of being freed: llama.cpp fills freed cells first, which would put a later
-run's cells before its prefix's and change the order of its arithmetic (batch_plan.py);
+run's cells before its prefix's and change the order of its arithmetic (batch_policy.py);
 compaction (cell_compaction.py) frees them all at once, in order. Windowed models have no
 holding sequence: they cannot be compacted (a restore misplaces window cells).
 

@@ -2,7 +2,7 @@
 
 llama.cpp places new cells in the first free ones it finds. Freeing an evicted node's cells in
 the middle of the cache would let a later run's cells land before its prefix's, and the order
-of the cells a sequence attends to changes llama.cpp's arithmetic (batch_plan.py): the run
+of the cells a sequence attends to changes llama.cpp's arithmetic (batch_policy.py): the run
 would no longer be bit-identical to its cold run. So evicted cells are held (cache_sequences.py)
 and, when room is needed, every resident node's own cells are copied out, the cache is
 cleared, and the nodes are put back parents first: each node's cells land after its parent's,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kv.sequence_ops import SequenceOps
+from ..llama.batch_policy import BatchPolicy
 from ..kv.sequence_tokens import SequenceTokens
 from ..llama.native import NativeContext, NativeModel
 from ..runs.work_context import WorkContext
@@ -25,7 +26,7 @@ class EngineAccess:
     work: WorkContext
     model: NativeModel  # token pieces, for the nodes' previews
     kv_bytes_per_token: int
-    n_batch: int  # a prefix is primed in plain n_batch batches from position 0
+    batching: BatchPolicy  # the batch starts a saved state's cells were computed with
     n_seq_max: int
     windowed: bool  # a sliding-window model: nothing restored is exact, nothing compacted
     # "attention", or "hybrid"/"recurrent": nodes then carry the recurrent state at their depth

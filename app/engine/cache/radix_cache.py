@@ -33,7 +33,7 @@ from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
 from .state_adoption import adopt_state
-from ..runs.batch_plan import batch_end_at_or_before, clear_of_single
+from ..llama.batch_policy import node_reuse
 
 __all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNodeInfo",
            "RadixCache", "TierUsage"]
@@ -228,11 +228,8 @@ class RadixCache:
         position does on a grouping-exact kernel: the hit as it is)."""
         if hit.node is None:
             return hit
-        if self.parts.work.grouping_exact():
-            # a node may end inside its history's batch: its depth is no batch end to rely on
-            n = clear_of_single(hit.reused, set(hit.node.all_cuts()), None)
-        else:
-            n = batch_end_at_or_before(hit.node.all_cuts(), hit.node.depth, hit.reused)
+        n = node_reuse(hit.node.all_cuts(), hit.node.depth, hit.reused,
+                       self.parts.work.grouping_exact())
         if n == hit.reused:
             return hit
         if n == 0:
@@ -330,9 +327,8 @@ class RadixCache:
         return node
 
     def state_cuts(self, state) -> list[int]:
-        """The batch starts a saved state's cells were computed with: a prefix is primed in
-        plain n_batch batches from position 0."""
-        return list(range(0, state.n_tokens, self.parts.n_batch))
+        """The batch starts a saved state's cells were computed with (batch_policy.py)."""
+        return self.parts.batching.saved_state(state.n_tokens)
 
     @one_change
     def adopt(self, state, label: str) -> RadixNode:

@@ -26,7 +26,7 @@ measurement of a model ends the engine runs ``SAFE_DEFAULT`` (flash attention of
 long-standing default and the one whose speed does not depend on batch sizes). Some cases
 leave no choice: a quantized V cache needs flash attention, and sliding-window models keep
 evaluating in the cache's own cells, where only flash attention's small-batch path is exact
-(batch_plan.py).
+(batch_policy.py).
 """
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import Callable
 
-from ..runs.batch_feed import feed_batches
+from .batch_feed import feed_batches
 from .kernel_passes import (BUDGET_S, CALIBRATION_PREFIX, CALIBRATION_SUFFIX, MAX_ROUNDS, MIN_ROUNDS,
                             PILOT_TOKENS, PILOT_WARMUP, PROBE_SUFFIX, Passes, plan_passes,
                             probe_sizes, quartiles, relative_spread)

@@ -96,7 +96,7 @@ def plan_passes(ms_per_token: float, n_ctx: int, n_batch: int,
 def probe_sizes(n: int) -> tuple[int, ...]:
     """Uneven batches of two tokens or more for ``n`` tokens: two, then three of different sizes
     and residues (for 64: 2, 13, 29, 20), fewer when ``n`` is small. (A one-token batch is
-    another computation, which the runs keep apart: batch_plan.py.)"""
+    another computation, which the runs keep apart: batch_policy.py.)"""
     if n < 4:
         return (n,)
     rest = n - 2

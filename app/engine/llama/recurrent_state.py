@@ -23,7 +23,7 @@ def recurrent_bytes(ctx, seq: int) -> int:
 def measure_recurrent_bytes(model, params) -> int:
     """One sequence's recurrent state in bytes, measured: one token evaluated in a small
     context of its own (the engine's stays untouched) with ``params``' types and kernel."""
-    from ..runs.batch_feed import feed_token
+    from .batch_feed import feed_token
     from .native import NativeContext
 
     ctx = NativeContext(model, replace(params, n_ctx=256, n_batch=1, n_ubatch=0, n_seq_max=1))

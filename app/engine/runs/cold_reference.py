@@ -5,7 +5,7 @@ them). A cold run there would land its cells after everyone else's and so not be
 run. Here a second context with the same model and parameters is cleared before every run, so
 its cells always start at cell 0 in position order. Two kinds of cold run:
 - ``same_boundary``: the batch starts of the warm run's history replayed exactly (see
-  batch_plan.py): the reference a warm run must match bit for bit;
+  batch_policy.py): the reference a warm run must match bit for bit;
 - ``oneshot``: plain batches, as any llama.cpp program would evaluate the prompt, with its cells
   one cell further on (a padding cell of another sequence comes first). Its difference from the
   same-boundary run is the model's own numeric noise: what batch grouping and cell placement
@@ -31,8 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..task_state import TaskState, duration_text
-from .batch_feed import feed_batches, feed_token
-from .batch_plan import batch_starts
+from ..llama.batch_feed import feed_batches, feed_token
 from .generation import GenerationConfig, generate
 from .warm_cost import measured_batch_cost
 from ..llama.native import ContextParams, NativeContext
@@ -191,8 +190,7 @@ class ColdReference:
         """The key of the cold run ``run(tokens, marks, …)`` would make now (``gen_threads``:
         the count a run held, for a verification made later)."""
         params = self._params()
-        starts = None if marks is None else tuple(
-            batch_starts(0, len(tokens), self._engine.config.n_batch, marks))
+        starts = None if marks is None else tuple(self._engine.batching.replay(len(tokens), marks))
         return ColdKey(prompt_digest(tokens), len(tokens), starts, self._engine.info.sha256,
                        params, gen_threads or generation_threads(params), gen, max_new,
                        keep_logits)
@@ -265,8 +263,7 @@ class ColdReference:
         ctx.clear()
         if marks is None:  # the noise run: another sequence's cell first moves every cell by one
             feed_batches(ctx.decode, tokens[:1], 0, [0], seq=1, want_logits=False)
-        n_batch = self._engine.config.n_batch
-        starts = batch_starts(0, len(tokens), n_batch, marks or ())
+        starts = self._engine.batching.replay(len(tokens), marks)
         t0 = time.perf_counter()
         feed_batches(ctx.decode, tokens, 0, starts, task=task, stage=mode)
         prompt_s = time.perf_counter() - t0

@@ -8,7 +8,7 @@ each unfinished row in a single batch.
 
 Compared with the same rows run one by one warm (run_prompt, in the work context, whose cells
 lie where a cold run puts them): the forked rows share one context, where llama.cpp's numerics
-move with the cells' place (batch_plan.py, work_context.py), so their logits can differ in the
+move with the cells' place (batch_policy.py, work_context.py), so their logits can differ in the
 last bits. ``compare_with_sequential`` compares the greedy tokens and reports the max |Δlogit|
 of the first generated token.
 """
@@ -24,15 +24,16 @@ from ..kv_engine import Engine
 from ..prompts.prompt_tokens import common_prefix
 from ..llama.native import NativeSampler
 from ..files.prefix_state import PrefixState
-from .batch_plan import EXACT_CHUNK, batch_starts, batches
+from ..llama.batch_feed import feed_groups, feed_step
+from ..llama.batch_policy import SMALL_UBATCH
 from .generation import GenerationConfig, TextStream
 from ..prompts.prompt_segments import prompt_segments
 from .prompt_runs import run_prompt
 from ..task_state import TaskState
 from ..prompts.template import Template
 
-# a decode of fewer tokens than this takes llama.cpp's small-batch path (batch_plan.py)
-SMALL_UBATCH = 64
+__all__ = ["SMALL_UBATCH", "ForkComparison", "ForkedBatch", "ForkedRow", "compare_with_sequential",
+           "run_forked"]
 
 
 @dataclass
@@ -149,44 +150,21 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
 
 def _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact) -> list[int]:
     """Decode every row's suffix; return each row's first sampled token."""
-    nb = engine.config.n_batch
-    # each row cut where its one-by-one warm run cuts it (batch_plan.py): pieces under
-    # SMALL_UBATCH tokens, so packing several rows' pieces in one decode keeps every token on
-    # the path its one-by-one run takes
-    pieces = [(r, a, b) for r in rows
-              for a, b in batches(batch_starts(r.reused_tokens, len(prompts[r.index]),
-                                               EXACT_CHUNK, marks[r.index]),
-                                  len(prompts[r.index]))]
-    decodes = _pack(pieces, min(nb, SMALL_UBATCH - 1)) if exact else _pack(pieces, nb)
+    decodes = engine.batching.forked_decodes(
+        [(r, r.reused_tokens, len(prompts[r.index]), marks[r.index]) for r in rows], exact)
+    batches = [[e for piece in group for e in _entries(prompts, piece)] for group in decodes]
     first = [0] * len(rows)
-    total, done = sum(r.evaluated_tokens for r in rows), 0
-    task.report("fork", 0, total)
-    for group in decodes:
-        batch = [e for piece in group for e in _entries(prompts, piece)]
-        task.check()
-        engine.decode([(t, p, (r.seq,), last) for t, p, r, last in batch])
+
+    def sample(i: int) -> None:
         out.prompt_decodes += 1
-        for i, (_t, _p, r, last) in enumerate(batch):
+        for k, (_t, _p, r, last) in enumerate(batches[i]):
             if last:
-                r.first_logits = engine.ctx.logits(i)
-                first[r.index] = samplers[r.index].sample(engine.ctx, i)
-        done += len(batch)
-        task.report("fork", done, total)
+                r.first_logits = engine.ctx.logits(k)
+                first[r.index] = samplers[r.index].sample(engine.ctx, k)
+
+    feed_groups(engine.decode, [[(t, p, (r.seq,), last) for t, p, r, last in b] for b in batches],
+                task=task, stage="fork", after=sample)
     return first
-
-
-def _pack(pieces, cap: int) -> list[list]:
-    """Consecutive pieces into groups of at most ``cap`` tokens, in order."""
-    groups: list[list] = []
-    size = cap + 1
-    for piece in pieces:
-        n = piece[2] - piece[1]
-        if size + n > cap:
-            groups.append([])
-            size = 0
-        groups[-1].append(piece)
-        size += n
-    return groups
 
 
 def _entries(prompts, piece):
@@ -215,7 +193,8 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
             break
         # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
         task.check()
-        engine.decode([(pending[r.index], engine.seq_tokens.count(r.seq), (r.seq,), True) for r in step])
+        feed_step(engine.decode,
+                  [(pending[r.index], engine.seq_tokens.count(r.seq), r.seq) for r in step])
         out.gen_decodes += 1
         for i, r in enumerate(step):
             pending[r.index] = samplers[r.index].sample(engine.ctx, i)

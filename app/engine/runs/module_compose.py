@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .batch_plan import EXACT_CHUNK, batch_starts
 from ..errors import CacheError
 from ..prompts.prompt_segments import Segment
 from ..cache.radix_cache import CacheHit
@@ -67,8 +66,8 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
             # built where cells lie as a cold run lays them out, like every cached prompt
             t0 = time.perf_counter()
             cache.bring_to_work(CacheHit(prefix, p, (), prefix.tier, prefix.approx), key)
-            engine.work.evaluate(key[p:], batch_starts(p, len(key), engine.config.n_batch), task,
-                                 stage="module", want_logits=False)
+            engine.work.evaluate(key[p:], engine.batching.module(p, len(key), windowed=False),
+                                 task, stage="module", want_logits=False)
             node = cache.store(key, f"module {seg.label}", approx=prefix.approx)
             build_s += time.perf_counter() - t0
         elif node is None:
@@ -77,7 +76,7 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
             work = cache.take_work_seq()
             try:
                 cache.fork_into(CacheHit(prefix, p, (), "resident", prefix.approx), work)
-                starts = engine.batch_plan(work, seg.end - seg.start, EXACT_CHUNK)
+                starts = engine.batching.module(p, p + seg.end - seg.start, windowed=True)
                 engine.evaluate(tokens[seg.start:seg.end], work, task, stage="module",
                                 want_logits=False, starts=starts)
                 node = cache.add(work, f"module {seg.label}", prefix.all_cuts() + starts,
@@ -98,7 +97,7 @@ def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompu
 
     def evaluate(toks, cur):
         engine.evaluate(toks, work, task, stage="recompute", want_logits=False,
-                        starts=engine.batch_plan(work, len(toks), EXACT_CHUNK))
+                        starts=engine.batching.module(cur, cur + len(toks), windowed=True))
 
     def place(src, p0, p1, cur, toks):
         engine.seqs.place_cells(src, p0, p1, work, cur - p0, cache.scratch, toks)
@@ -111,12 +110,12 @@ def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompu
     """The same composition in the work context (work_context.py): the exact part kept or
     copied, each module's cells copied from the cache and shifted into place, recomputed
     tokens evaluated in place. With every module recomputed, the run is a chain run."""
-    cache, work, n_batch = engine.cache, engine.work, engine.config.n_batch
+    cache, work = engine.cache, engine.work
     cache.bring_to_work(plan.hit, tokens)
 
     def evaluate(toks, cur):
-        work.evaluate(toks, batch_starts(cur, cur + len(toks), n_batch), task, stage="recompute",
-                      want_logits=False)
+        work.evaluate(toks, engine.batching.module(cur, cur + len(toks), windowed=False), task,
+                      stage="recompute", want_logits=False)
 
     def place(src, p0, p1, cur, toks):
         work.append_cells(engine.seqs.cells_of(src, p0, p1, cache.scratch), toks, [cur], shift=cur - p0)

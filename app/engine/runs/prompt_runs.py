@@ -21,7 +21,7 @@ import functools
 import time
 from dataclasses import asdict, dataclass, field
 
-from .batch_plan import EXACT_CHUNK, batch_end_at_or_before, batch_starts
+from ..llama.batch_policy import batch_end_at_or_before, chain_marks, fork_marks
 from .cold_reference import ColdKey, PathResult
 from ..errors import KvPrimerError
 from ..llama.thread_fit import shared_fit
@@ -237,14 +237,14 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
                 head = hit.head_cuts()
         t1 = time.perf_counter()
         labels = {s.end: s.label for s in segments}
-        marks = [s.start for s in segments if s.start > reused] + [len(tokens)]
+        marks = fork_marks([s.start for s in segments], reused, len(tokens))
 
         # Each segment's end becomes a node. Where the cells are exact whatever follows, the
         # nodes are added after the first token (the radix bookkeeping, spills included, stays
         # out of the time to first token); a sliding-window model's node must be forked while
         # the sequence ends there.
         later: list[int] = []
-        starts = engine.batch_plan(work, len(tokens) - reused, EXACT_CHUNK, marks)
+        starts = engine.batching.warm(reused, len(tokens), marks, windowed=True)
 
         def remember(pos: int) -> None:
             if not (keep and reuse == "chain" and pos in labels):
@@ -263,9 +263,8 @@ def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new
             # a composed sequence has no single history to replay: its reference is the cold
             # run every exact mode shares (static prefix as primed, then each segment in small
             # batches), so one cold run per row serves all modes
-            b0 = segments[0].end
-            report.plan = ([c for c in plan.prefix.all_cuts() if c < b0]
-                           + batch_starts(b0, len(tokens), EXACT_CHUNK, [x.start for x in segments]))
+            report.plan = engine.batching.composed_reference(
+                plan.prefix.all_cuts(), segments[0].end, len(tokens), [x.start for x in segments])
         # tokens recomputed in context were evaluated, not reused
         report.reused_tokens, report.sources = reused - recomputed, sources
         report.evaluated_tokens = len(tokens) - report.reused_tokens
@@ -289,10 +288,8 @@ def _warm_in_work_context(engine, template, tokens, segments, reuse, hit, gen, m
     hit = engine.cache.whole_batches(hit)
     report.note = hit.approx
     add_nodes = keep and reuse == "chain"
-    # a node must end where a batch ends, so a later run reusing it replays whole batches;
-    # on a grouping-exact kernel any position will do, and chain batches as prefix mode does
-    cut = add_nodes and not engine.grouping_exact
-    marks = [s.start for s in segments if s.start > hit.reused] if cut else []
+    marks = chain_marks([s.start for s in segments], hit.reused, storing=add_nodes,
+                        grouping_exact=engine.grouping_exact)
     nodes = [(s.end, s.label) for s in segments if s.end > hit.reused] if add_nodes else []
     result, report.copied_tokens = warm_in_work_context(
         engine, tokens, hit, gen, max_new, task, marks=marks, nodes=nodes,
@@ -374,7 +371,7 @@ def _evaluate_and_generate(engine, tokens, reused, marks, gen, max_new, task, t0
     ``marks``), then generate; times are from ``t0`` (the reused part was ready at ``t1``).
     A stateful model keeps its recurrent state at the depths ``snap_at`` (nodes to store)."""
     work = engine.work
-    work.evaluate(tokens[reused:], batch_starts(reused, len(tokens), engine.config.n_batch, marks),
+    work.evaluate(tokens[reused:], engine.batching.warm(reused, len(tokens), marks, windowed=False),
                   task, stage="warm", snap_at=snap_at)
     prompt_s = time.perf_counter() - t1
     plan = [c for c in work.cuts if c < len(tokens)]

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..llama.kernel_measure import SPLIT
-from .batch_plan import batch_starts
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def run_breakdown(engine, report, n_tokens: int, segments) -> WarmBreakdown:
                   batch_threads=ctx.batch_threads)
     if report.reuse != "chain" or not engine.runs_in_work_context:
         return out  # prefix and compose batch plainly; the cache's shared context cuts alike
-    plain = len(batch_starts(warm.reused_tokens, n_tokens, engine.config.n_batch))
+    plain = len(engine.batching.plain(warm.reused_tokens, n_tokens))
     # a later row repeating the values before the last one reuses up to the last segment
     storable = max(0, segments[-1].start - warm.reused_tokens) if len(segments) > 1 else 0
     note = batching_note(out.batches, plain, storable,

@@ -29,8 +29,8 @@ there) and kept by the radix cache's node of that depth.
 """
 from __future__ import annotations
 
-from .batch_feed import feed_batches, feed_token
-from .batch_plan import shared_history
+from ..llama.batch_feed import feed_batches, feed_token
+from ..llama.batch_policy import shared_history
 from ..errors import ContextError, ContextOverflowError, KvPrimerError
 from ..llama.native import ContextParams, NativeContext, NativeModel
 from ..files.hybrid_payload import attention_span
