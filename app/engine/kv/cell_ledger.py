@@ -104,13 +104,6 @@ class CellLedger:
         self.freed = False
 
     # ---- questions
-    def seq_range(self, seq: int) -> tuple[int, int]:
-        mine = (self.owners & _bit(seq)) != 0
-        if not mine.any():
-            return (-1, -1)
-        p = self.pos[mine]
-        return (int(p.min()), int(p.max()))
-
     def cells(self) -> tuple[np.ndarray, np.ndarray]:
         """(positions, owner masks) of the used cells, in no particular order."""
         used = self.owners != 0

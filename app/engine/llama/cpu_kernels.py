@@ -44,10 +44,6 @@ class BuildFacts:
     def repack(self) -> bool:
         return "REPACK" in self.features
 
-    @property
-    def avx512(self) -> bool:
-        return "AVX512" in self.features
-
 
 @dataclass(frozen=True)
 class CpuFacts:
