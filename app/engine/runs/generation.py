@@ -3,7 +3,8 @@
 Every one-sequence path (warm, cold, one-shot, the benchmarks' baselines) generates through
 ``generate``, so they sample and decode text identically and differ only in how the prompt got
 into the cache; forked rows step all their sequences in one decode (forked_runs.py) with the
-same ``TextStream``. Either way each step is fed by batch_feed.py's one loop. The logits of the first ``keep_logits`` positions are kept for the verdict.
+same ``TextStream``. Either way each step is fed by batch_feed.py's one loop. The logits of
+the first ``keep_logits`` positions are kept for the verdict.
 """
 from __future__ import annotations
 
