@@ -108,7 +108,7 @@ ONE_DECODE = {"app/engine/llama/native.py:NativeContext.decode",
               "app/engine/kv/kv_debug_log.py:TrackedContext.decode",
               "app/engine/kv/sequence_ops.py:SequenceOps.decode",
               "app/engine/kv_engine.py:Engine.decode",
-              "app/engine/runs/work_context.py:WorkContext._decode",
+              "app/engine/slot/work_context.py:WorkContext._decode",
               "app/crash_probe_child.py:main"}  # a test decode in a child process that may crash
 
 

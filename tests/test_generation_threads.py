@@ -14,7 +14,7 @@ import pytest
 
 from app.cli.engine_options import engine_options
 from app.engine import Engine, EngineConfig, GenerationConfig, Template, run_prompt
-from app.engine.runs.work_context import STAGING, WorkContext
+from app.engine.slot.work_context import STAGING, WorkContext
 from app.engine.llama.thread_count import llama_default_threads
 from tests.tiny_model import write_arch_model
 

@@ -31,7 +31,7 @@ def test_warm_is_the_work_context_path_and_matches_its_same_boundary_cold_run(en
     run_prompt(e, TPL, VALUES, reuse="chain", gen=GenerationConfig(max_tokens=2))
     nodes = [(n.id, n.tokens, n.tier) for n in e.cache.nodes()]
     warm, cold = [], []
-    real_warm, real_cold = sweep_mod._evaluate_and_generate, e.cold.run
+    real_warm, real_cold = sweep_mod.evaluate_and_generate, e.cold.run
 
     def record_warm(*a, **k):
         warm.append(real_warm(*a, **k))
@@ -42,7 +42,7 @@ def test_warm_is_the_work_context_path_and_matches_its_same_boundary_cold_run(en
         cold.append((tokens, marks, r))
         return r
 
-    monkeypatch.setattr(sweep_mod, "_evaluate_and_generate", record_warm)
+    monkeypatch.setattr(sweep_mod, "evaluate_and_generate", record_warm)
     monkeypatch.setattr(e.cold, "run", record_cold)
     points = sweep_mod.prefix_sweep(e, TPL, VALUES)
 

@@ -80,7 +80,7 @@ def test_engine_adopts_and_runs_a_state_near_the_context_size(saved, tiny_model,
         node = eng.adopt(state)
         assert node.tier == ("resident" if cache is ALL_RESIDENT else "ram")
         # and a run that copies the node (not the state) into the work context
-        eng.cache.bring_to_work(eng.cache.lookup(list(state.tokens)), list(state.tokens))
+        eng.work_slot.bring(eng.cache.lookup(list(state.tokens)), list(state.tokens))
         assert eng.work.tokens == list(state.tokens)
 
 

@@ -14,7 +14,7 @@ from app.cli import main
 from app.engine import (CacheLimits, Engine, EngineConfig, GenerationConfig, KvPrimerError,
                         StateFileError, Template, run_prompt)
 from app.engine.cache.cell_compaction import relayout
-from app.engine.runs.work_context import SEQ
+from app.engine.slot.work_context import SEQ
 from app.engine.files.prefix_state import PrefixState
 from tests.cache_checks import assert_tree_consistent
 from tests import tiny_model
@@ -84,7 +84,7 @@ def test_prefix_and_chain_are_bit_identical_and_reuse_past_the_prefix(stateful_m
 def test_without_the_recurrent_snapshot_the_warm_run_differs(stateful_model, monkeypatch):
     """The verdict can fail: a run that keeps the stale recurrent state (as a plain trim would)
     is not the cold run."""
-    from app.engine.runs.work_context import WorkContext
+    from app.engine.slot.work_context import WorkContext
 
     if stateful_model.stem == "mamba2":
         # its random-weight state fades below float precision within the 59-token suffix:
@@ -101,7 +101,7 @@ def test_without_the_recurrent_snapshot_the_warm_run_differs(stateful_model, mon
 
 def test_work_context_keeps_exactly_a_prefix_and_never_cuts_a_recurrent_state(stateful_model,
                                                                              monkeypatch):
-    from app.engine.runs.work_context import WorkContext
+    from app.engine.slot.work_context import WorkContext
 
     puts = []
     real = WorkContext.set_recurrent

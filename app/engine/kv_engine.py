@@ -2,13 +2,16 @@
 
 Everything the CLI and the window do goes through ``Engine``. It keeps, for every sequence,
 the exact token ids resident in the KV cache; the radix cache (``engine.cache``) keeps what was
-primed or run, runs evaluate in the work context (``engine.work``), and the cold reference
+primed or run, runs evaluate in a slot (``engine.slot``: the work context, or a sequence the
+cache lends on sliding-window models), and the cold reference
 (``engine.cold``) evaluates prompts from scratch in a context of its own, in the batches of the
 warm run's history, for the verdict to compare with.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +42,10 @@ from .kv.sequence_ops import SequenceOps
 from .kv.sequence_tokens import SequenceTokens
 from .task_state import TaskState
 from .prompts.template import FilledPrompt, Template
-from .runs.work_context import WorkContext
+from .slot.forked_slot import forked_slot
+from .slot.run_slot import NodeEnd, Slot
+from .slot.work_context import WorkContext
+from .slot.work_slot import WorkSlot
 
 
 class Engine:
@@ -94,9 +100,10 @@ class Engine:
         self.work = WorkContext(self.model, self.context_params(2), self.family,
                                 lambda: self.grouping_exact)
         self.cache = RadixCache(EngineAccess(
-            self.ctx, self.seqs, self.seq_tokens, self.work, self.model,
+            self.ctx, self.seqs, self.seq_tokens, self.model,
             self.info.kv_bytes_per_token, self.batching, config.n_seq_max, self.n_swa > 0,
-            self.family), config.cache)
+            self.family, lambda: self.grouping_exact), config.cache)
+        self.work_slot = WorkSlot(self.work, self.cache, self.seqs, self.batching)
 
     def _memory_budget(self) -> MemoryBudget:
         """What the contexts, the model and the RAM tier will take (memory_budget.py); raises
@@ -159,6 +166,22 @@ class Engine:
         (kernel_measure.py), runs evaluate in the work context, and the model keeps no recurrent
         state (kept only where a batch ends)."""
         return self.runs_in_work_context and not self.stateful and self.kernels.grouping_exact
+
+    @contextmanager
+    def slot(self, cells: int = 0, promote=()) -> Iterator[Slot]:
+        """The slot a run evaluates in (slot/run_slot.py): the work context, or on sliding-window
+        models a sequence the cache lends, with room for ``cells`` more cells once the nodes in
+        ``promote`` (what the run reuses) are resident."""
+        if self.runs_in_work_context:
+            yield self.work_slot
+        else:
+            with forked_slot(self.cache, self.seqs, self.seq_tokens, self.ctx, self.evaluate,
+                             self.batching, cells, promote) as slot:
+                yield slot
+
+    @property
+    def slot_context(self):  # the context runs evaluate in: their slot's
+        return self.work_slot.ctx if self.runs_in_work_context else self.ctx
 
     def clear_seq(self, seq: int) -> None:
         """Empty one sequence (the Python API's; the other operations are ``engine.seqs``)."""
@@ -229,10 +252,8 @@ class Engine:
     # ---- evaluation
     def batch_plan(self, seq: int, n_tokens: int, chunk: int | None = None,
                    marks=()) -> list[int]:
-        """Where batches start to append ``n_tokens`` to ``seq``: at most ``chunk`` tokens each
-        (default and cap n_batch), and a batch also starts at every absolute position in
-        ``marks`` (batch_policy.py). Callers that record the plan (nodes, the cold reference)
-        make it and pass it to ``evaluate``."""
+        """Where batches start to append ``n_tokens`` to ``seq`` (``BatchPolicy.chunked``),
+        for ``evaluate``."""
         start = self.seq_tokens.count(seq)
         return self.batching.chunked(start, start + n_tokens, chunk, marks)
 
@@ -241,12 +262,10 @@ class Engine:
                  marks=(), at_mark=None):
         """Append ``tokens`` to sequence ``seq``; return the last logits (or None).
 
-        Batches start at the absolute positions ``starts`` (from ``batch_plan``; default plain
-        n_batch batches). ``at_mark(position)`` is called at every position in ``marks`` (each
-        a batch start or the end) once the tokens before it are in: the radix cache forks nodes
-        there. Cancelling between batches leaves the sequence holding exactly the tokens
-        evaluated so far.
-        """
+        Batches start at the absolute positions ``starts`` (default plain n_batch batches).
+        ``at_mark(position)`` is called at every position in ``marks`` (each a batch start or
+        the end) once the tokens before it are in: a forked slot's nodes are forked there.
+        Cancelling between batches leaves the sequence holding the tokens evaluated so far."""
         self.seqs.check(seq)
         if self.seq_tokens.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions; trim it to "
@@ -348,11 +367,8 @@ class Engine:
         """The radix cache's node holding the template's static prefix, evaluated if needed;
         resident unless ``resident`` is False (a warm run promotes it within its own clock).
 
-        The prefix is evaluated in the work context in plain n_batch batches from cell 0, as a
-        cold run evaluates it. (Sliding-window models evaluate in the cache's context: into an
-        empty cache in plain batches from cell 0, otherwise in small batches, whose results do
-        not depend on where the cells land, batch_policy.py.)
-        """
+        The prefix is evaluated in the run's slot in the batches the policy gives a prime
+        (``BatchPolicy.prime``), and given back to the cache as a node."""
         tokens = self.tokenize(template.prefix_prompt())
         if not tokens:
             raise KvPrimerError("the template has no static prefix (it starts with a placeholder); "
@@ -365,30 +381,14 @@ class Engine:
                     self.cache.materialise(hit.node)
                 self.cache.touch(hit.node)
                 return hit.node
-            if self.runs_in_work_context:
-                hit = self.cache.whole_batches(hit)
-                self.cache.bring_to_work(hit, tokens)
-                self.work.evaluate(tokens[hit.reused:],
-                                   self.batching.prime(hit.reused, len(tokens), windowed=False,
-                                                       cache_empty=False),
-                                   task, stage="prime", want_logits=False,
-                                   snap_at=(len(tokens),))
-                return self.cache.store(tokens, "static prefix", template.sha256, hit.approx)
-            if hit.node is not None:
-                self.cache.materialise(hit.node)
-            cache_empty = self.seqs.used_cells() == 0
-            self.cache.ensure_free_cells(len(tokens) - hit.reused)
-            work = self.cache.take_work_seq()
-            try:
-                self.cache.fork_into(hit, work)
-                starts = self.batching.prime(hit.reused, len(tokens), windowed=True,
-                                             cache_empty=cache_empty)
-                self.evaluate(tokens[hit.reused:], work, task, stage="prime", want_logits=False,
-                              starts=starts)
-                return self.cache.add(work, "static prefix", hit.head_cuts() + starts,
-                                      template.sha256, hit.approx)
-            finally:
-                self.cache.give_back(work)
+            with self.slot(len(tokens) - hit.reused, promote=(hit.node,)) as slot:
+                hit = slot.whole(hit)
+                slot.bring(hit, tokens)
+                slot.evaluate(tokens[hit.reused:], slot.prime_starts(len(tokens)), task,
+                              stage="prime", want_logits=False,
+                              nodes=[NodeEnd(len(tokens), "static prefix", template.sha256,
+                                             hit.approx)])
+                return slot.flush()[-1]
 
     def prime(self, template: Template, task: TaskState | None = None) -> PrefixState:
         """Prime the template's static prefix into the radix cache and return its state (to

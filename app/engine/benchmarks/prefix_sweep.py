@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import KvPrimerError
 from ..runs.generation import GenerationConfig
-from ..runs.prompt_runs import _evaluate_and_generate
+from ..runs.warm_runs import evaluate_and_generate
 from ..prompts.prompt_tokens import common_prefix
 from ..task_state import TaskState
 from ..prompts.template import Template
@@ -57,29 +57,28 @@ def prefix_sweep(engine, template: Template, values: dict[str, str], *,
     suffix = tokens[p:]
     engine.check_fits(len(tokens))
     lengths = sorted({max(1, round(p * s)) for s in shares})
-    work = engine.work
+    slot = engine.work_slot
     # one evaluation of the prefix (untimed), its batches ending at every length
-    work.reset()
+    slot.reset()
     plan = engine.batching.plain(0, p, lengths)
-    work.evaluate(prefix[:p], plan, task, stage="prime", want_logits=False, snap_at=lengths)
     # the cells, and on a hybrid or recurrent model the recurrent state at n (kept apart)
-    states = {n: (work.cells(0, n), work.snapshots.get(n)) for n in lengths}
+    states = slot.checkpoints(prefix[:p], plan, task, lengths)
     points = []
     task.begin_job("sweep", len(lengths), unit="prefix length")  # "prefix length 3 of 8"
     for k, n in enumerate(lengths):
         task.begin_item(k + 1, len(lengths))
         run = prefix[:n] + suffix
         cuts = [c for c in plan if c < n]
-        work.reset()  # as a run from a saved state finds it: nothing to keep
+        slot.reset()  # as a run from a saved state finds it: nothing to keep
         t0 = time.perf_counter()
         cells, recurrent = states.pop(n)
-        work.restore(cells, run[:n], cuts, n, recurrent)
-        warm = _evaluate_and_generate(engine, run, n, (), _FIRST_TOKEN, 1, task, t0,
-                                      time.perf_counter(), 1)
+        slot.restore(cells, run[:n], n, recurrent, cuts)
+        warm = evaluate_and_generate(slot, engine.model, run, n, (), _FIRST_TOKEN, 1, task, t0,
+                                     time.perf_counter(), 1)
         cold = engine.cold.run(run, warm.starts, _FIRST_TOKEN, 1, task, "cold", 1)
         floor = engine.cold.run(suffix, [], _FIRST_TOKEN, 1, task, "floor", 1)
         points.append(SweepPoint(n, len(suffix), cold.ttft_ms, warm.ttft_ms, floor.ttft_ms))
         task.end_item()
         task.partial(list(points))
-    work.reset()
+    slot.reset()
     return points

@@ -1,1 +1,1 @@
-"""The radix cache: the tree, its tiers, compaction, and the work context runs evaluate in."""
+"""The radix cache: the tree, its tiers, compaction, and the sequences it lends to runs."""

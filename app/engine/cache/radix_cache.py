@@ -229,7 +229,7 @@ class RadixCache:
         if hit.node is None:
             return hit
         n = node_reuse(hit.node.all_cuts(), hit.node.depth, hit.reused,
-                       self.parts.work.grouping_exact())
+                       self.parts.grouping_exact())
         if n == hit.reused:
             return hit
         if n == 0:
@@ -237,36 +237,34 @@ class RadixCache:
         return CacheHit(hit.node, n, self._sources(hit.node, n), hit.tier, hit.approx)
 
     @one_change
-    def bring_to_work(self, hit: CacheHit, tokens: list[int]) -> int:
-        """Make the work context hold the hit's tokens (whole batches, see whole_batches);
-        returns how many tokens were copied from the cache."""
-        work = self.parts.work
-        if hit.node is None:
-            work.keep(0)
-            return 0
+    def hand_out(self, hit: CacheHit, take):
+        """Hand a slot the hit's cells (``hit.node`` is not None): ``take(cuts, fetch,
+        snapshot)`` gets the batch starts of the hit's history before ``hit.reused``,
+        ``fetch(p0, p1)`` (a state of those positions' cells) and ``snapshot()`` (the node's
+        recurrent state); returns what ``take`` returns."""
         with self.busy(hit.node):
-            copied = work.bring(tokens, hit.reused,
-                                [c for c in hit.node.all_cuts() if c < hit.reused],
-                                lambda p0, p1: self.tiers.copy_of(hit.node, p0, p1),
-                                lambda: self.tiers.rs_of(hit.node))
+            got = take([c for c in hit.node.all_cuts() if c < hit.reused],
+                       lambda p0, p1: self.tiers.copy_of(hit.node, p0, p1),
+                       lambda: self.tiers.rs_of(hit.node))
             self.touch(hit.node)
-        return copied
+        return got
 
     @one_change
-    def store(self, tokens: list[int], label: str, template_sha256: str = "",
-              approx: str = "") -> RadixNode:
-        """Cache ``tokens`` (a prefix of what the work context holds, ending at a batch end)
-        as a resident node: its own cells are copied from the work context."""
-        work = self.parts.work
-        rs = work.snapshots.get(len(tokens)) if self.stateful else None
+    def store(self, tokens: list[int], label: str, template_sha256: str = "", approx: str = "",
+              *, cuts, cells, recurrent: bytes | None = None) -> RadixNode:
+        """Cache ``tokens`` (ending at a batch end of the history that computed them, whose
+        batch starts are ``cuts``) as a resident node, its own cells taken back from a slot:
+        ``cells(p0, p1)`` gives a state of positions p0..p1-1; ``recurrent``: the recurrent
+        state at its end (hybrid and recurrent models)."""
+        rs = recurrent if self.stateful else None
         if self.stateful and rs is None:
             raise CacheError("no recurrent state was kept at the end of that prompt; run it again")
-        node = self._insert(tokens, label, template_sha256, work.cuts)
+        node = self._insert(tokens, label, template_sha256, cuts)
         with self.busy(node):
             if node.tier == "gone":
                 anchor = self.tiers.holding_ancestor(node)
                 start = anchor.depth if anchor is not None else 0
-                data = work.cells(start, node.depth)
+                data = cells(start, node.depth)
                 self.tiers.hold_snapshot(node, data, start, approx)
                 if rs is not None:
                     self.tiers.hold_rs(node, rs)

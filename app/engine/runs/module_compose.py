@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from ..errors import CacheError
 from ..prompts.prompt_segments import Segment
-from ..cache.radix_cache import CacheHit
+from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
+from ..slot.run_slot import NodeEnd, Slot
 
 
 @dataclass(frozen=True)
@@ -62,73 +63,25 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
         key = base + tokens[seg.start:seg.end]
         m = cache.tree.match(key)
         node = m.node if (m.child is None and m.node.depth == len(key) and m.node.tier != "gone") else None
-        if node is None and engine.runs_in_work_context:
-            # built where cells lie as a cold run lays them out, like every cached prompt
+        if node is None:  # built in the run's slot, like every cached prompt
             t0 = time.perf_counter()
-            cache.bring_to_work(CacheHit(prefix, p, (), prefix.tier, prefix.approx), key)
-            engine.work.evaluate(key[p:], engine.batching.module(p, len(key), windowed=False),
-                                 task, stage="module", want_logits=False)
-            node = cache.store(key, f"module {seg.label}", approx=prefix.approx)
-            build_s += time.perf_counter() - t0
-        elif node is None:
-            t0 = time.perf_counter()
-            cache.ensure_free_cells(seg.end - seg.start)
-            work = cache.take_work_seq()
-            try:
-                cache.fork_into(CacheHit(prefix, p, (), "resident", prefix.approx), work)
-                starts = engine.batching.module(p, p + seg.end - seg.start, windowed=True)
-                engine.evaluate(tokens[seg.start:seg.end], work, task, stage="module",
-                                want_logits=False, starts=starts)
-                node = cache.add(work, f"module {seg.label}", prefix.all_cuts() + starts,
-                                 approx=prefix.approx)
-            finally:
-                cache.give_back(work)
+            with engine.slot(seg.end - seg.start) as slot:
+                slot.bring(CacheHit(prefix, p, (), prefix.tier, prefix.approx), key)
+                slot.evaluate(key[p:], slot.starts(len(key)), task, stage="module",
+                              want_logits=False,
+                              nodes=[NodeEnd(len(key), f"module {seg.label}", approx=prefix.approx)])
+                node = slot.flush()[-1]
             build_s += time.perf_counter() - t0
         modules.append((seg, node))
     return ModulePlan(hit, prefix, tuple(modules), build_s * 1000)
 
 
-def compose_into(engine, plan: ModulePlan, tokens: list[int], work: int, recompute: int,
-                 task) -> Composition:
-    """Fill sequence ``work`` of the cache's context (sliding-window models) with the exact
-    part and the modules, ready to evaluate the last segment."""
-    cache = engine.cache
-    cache.fork_into(plan.hit, work)
-
-    def evaluate(toks, cur):
-        engine.evaluate(toks, work, task, stage="recompute", want_logits=False,
-                        starts=engine.batching.module(cur, cur + len(toks), windowed=True))
-
-    def place(src, p0, p1, cur, toks):
-        engine.seqs.place_cells(src, p0, p1, work, cur - p0, cache.scratch, toks)
-
-    return _compose(engine, plan, tokens, recompute, evaluate, place)
-
-
-def compose_in_work_context(engine, plan: ModulePlan, tokens: list[int], recompute: int,
-                            task) -> Composition:
-    """The same composition in the work context (work_context.py): the exact part kept or
-    copied, each module's cells copied from the cache and shifted into place, recomputed
-    tokens evaluated in place. With every module recomputed, the run is a chain run."""
-    cache, work = engine.cache, engine.work
-    cache.bring_to_work(plan.hit, tokens)
-
-    def evaluate(toks, cur):
-        work.evaluate(toks, engine.batching.module(cur, cur + len(toks), windowed=False), task,
-                      stage="recompute", want_logits=False)
-
-    def place(src, p0, p1, cur, toks):
-        work.append_cells(engine.seqs.cells_of(src, p0, p1, cache.scratch), toks, [cur], shift=cur - p0)
-
-    return _compose(engine, plan, tokens, recompute, evaluate, place)
-
-
-def _compose(engine, plan: ModulePlan, tokens: list[int], recompute: int, evaluate,
-             place) -> Composition:
-    """After the exact part: each module's first ``recompute`` tokens evaluated in context
-    (``evaluate(tokens, position)``), the rest placed from its cached cells (``place(seq, p0,
-    p1, position, tokens)``: the module's cells at p0..p1-1 moved to start at position)."""
-    cache = engine.cache
+def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int], recompute: int,
+            task) -> Composition:
+    """Fill the slot with the exact part, then for each module its first ``recompute`` tokens
+    evaluated in context and the rest placed from its cached cells (moved to their positions in
+    this prompt), ready to evaluate the last segment."""
+    slot.bring(plan.hit, tokens)
     cur = plan.hit.reused
     sources = list(plan.hit.sources)
     p = plan.prefix.depth
@@ -138,10 +91,12 @@ def _compose(engine, plan: ModulePlan, tokens: list[int], recompute: int, evalua
         k = min(recompute, n)
         recomputed += k
         if k:
-            evaluate(tokens[seg.start:seg.start + k], cur)
+            slot.evaluate(tokens[seg.start:seg.start + k], slot.starts(cur + k), task,
+                          stage="recompute", want_logits=False)
         if k < n:
             with cache.busy(node):
-                place(cache.materialise(node), p + k, p + n, cur + k, tokens[seg.start + k:seg.end])
+                slot.place(cache.materialise(node), p + k, p + n, cur + k,
+                           tokens[seg.start + k:seg.end])
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
         cur += n
     return Composition(cur, tuple(sources), recomputed)

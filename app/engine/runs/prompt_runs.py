@@ -21,15 +21,12 @@ import functools
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..llama.batch_policy import batch_end_at_or_before, chain_marks, fork_marks
 from .cold_reference import ColdKey, PathResult
 from ..errors import KvPrimerError
 from ..llama.thread_fit import shared_fit
-from .generation import GenerationConfig, TextDelta, generate
-from .module_compose import compose_in_work_context, compose_into, plan_modules
+from .generation import GenerationConfig, TextDelta
 from .reuse_modes import (EXACT_REUSE_MODES, REUSE_MODES, check_recompute, check_reuse_modes,
                           refuse_compose, refuse_compose_on_file)
-from ..cache.cache_tiers import APPROX_RESTORED
 from ..files.prefix_state import PrefixState
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
@@ -37,11 +34,12 @@ from ..prompts.template import Template
 from .late_verify import verify_run
 from .verdict import Verdict
 from .warm_cost import WarmBreakdown, run_breakdown
+from .warm_runs import (KEEP_LOGITS, WarmOutcome, WarmRequest, run_warm, state_hit,
+                        warm_in_work_context)
 
-KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
-
-__all__ = ["EXACT_REUSE_MODES", "GenerationConfig", "PathResult", "REUSE_MODES", "RunReport", "TextDelta",
-           "WarmBreakdown", "check_reuse_modes", "refuse_compose", "run_prompt", "report_dict",
+__all__ = ["EXACT_REUSE_MODES", "KEEP_LOGITS", "GenerationConfig", "PathResult", "REUSE_MODES",
+           "RunReport", "TextDelta", "WarmBreakdown", "check_reuse_modes", "refuse_compose",
+           "refuse_compose_on_file", "report_dict", "run_prompt", "state_hit",
            "warm_in_work_context"]
 
 
@@ -163,8 +161,9 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     report = RunReport(len(tokens), segments[0].end, reuse, 0, len(tokens), tokenize_ms,
                        state_bytes=state.nbytes if state else 0)
     if warm:
-        report.warm = _warm(engine, template, values, tokens, segments, reuse, state, gen,
-                            max_new, recompute, keep, task, report, reuse_before)
+        req = WarmRequest(template, tokens, segments, reuse, gen, max_new, state, recompute, keep,
+                          reuse_before)
+        report.warm = _reported(report, run_warm(engine, req, task))
         task.partial(report)
     keep_n = min(max_new, KEEP_LOGITS)
     if warm:  # what verifying it later needs
@@ -178,205 +177,12 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     return report
 
 
-def _warm(engine, template, values, tokens, segments, reuse, state, gen, max_new, recompute,
-          keep, task, report, before) -> PathResult:
-    cache = engine.cache
-    if reuse == "compose" and state is None:
-        refuse_compose(engine)
-    if state is not None and engine.runs_in_work_context:
-        engine.check_state(state)
-        hit = state_hit(engine, state, tokens, len(tokens) - 1)
-        report.note = hit.approx
-        if reuse != "prefix":  # reported as what it was: a state holds one prefix, nothing more
-            report.reuse = "prefix"
-            report.note = "; ".join(x for x in (f"a saved state gives its prefix only: {reuse} "
-                                                "mode ran as prefix mode", hit.approx) if x)
-        result, report.copied_tokens = warm_in_work_context(engine, tokens, hit, gen, max_new,
-                                                            task, state=state)
-        return _reported(report, result, hit.sources, hit.tier)
-    if state is not None:
-        node = engine.adopt(state)
-        hit = cache.lookup(tokens, limit=min(node.depth, len(tokens) - 1))
-    elif reuse == "chain":  # (promoting a cached prefix from RAM or a file is warm time)
-        engine.prime_node(template, task, resident=False)
-        hit = cache.lookup(tokens, limit=len(tokens) - 1, before=before)
-    else:
-        node = engine.prime_node(template, task, resident=False)
-        hit = cache.lookup(tokens, limit=min(segments[0].end, node.depth, len(tokens) - 1))
-    compose = reuse == "compose" and state is None
-    if compose:  # modules seen for the first time are built first, timed apart
-        plan = plan_modules(engine, tokens, segments, hit, node, task)
-        report.build_ms = plan.build_ms
-        hit = plan.hit
-    if engine.runs_in_work_context:
-        if compose:
-            return _compose_in_work_context(engine, tokens, plan, gen, max_new, recompute, task,
-                                            report)
-        return _warm_in_work_context(engine, template, tokens, segments, reuse, hit, gen,
-                                     max_new, keep, task, report)
-    report.note = hit.approx
-    reused_nodes = [hit.node] + ([m for _s, m in plan.modules] if compose else [])
-    t0 = time.perf_counter()  # bringing the reused cells back from RAM or a file is warm time
-    with cache.busy(*reused_nodes):  # making room must not evict what this run reuses
-        # promotions from RAM or files take cells too: make them first, then room for the rest
-        for n in reused_nodes:
-            if n is not None:
-                cache.materialise(n)
-        cache.ensure_free_cells(len(tokens) - hit.reused + max_new)
-        work = cache.take_work_seq()
-    try:
-        with cache.busy(hit.node):
-            if compose:
-                c = compose_into(engine, plan, tokens, work, recompute, task)
-                reused, sources, recomputed = c.reused, c.sources, c.recomputed
-                head = []  # the plan is the shared cold run's, set below
-                report.note = report.note or "composed modules never attended to each other"
-            else:
-                cache.fork_into(hit, work)
-                reused, sources, recomputed = hit.reused, hit.sources, 0
-                head = hit.head_cuts()
-        t1 = time.perf_counter()
-        labels = {s.end: s.label for s in segments}
-        marks = fork_marks([s.start for s in segments], reused, len(tokens))
-
-        # Each segment's end becomes a node. Where the cells are exact whatever follows, the
-        # nodes are added after the first token (the radix bookkeeping, spills included, stays
-        # out of the time to first token); a sliding-window model's node must be forked while
-        # the sequence ends there.
-        later: list[int] = []
-        starts = engine.batching.warm(reused, len(tokens), marks, windowed=True)
-
-        def remember(pos: int) -> None:
-            if not (keep and reuse == "chain" and pos in labels):
-                return
-            if cache.windowed:
-                cache.add(work, labels[pos], head + starts, template.sha256,
-                          hit.approx)
-            else:
-                later.append(pos)
-
-        engine.evaluate(tokens[reused:], work, task, stage="warm", starts=starts, marks=marks,
-                        at_mark=remember)
-        prompt_s = time.perf_counter() - t1
-        report.plan = head + starts
-        if compose:
-            # a composed sequence has no single history to replay: its reference is the cold
-            # run every exact mode shares (static prefix as primed, then each segment in small
-            # batches), so one cold run per row serves all modes
-            report.plan = engine.batching.composed_reference(
-                plan.prefix.all_cuts(), segments[0].end, len(tokens), [x.start for x in segments])
-        # tokens recomputed in context were evaluated, not reused
-        report.reused_tokens, report.sources = reused - recomputed, sources
-        report.evaluated_tokens = len(tokens) - report.reused_tokens
-        report.hit_tier = hit.tier
-        g = generate(engine.ctx, engine.model,
-                     lambda tok: engine.evaluate([tok], work, stage="generate"),
-                     gen, max_new, task, "warm", min(max_new, KEEP_LOGITS))
-        for pos in later:
-            cache.add(work, labels[pos], report.plan, template.sha256, hit.approx, upto=pos)
-    finally:
-        cache.give_back(work)
-        cache.enforce()  # what this run added may have left no node free to move until now
-    return PathResult("warm", report.reused_tokens, report.evaluated_tokens, (t1 - t0) * 1000, prompt_s * 1000,
-                      (g.t_first - t0) * 1000, (g.t_end - g.t_first) * 1000, g.tokens, g.text,
-                      g.logits, report.plan)
-
-
-def _warm_in_work_context(engine, template, tokens, segments, reuse, hit, gen, max_new, keep,
-                          task, report) -> PathResult:
-    """Run mode prefix or chain in the work context; chain caches each segment's end."""
-    hit = engine.cache.whole_batches(hit)
-    report.note = hit.approx
-    add_nodes = keep and reuse == "chain"
-    marks = chain_marks([s.start for s in segments], hit.reused, storing=add_nodes,
-                        grouping_exact=engine.grouping_exact)
-    nodes = [(s.end, s.label) for s in segments if s.end > hit.reused] if add_nodes else []
-    result, report.copied_tokens = warm_in_work_context(
-        engine, tokens, hit, gen, max_new, task, marks=marks, nodes=nodes,
-        template_sha256=template.sha256)
-    return _reported(report, result, hit.sources, hit.tier)
-
-
-def _compose_in_work_context(engine, tokens, plan, gen, max_new, recompute, task,
-                             report) -> PathResult:
-    report.note = plan.hit.approx or "composed modules never attended to each other"
-    t0 = time.perf_counter()
-    c = compose_in_work_context(engine, plan, tokens, recompute, task)
-    t1 = time.perf_counter()
-    result = _evaluate_and_generate(engine, tokens, c.reused, (), gen, max_new, task, t0, t1,
-                                    KEEP_LOGITS)
-    # tokens recomputed in context were evaluated, not reused
-    result.reused_tokens = c.reused - c.recomputed
-    result.evaluated_tokens = len(tokens) - result.reused_tokens
-    engine.cache.enforce()
-    return _reported(report, result, c.sources, plan.hit.tier)
-
-
-def _reported(report, result: PathResult, sources, tier: str) -> PathResult:
-    """The run's reuse, as the work-context paths report it: from the warm result itself."""
-    report.plan = result.starts
-    report.reused_tokens, report.evaluated_tokens = result.reused_tokens, result.evaluated_tokens
-    report.sources, report.hit_tier = sources, tier
-    return result
-
-
-def warm_in_work_context(engine, tokens: list[int], hit, gen: GenerationConfig, max_new: int,
-                         task: TaskState | None = None, *, marks=(), nodes=(),
-                         template_sha256: str = "", keep_logits: int = KEEP_LOGITS,
-                         state: PrefixState | None = None) -> tuple[PathResult, int]:
-    """The warm run where cells lie as a cold run lays them out (work_context.py): keep or copy
-    the hit's tokens (whole batches), evaluate the rest in n_batch batches (also starting at
-    ``marks``), generate; after the first token, cache ``tokens[:pos]`` for each (pos, label)
-    of ``nodes``. Returns the result (``starts``: the batch starts a cold run replays) and the
-    number of tokens copied from the cache.
-
-    With a saved ``state`` (``hit`` from ``state_hit``), the state goes straight into the work
-    context, and into the radix cache only after the first token."""
-    cache = engine.cache
-    t0 = time.perf_counter()
-    if state is not None:
-        copied = engine.work.restore(state.data, list(state.tokens), engine.cache.state_cuts(state),
-                                     hit.reused)
-    else:
-        copied = cache.bring_to_work(hit, tokens)
-    t1 = time.perf_counter()
-    result = _evaluate_and_generate(engine, tokens, hit.reused, marks, gen, max_new, task, t0, t1,
-                                    keep_logits, snap_at=[pos for pos, _label in nodes])
-    if state is not None:
-        engine.adopt(state)
-    for pos, label in nodes:  # after the first token: the bookkeeping stays out of its time
-        cache.store(tokens[:pos], label, template_sha256, hit.approx)
-    cache.enforce()  # what this run promoted stayed while it was busy
-    return result, copied
-
-
-def state_hit(engine, state: PrefixState, tokens: list[int], limit: int):
-    """What a run takes from a saved state: its tokens shared with the prompt, up to ``limit``,
-    cut back to a batch end of its history."""
-    from ..prompts.prompt_tokens import common_prefix
-    from ..cache.radix_cache import CacheHit
-
-    n = batch_end_at_or_before(engine.cache.state_cuts(state), state.n_tokens,
-                               min(common_prefix(list(state.tokens), tokens), limit),
-                               engine.grouping_exact)
-    if engine.stateful and n < state.n_tokens:
-        n = 0  # its recurrent state stands at its end: all of it or nothing
-    approx = APPROX_RESTORED if engine.cache.windowed else ""
-    return CacheHit(None, n, (("saved state", n),) if n else (), "file", approx)
-
-
-def _evaluate_and_generate(engine, tokens, reused, marks, gen, max_new, task, t0, t1,
-                           keep_logits, snap_at=()) -> PathResult:
-    """Evaluate tokens[reused:] in the work context in n_batch batches (also starting at
-    ``marks``), then generate; times are from ``t0`` (the reused part was ready at ``t1``).
-    A stateful model keeps its recurrent state at the depths ``snap_at`` (nodes to store)."""
-    work = engine.work
-    work.evaluate(tokens[reused:], engine.batching.warm(reused, len(tokens), marks, windowed=False),
-                  task, stage="warm", snap_at=snap_at)
-    prompt_s = time.perf_counter() - t1
-    plan = [c for c in work.cuts if c < len(tokens)]
-    g = generate(work.ctx, engine.model, work.step, gen, max_new, task, "warm",
-                 min(max_new, keep_logits))
-    return PathResult("warm", reused, len(tokens) - reused, (t1 - t0) * 1000, prompt_s * 1000,
-                      (g.t_first - t0) * 1000, (g.t_end - g.t_first) * 1000, g.tokens, g.text,
-                      g.logits, plan)
+def _reported(report: RunReport, warm: WarmOutcome) -> PathResult:
+    """The warm path's reuse, as the report says it: from the warm result itself."""
+    r = warm.result
+    report.plan = r.starts
+    report.reused_tokens, report.evaluated_tokens = r.reused_tokens, r.evaluated_tokens
+    report.sources, report.hit_tier, report.note = warm.sources, warm.tier, warm.note
+    report.copied_tokens, report.build_ms = warm.copied, warm.build_ms
+    report.reuse = warm.reuse or report.reuse
+    return r

@@ -125,7 +125,7 @@ def run_breakdown(engine, report, n_tokens: int, segments) -> WarmBreakdown:
     """Where a run's warm time went (``report.warm``); for a chain run in the work context,
     whether cutting batches at segment ends cost more than the segments stored can save."""
     warm = report.warm
-    ctx = engine.work.ctx if engine.runs_in_work_context else engine.ctx
+    ctx = engine.slot_context
     out = replace(warm_breakdown(warm, report.copied_tokens, report.build_ms),
                   batch_threads=ctx.batch_threads)
     if report.reuse != "chain" or not engine.runs_in_work_context:
