@@ -67,9 +67,9 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
             t0 = time.perf_counter()
             with engine.slot(seg.end - seg.start) as slot:
                 slot.bring(CacheHit(prefix, p, (), prefix.tier, prefix.approx), key)
+                end = NodeEnd(len(key), f"module {seg.label}", approx=prefix.approx)
                 slot.evaluate(key[p:], slot.starts(len(key)), task, stage="module",
-                              want_logits=False,
-                              nodes=[NodeEnd(len(key), f"module {seg.label}", approx=prefix.approx)])
+                              want_logits=False, nodes=[end])
                 node = slot.flush()[-1]
             build_s += time.perf_counter() - t0
         modules.append((seg, node))

@@ -1,11 +1,11 @@
 """Running a filled prompt warm and cold, and comparing the two.
 
-Warm: find what the radix cache already holds of the prompt (``reuse``: the static prefix only,
-the deepest cached prompt — ``chain`` —, or the static prefix with composed modules), keep or
-copy it into the work context (a sliding-window model: fork it into a working sequence of the
-cache's context), evaluate only the rest, generate. Cold: the same prompt from scratch in
-the cold reference context, with the batch starts the warm run's history used, so an exact
-cache gives bit-identical logits. Only when the two differ (or when asked) a one-shot cold run
+Warm (warm_runs.py): find what the radix cache already holds of the prompt (``reuse``: the
+static prefix only, the deepest cached prompt — ``chain`` —, or the static prefix with composed
+modules), bring it into the run's slot (the work context; a sliding-window model: a working
+sequence of the cache's context), evaluate only the rest, generate. Cold: the same prompt from
+scratch in the cold reference context, with the batch starts the warm run's history used, so an
+exact cache gives bit-identical logits. Only when the two differ (or when asked) a one-shot cold run
 (plain batches) measures the model's own batch-grouping noise, so a bit-identical run costs two
 evaluations, not three. The verdict (verdict.py) weighs the warm run against both. The report
 also says where the warm time went (warm_cost.py).

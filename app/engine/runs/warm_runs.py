@@ -170,7 +170,7 @@ def warm_in_work_context(engine, tokens: list[int], hit: CacheHit, gen: Generati
 def state_hit(engine, state: PrefixState, tokens: list[int], limit: int) -> CacheHit:
     """What a run takes from a saved state: its tokens shared with the prompt, up to ``limit``,
     cut back to a batch end of its history."""
-    n = batch_end_at_or_before(engine.cache.state_cuts(state), state.n_tokens,
+    n = batch_end_at_or_before(engine.batching.saved_state(state.n_tokens), state.n_tokens,
                                min(common_prefix(list(state.tokens), tokens), limit),
                                engine.grouping_exact)
     if engine.stateful and n < state.n_tokens:

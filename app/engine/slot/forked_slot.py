@@ -27,7 +27,8 @@ class ForkedSlot(Slot):
     windowed = True
 
     def __init__(self, seq: int, cache: RadixCache, seqs: SequenceOps, seq_tokens: SequenceTokens,
-                 ctx: NativeContext, evaluate: Evaluate, batching: BatchPolicy, landing_empty: bool):
+                 ctx: NativeContext, evaluate: Evaluate, batching: BatchPolicy,
+                 landing_empty: bool):
         super().__init__(cache, batching)
         self.seq = seq
         self._seqs, self._seq_tokens, self._ctx, self._evaluate = seqs, seq_tokens, ctx, evaluate
@@ -58,7 +59,8 @@ class ForkedSlot(Slot):
     def place(self, src: int, p0: int, p1: int, at: int, tokens: list[int]) -> None:
         self._seqs.place_cells(src, p0, p1, self.seq, at - p0, self.cache.scratch, tokens)
 
-    def marks(self, segment_starts: Sequence[int], reused: int, end: int, storing: bool) -> list[int]:
+    def marks(self, segment_starts: Sequence[int], reused: int, end: int,
+              storing: bool) -> list[int]:
         return fork_marks(segment_starts, reused, end)
 
     def prime_starts(self, end: int) -> list[int]:

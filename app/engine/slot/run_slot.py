@@ -76,7 +76,8 @@ class Slot(ABC):
 
     # ---- planning and evaluating
     @abstractmethod
-    def marks(self, segment_starts: Sequence[int], reused: int, end: int, storing: bool) -> list[int]:
+    def marks(self, segment_starts: Sequence[int], reused: int, end: int,
+              storing: bool) -> list[int]:
         """Where the run's batches also start (batch_policy.py: chain or fork marks)."""
 
     def starts(self, end: int, marks: Sequence[int] = ()) -> list[int]:

@@ -70,7 +70,8 @@ class WorkSlot(Slot):
         self.work.append_cells(self._seqs.cells_of(src, p0, p1, self.cache.scratch), tokens,
                                [at], shift=at - p0)
 
-    def marks(self, segment_starts: Sequence[int], reused: int, end: int, storing: bool) -> list[int]:
+    def marks(self, segment_starts: Sequence[int], reused: int, end: int,
+              storing: bool) -> list[int]:
         return chain_marks(segment_starts, reused, storing=storing,
                            grouping_exact=self.work.grouping_exact())
 
