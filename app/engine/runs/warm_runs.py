@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ..cache.cache_tiers import APPROX_RESTORED
-from ..cache.radix_cache import CacheHit
+from ..cache.radix_cache import CacheHit, RadixCache
 from ..files.prefix_state import PrefixState
 from ..llama.batch_policy import batch_end_at_or_before
 from ..prompts.prompt_segments import Segment
@@ -69,7 +69,13 @@ def run_warm(engine, req: WarmRequest, task: TaskState) -> WarmOutcome:
     if req.reuse == "compose" and req.state is None:  # new modules are built first, timed apart
         plan = plan_modules(engine, req.tokens, req.segments, hit, node, task)
         hit = plan.hit
-    return run_in_slot(engine, req, hit, plan, task)
+    reused_nodes = [hit.node] + ([m for _s, m in plan.modules] if plan else [])
+    t0 = time.perf_counter()  # bringing the reused cells back from RAM or a file is warm time
+    try:
+        with engine.slot(len(req.tokens) - hit.reused + req.max_new, promote=reused_nodes) as slot:
+            return run_in_slot(slot, engine.cache, engine.model, req, hit, plan, task, t0)
+    finally:
+        engine.cache.enforce()  # what this run added or promoted stayed while it was busy
 
 
 def find_reuse(engine, req: WarmRequest, task: TaskState):
@@ -87,42 +93,36 @@ def find_reuse(engine, req: WarmRequest, task: TaskState):
     return cache.lookup(tokens, limit=limit), node
 
 
-def run_in_slot(engine, req: WarmRequest, hit: CacheHit, plan: ModulePlan | None,
-                task: TaskState) -> WarmOutcome:
+def run_in_slot(slot: Slot, cache: RadixCache, model, req: WarmRequest, hit: CacheHit,
+                plan: ModulePlan | None, task: TaskState, t0: float) -> WarmOutcome:
     """Bring the hit (or the composed modules) into the run's slot, evaluate the rest, generate;
-    chain gives each segment's end back to the cache."""
-    cache, tokens = engine.cache, req.tokens
+    chain gives each segment's end back to the cache. Times are from ``t0``."""
+    tokens = req.tokens
     storing = req.keep and req.reuse == "chain"
-    reused_nodes = [hit.node] + ([m for _s, m in plan.modules] if plan else [])
-    t0 = time.perf_counter()  # bringing the reused cells back from RAM or a file is warm time
-    try:
-        with engine.slot(len(tokens) - hit.reused + req.max_new, promote=reused_nodes) as slot:
-            recomputed, copied = 0, 0
-            if plan is None:
-                hit = slot.whole(hit)
-                note = hit.approx
-                with cache.busy(hit.node):
-                    copied = slot.bring(hit, tokens)
-                reused, sources = hit.reused, hit.sources
-            else:
-                note = hit.approx or COMPOSED
-                with cache.busy(hit.node):
-                    c = compose(slot, cache, plan, tokens, req.recompute, task)
-                reused, sources, recomputed = c.reused, c.sources, c.recomputed
-            t1 = time.perf_counter()
-            marks = slot.marks([s.start for s in req.segments], reused, len(tokens), storing)
-            nodes = [NodeEnd(s.end, s.label, req.template.sha256, hit.approx)
-                     for s in req.segments if s.end > reused] if storing else []
-            result = evaluate_and_generate(slot, engine.model, tokens, reused, marks, req.gen,
-                                           req.max_new, task, t0, t1, KEEP_LOGITS, nodes)
-            if plan is not None and slot.windowed:
-                # a composed sequence there has no single history to replay: its reference is
-                # the cold run every exact mode shares, so one cold run per row serves all modes
-                result.starts = engine.batching.composed_reference(
-                    plan.prefix.all_cuts(), req.segments[0].end, len(tokens),
-                    [s.start for s in req.segments])
-    finally:
-        cache.enforce()  # what this run added or promoted stayed while it was busy
+    recomputed, copied = 0, 0
+    if plan is None:
+        hit = slot.whole(hit)
+        note = hit.approx
+        with cache.busy(hit.node):
+            copied = slot.bring(hit, tokens)
+        reused, sources = hit.reused, hit.sources
+    else:
+        note = hit.approx or COMPOSED
+        with cache.busy(hit.node):
+            c = compose(slot, cache, plan, tokens, req.recompute, task)
+        reused, sources, recomputed = c.reused, c.sources, c.recomputed
+    t1 = time.perf_counter()
+    marks = slot.marks([s.start for s in req.segments], reused, len(tokens), storing)
+    nodes = [NodeEnd(s.end, s.label, req.template.sha256, hit.approx)
+             for s in req.segments if s.end > reused] if storing else []
+    result = evaluate_and_generate(slot, model, tokens, reused, marks, req.gen, req.max_new, task,
+                                   t0, t1, KEEP_LOGITS, nodes)
+    if plan is not None and slot.windowed:
+        # a composed sequence there has no single history to replay: its reference is the cold
+        # run every exact mode shares, so one cold run per row serves all modes
+        result.starts = slot.batching.composed_reference(
+            plan.prefix.all_cuts(), req.segments[0].end, len(tokens),
+            [s.start for s in req.segments])
     # tokens recomputed in context were evaluated, not reused
     result.reused_tokens = reused - recomputed
     result.evaluated_tokens = len(tokens) - result.reused_tokens
