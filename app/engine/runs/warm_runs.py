@@ -60,6 +60,7 @@ class WarmOutcome:
 
 
 def run_warm(engine, req: WarmRequest, task: TaskState) -> WarmOutcome:
+    """The warm path of ``req`` (see the module docstring)."""
     if req.reuse == "compose" and req.state is None:
         refuse_compose(engine)
     if req.state is not None and engine.runs_in_work_context:
