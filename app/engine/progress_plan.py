@@ -172,7 +172,7 @@ class JobPlan:
             if rate is None or gen is None:
                 return None
             share = self.ran_share(p.kind)
-            total += share * rate * self._units(p.start, p.end) + p.generate * gen
+            total += share * (rate * self._units(p.start, p.end) + p.generate * gen)
         return total
 
     def time_left(self, now: float) -> float | None:

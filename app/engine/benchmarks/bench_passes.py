@@ -8,9 +8,10 @@ per call, what it will evaluate (progress_plan.PlannedPass):
   chain the longest start shared with an earlier row's prompt (chain cached it), compose all
   but the last segment — and the tokens it generates;
 - a module for each of compose's segments not seen before;
-- a cold run for each different warm history of the row (a mode that reuses to another depth
-  has other batches), unless an earlier row had the same prompt and history (the cold run is
-  kept): it runs in the first call that needs it;
+- a cold run for each different warm history of the row (the batches after what was reused:
+  n_batch batches, or, for compose and for chain on a kernel whose results depend on the
+  batches, batches that also start at each segment), unless an earlier row had the same
+  prompt and history (the cold run is kept): it runs in the first call that needs it;
 - the noise run (one-shot cold), once per row: on every row when asked, else where compose
   places two modules or more (its warm run then differs from the cold one).
 
@@ -23,6 +24,7 @@ from ..errors import KvPrimerError
 from ..prompts.prompt_segments import prompt_segments
 from ..prompts.prompt_tokens import common_prefix
 from ..progress_plan import JobPlan, PlannedPass, PlanStep, StepPasses, work_units
+from ..runs.batch_plan import batch_starts
 from .mode_pairs import Step
 
 
@@ -47,6 +49,32 @@ def _row_tokens(engine, template, row):
     return tokens, prompt_segments(engine.tokenize, template, row.values, tokens)
 
 
+def _history(engine, mode: str, start: int, n: int, segs) -> tuple:
+    """Where the warm run's batches start after the static prefix: what its cold run replays."""
+    b = engine.config.n_batch
+    if mode == "compose" and len(segs) > 1:
+        return tuple(c for seg in segs[1:-1] for c in batch_starts(seg.start, seg.end, b)) + \
+            tuple(batch_starts(segs[-1].start, n, b))
+    if mode == "chain" and not engine.grouping_exact:
+        return tuple(batch_starts(start, n, b, [x.start for x in segs]))
+    return tuple(batch_starts(start, n, b))
+
+
+def _chain_start(engine, tokens: list[int], chained) -> tuple[int, tuple[int, ...]]:
+    """How much of ``tokens`` chain reuses from the prompts earlier rows cached (``chained``:
+    their tokens and batch starts): the longest shared start, cut back to a batch start of the
+    cached history where the kernel's results depend on the batches; and that history's batch
+    starts before it."""
+    best, head = 0, ()
+    for other, cuts in chained:
+        shared = min(common_prefix(tokens, other), len(tokens) - 1)
+        if not engine.grouping_exact:
+            shared = max((c for c in cuts + (len(other),) if c <= shared), default=0)
+        if shared > best:
+            best, head = shared, tuple(c for c in cuts if c < shared)
+    return best, head
+
+
 def plan_bench(engine, template, rows, order: list[Step], *, max_tokens: int, state=None,
                noise: bool = False) -> tuple[JobPlan, int]:
     """The benchmark's JobPlan, one step per call of ``order``, and where the prime starts
@@ -57,7 +85,8 @@ def plan_bench(engine, template, rows, order: list[Step], *, max_tokens: int, st
         prime_from = engine.cache.lookup(prefix).reused
     n_ctx = engine.ctx.n_ctx
     info = [_row_tokens(engine, template, r) for r in rows]
-    chained: list[list[int]] = []  # prompts chain has cached, rows before the current one
+    chained: list[tuple] = []  # prompts chain cached (rows before the current one), their cuts
+    chain_history: dict[int, tuple] = {}
     modules: set[tuple[int, ...]] = set()
     colds: set[tuple] = set()  # (prompt, warm start): cold runs made (and kept)
     noisy: set[tuple[int, ...]] = set()
@@ -69,17 +98,18 @@ def plan_bench(engine, template, rows, order: list[Step], *, max_tokens: int, st
             passes.append(PlannedPass("prime", prime_from, len(prefix)))
         got = info[s.row]
         if s.row != row_at:  # a new row: chain may reuse the rows before it
-            if row_at >= 0 and info[row_at] is not None and any(
-                    st.mode == "chain" for st in order if st.row == row_at):
-                chained.append(info[row_at][0])
+            if row_at in chain_history:
+                chained.append(chain_history[row_at])
             row_at = s.row
         if got is not None:
             tokens, segs = got
             n, p = len(tokens), segs[0].end
             gen = max(1, min(max_tokens, n_ctx - n - 1))
-            start = p
+            start, head = p, ()
             if s.mode == "chain" and state is None:
-                start = max([p] + [common_prefix(tokens, t) for t in chained])
+                start, head = _chain_start(engine, tokens, chained)
+                if start <= p:
+                    start, head = p, ()
             elif s.mode == "compose" and len(segs) > 1:
                 start = segs[-1].start
                 for seg in segs[1:-1]:
@@ -91,7 +121,10 @@ def plan_bench(engine, template, rows, order: list[Step], *, max_tokens: int, st
                 modules.add(tuple(tokens[segs[1].start:segs[1].end]))
             start = min(start, n - 1)
             passes.append(PlannedPass("warm", start, n, gen))
-            key = (tuple(tokens), start)
+            history = head + _history(engine, s.mode, start, n, segs)
+            if s.mode == "chain":
+                chain_history[s.row] = (tokens, history)
+            key = (tuple(tokens), history)
             if key not in colds:
                 colds.add(key)
                 passes.append(PlannedPass("cold", 0, n, gen))
