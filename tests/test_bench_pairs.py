@@ -118,3 +118,26 @@ def test_a_row_measured_under_load_is_flagged(engine, capsys):
     assert res.summary()["rows_under_load"] == [2]
     assert "measured under load (other programs used over a quarter of the cores): row 2" \
         in bench_summary(res)
+
+
+def test_the_benchmark_panel_shows_the_paired_headline_and_the_busy_row(qtbot):
+    from app.engine.session import Session
+    from app.ui.bench_view import UNDER_LOAD_COLOR, BenchView
+
+    s = Session()
+    v = BenchView(s)
+    qtbot.addWidget(v)
+    rows = [row(1, "prefix", [100.0], load=0.02), row(2, "prefix", [400.0], load=0.8, under_load=True),
+            row(1, "chain", [100.0], load=0.01, vs_prefix=1.0),
+            row(2, "chain", [400.0], load=0.1, vs_prefix=1.0)]
+    s.set_bench(BenchResult(model={}, rows=rows, modes=("prefix", "chain")))
+    col = {v.table.horizontalHeaderItem(c).text(): c for c in range(v.table.columnCount())}
+    busy = v.table.item(1, col["load"])
+    assert busy.text() == "80% busy" and busy.foreground().color().name() == UNDER_LOAD_COLOR
+    assert "other programs" in busy.toolTip()
+    assert v.table.item(0, col["load"]).text() == "2%"
+    assert v.table.item(2, col["vs prefix (×)"]).text() == "×1.00"
+    assert v.table.item(0, col["vs prefix (×)"]).text() == ""
+    text = v.summary.text()
+    assert "chain ×1.00 of prefix's warm time, side by side (median of 2 rows)" in text
+    assert "measured under load" in text and "row 2" in text

@@ -99,7 +99,8 @@ def paired_figures(rows, modes: tuple[str, ...], base: str = "prefix") -> list[P
             per_row.append(ratio)
             if r.reused_tokens <= b.reused_tokens:
                 static.append(ratio)
-        out.append(PairedFigure(mode, base, statistics.median(per_row) if per_row else None,
-                                len(per_row), statistics.median(static) if static else None,
-                                len(static)))
+        if per_row:  # (results saved before modes ran side by side have no pairs)
+            out.append(PairedFigure(mode, base, statistics.median(per_row), len(per_row),
+                                    statistics.median(static) if static else None,
+                                    len(static)))
     return out
