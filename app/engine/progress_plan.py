@@ -25,6 +25,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+# the order of a step's passes (a benchmark's call): a pass reported means those before it ended
+PASS_ORDER = ("prime", "module", "warm", "cold", "oneshot")
+
 # a decode of one token reads every weight, as a batch does for many tokens: until one is
 # measured, a generated token is taken to cost this many prefill units
 GEN_UNITS_GUESS = 3.0
@@ -90,12 +93,14 @@ class JobPlan:
         self._overheads: list[float] = []
         self._first_start: float | None = None
         self._shown = 0.0  # the largest share said so far
+        self._pass: tuple | None = None  # the running pass: kind, done, total, its time left
 
     # ---- the job's side
     def begin(self, now: float) -> None:
         while self._next < len(self.steps) and self.steps[self._next].skipped:
             self._next += 1
         self._started = now
+        self._pass = None
         if self._first_start is None:
             self._first_start = now
 
@@ -122,6 +127,12 @@ class JobPlan:
         self._overheads.append(max(step.wall_s - inside, 0.0))
         self._next += 1
         self._started = None
+
+    def in_pass(self, kind: str, done: int, total: int, left_s: float | None) -> None:
+        """The running step reports a pass of ``kind`` (its own time left, from its batches,
+        when known): the passes before it in the step are over."""
+        if kind in PASS_ORDER and self._started is not None:
+            self._pass = (kind, done, total, left_s)
 
     def skip(self, index: int) -> None:
         """Step ``index`` will not run (its row failed in an earlier step)."""
@@ -175,6 +186,35 @@ class JobPlan:
             total += share * (rate * self._units(p.start, p.end) + p.generate * gen)
         return total
 
+    def _pass_seconds(self, p: PlannedPass) -> float | None:
+        rate, gen = self.prefill_rate(p.kind), self.gen_rate()
+        if rate is None or gen is None:
+            return None
+        return self.ran_share(p.kind) * (rate * self._units(p.start, p.end) + p.generate * gen)
+
+    def _running_left(self, step: PlanStep, now: float) -> float | None:
+        """What the running step has left: by its passes once one reports (the passes after
+        it in full, the running one from its own batches), else its estimate less its time."""
+        if self._pass is None:
+            est = self.step_seconds(step)
+            return None if est is None else max(est - (now - self._started), 0.0)
+        kind, done, total, left_s = self._pass
+        at = PASS_ORDER.index(kind)
+        left = self.overhead() / 2  # the step's own work is partly still to come
+        for p in step.passes:
+            est = self._pass_seconds(p)
+            if est is None:
+                return None
+            if p.kind not in PASS_ORDER or PASS_ORDER.index(p.kind) > at:
+                left += est
+            elif p.kind == kind:
+                gen = p.generate * self.gen_rate()
+                prefill = est - gen if left_s is None else left_s
+                if left_s is None and total > 0:
+                    prefill *= max(total - done, 0) / total
+                left += max(prefill, 0.0) + gen
+        return left
+
     def time_left(self, now: float) -> float | None:
         """The steps not begun, plus what the running one has left (at least nothing)."""
         left = 0.0
@@ -182,11 +222,12 @@ class JobPlan:
             step = self.steps[i]
             if step.skipped:
                 continue
-            est = self.step_seconds(step)
+            if i == self._next and self._started is not None:
+                est = self._running_left(step, now)
+            else:
+                est = self.step_seconds(step)
             if est is None:
                 return None
-            if i == self._next and self._started is not None:
-                est = max(est - (now - self._started), 0.0)
             left += est
         return left
 

@@ -236,10 +236,14 @@ class TaskState:
             clock = self._passes[stage] = PassClock(now, (done, now), stage not in FLAT_STAGES)
         else:
             clock.add(done, now)
+        left = clock.left(done, total)
+        j = self._job
+        if j is not None and j.plan is not None and j.item_start is not None:
+            j.plan.in_pass(stage, done, total, left)
         if self.on_progress:
-            job = self._job.step(now) if self._job else None
-            self.on_progress(Progress(stage, done, total, now - clock.start, job,
-                                      clock.left(done, total), clock.speed()))
+            job = j.step(now) if j else None
+            self.on_progress(Progress(stage, done, total, now - clock.start, job, left,
+                                      clock.speed()))
 
     # ---- the whole job
     def begin_job(self, stage: str, total: int, unit: str = "row", plan: Any = None) -> None:

@@ -88,7 +88,7 @@ def plan_bench(engine, template, rows, order: list[Step], *, max_tokens: int, st
     chained: list[tuple] = []  # prompts chain cached (rows before the current one), their cuts
     chain_history: dict[int, tuple] = {}
     modules: set[tuple[int, ...]] = set()
-    colds: set[tuple] = set()  # (prompt, warm start): cold runs made (and kept)
+    colds: set[tuple] = set()  # (prompt, warm history): cold runs made (and kept)
     noisy: set[tuple[int, ...]] = set()
     steps = []
     row_at = -1
