@@ -41,7 +41,7 @@ class JobStep:
     done: int  # items finished in the whole job
     total: int  # items in the whole job
     elapsed_s: float  # since the job began
-    eta_s: float | None  # the whole job's time left; None until an item has finished
+    eta_s: float | None  # the whole job's time left; None while nothing measured times it
     share: float | None = None  # the share done, from the job's plan (progress_plan.py)
 
     def text(self) -> str:
