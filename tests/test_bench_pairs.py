@@ -64,7 +64,8 @@ def test_the_headline_comes_from_the_pairs_not_from_the_phases():
     # a busy spell slowed rows 2 and 3 in both modes alike: the medians over rows say chain is
     # 4x prefix, each row's own pair says 1.5, 1.0 and 1.0
     rows = [row(1, "prefix", [100.0]), row(2, "prefix", [400.0]), row(3, "prefix", [100.0]),
-            row(1, "chain", [150.0]), row(2, "chain", [400.0]), row(3, "chain", [400.0], reused=300)]
+            row(1, "chain", [150.0]), row(2, "chain", [400.0]),
+            row(3, "chain", [400.0], reused=300)]
     rows[2].warm_runs_ms = [400.0]  # (prefix row 3 also ran in the busy spell)
     res = BenchResult(model={}, rows=rows, modes=("prefix", "chain"))
     paired = res.summary()["paired"]["chain_vs_prefix"]
@@ -127,7 +128,8 @@ def test_the_benchmark_panel_shows_the_paired_headline_and_the_busy_row(qtbot):
     s = Session()
     v = BenchView(s)
     qtbot.addWidget(v)
-    rows = [row(1, "prefix", [100.0], load=0.02), row(2, "prefix", [400.0], load=0.8, under_load=True),
+    rows = [row(1, "prefix", [100.0], load=0.02),
+            row(2, "prefix", [400.0], load=0.8, under_load=True),
             row(1, "chain", [100.0], load=0.01, vs_prefix=1.0),
             row(2, "chain", [400.0], load=0.1, vs_prefix=1.0)]
     s.set_bench(BenchResult(model={}, rows=rows, modes=("prefix", "chain")))

@@ -34,7 +34,8 @@ def scripted_job(seed: int):
         start = {"prefix": PREFIX, "chain": PREFIX, "compose": n - 20}[s.mode]
         planned = [PlannedPass("prime", 0, PREFIX)] if i == 0 else []
         if s.mode == "compose":
-            planned += [PlannedPass("module", PREFIX, PREFIX + 80), PlannedPass("module", PREFIX, PREFIX + 60)]
+            planned += [PlannedPass("module", PREFIX, PREFIX + 80),
+                        PlannedPass("module", PREFIX, PREFIX + 60)]
         planned.append(PlannedPass("warm", start, n, GEN))
         if (s.row, start) not in colds:
             colds.add((s.row, start))
@@ -78,7 +79,8 @@ def run_scripted(clock, plan, truth, seed, labels=None, slow=lambda t: 1.0):
             g = d.generate * TRUE_GEN * f
             clock.now += g
             done.append(DonePass(d.kind, d.start, d.end, d.generate, pre, g))
-            if d.kind == "prime" and plan is not None and plan.prefill_prior is None:  # as bench_rows does
+            # the prime gives the first speed, as bench_rows does
+            if d.kind == "prime" and plan is not None and plan.prefill_prior is None:
                 plan.prefill_prior = pre / plan.units(d)
         clock.now += TRUE_OVERHEAD * (1 + rng.uniform(-0.2, 0.2))
         task.end_item(done)
@@ -121,9 +123,9 @@ def test_without_the_plan_the_mean_of_the_rows_finished_misses(clock):
 
 
 def test_a_planned_pass_not_run_and_a_pass_not_planned_are_learned():
-    plan = JobPlan([PlanStep("a", [PlannedPass("warm", 0, 100, 2), PlannedPass("cold", 0, 100, 2)]),
-                    PlanStep("b", [PlannedPass("warm", 0, 100, 2), PlannedPass("cold", 0, 100, 2)])],
-                   k=0.0, prefill_prior=0.01)
+    passes = [PlannedPass("warm", 0, 100, 2), PlannedPass("cold", 0, 100, 2)]
+    plan = JobPlan([PlanStep("a", list(passes)), PlanStep("b", list(passes))], k=0.0,
+                   prefill_prior=0.01)
     assert plan.time_left(0.0) == pytest.approx(2 * (2 + 2 * 0.03 * 2))  # the guess for a token
     plan.begin(0.0)
     # the cold run was kept (not run); a noise run, not planned, ran instead
