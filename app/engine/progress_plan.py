@@ -17,13 +17,19 @@ with their measured times (``DonePass``), and the plan learns:
   planned but not run; a chain row may reuse more than foreseen);
 - the step's time outside its passes (tokenizing, forking cells, the verdict), per step.
 
-The time left is the steps not finished at those rates, plus what the running step has left.
+Recent steps weigh more (``MEMORY``), so the speeds follow a machine whose load drifts. The
+time left is the steps not begun at those rates, plus what the running step has left: its
+passes after the one running in full, the running one from its own batches (task_state.py's
+fit).
 The plan has no clock of its own: the caller (task_state.py) passes ``now``.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
+
+# each finished step weighs this much less than the next in the speeds learned: a machine whose
+# load drifts is timed by its recent speed, and one busy spell fades (a half-life of ~7 steps)
+MEMORY = 0.9
 
 # the order of a step's passes (a benchmark's call): a pass reported means those before it ended
 PASS_ORDER = ("prime", "module", "warm", "cold", "oneshot")
@@ -79,8 +85,10 @@ class JobPlan:
     measured (None: no time left until the first step finishes)."""
 
     def __init__(self, steps: list[PlanStep], k: float = 0.0,
-                 prefill_prior: float | None = None, gen_prior: float | None = None):
+                 prefill_prior: float | None = None, gen_prior: float | None = None,
+                 memory: float = MEMORY):
         self.steps = steps
+        self.memory = memory
         self.k = k
         self.prefill_prior = prefill_prior
         self.gen_prior = gen_prior
@@ -115,6 +123,8 @@ class JobPlan:
                                            + self._units(p.start, p.end))
         inside = 0.0
         planned = {p.kind for p in step.passes}
+        for s in [*self._prefill.values(), self._gen]:  # older steps weigh less
+            s.seconds, s.units = s.seconds * self.memory, s.units * self.memory
         for d in passes:
             u = self._units(d.start, d.end)
             s = self._prefill.setdefault(d.kind, _Sums())
@@ -171,7 +181,10 @@ class JobPlan:
         return self._run_units.get(kind, 0.0) / planned if planned > 0 else 1.0
 
     def overhead(self) -> float:
-        return statistics.fmean(self._overheads) if self._overheads else 0.0
+        if not self._overheads:
+            return 0.0
+        w = [self.memory ** age for age in range(len(self._overheads) - 1, -1, -1)]
+        return sum(x * y for x, y in zip(w, self._overheads)) / sum(w)
 
     # ---- the estimates
     def step_seconds(self, step: PlanStep) -> float | None:
