@@ -14,8 +14,8 @@ nothing is evicted:
    mode whose warm history used the same batches; each mode's cache starts with the prefix only.
 3. Chain against prefix mode on the rows where chain reused only the static prefix, in ABBA
    pairs of warm runs (the cache cut back to the prefix first, and the pairs' own nodes left
-   out): bench_rows runs every row in one mode before the next mode, minutes apart, and the
-   machine's speed drifts more than that over minutes.
+   out), repeated: bench_rows runs a row's modes side by side once per repeat; these pairs
+   repeat them on the rows where the goal is read.
 4. The peers (reuse_peers.py): llama-cpp-python with a LlamaRAMCache large enough for every
    row, built natively as pip builds it (in a process of its own) and the project's own build;
    llama-server with its defaults, over HTTP. The same rows in the same order; per-row ratios

@@ -13,7 +13,7 @@ For each model, on the recurring RAG workload:
    tokens) and keeps its context slots; the rows are rag-recurring.csv's, which share passages.
 2. The peer: llama-cpp-python's ``Llama`` with a ``LlamaRAMCache`` on the same model, the same
    rows in the same order (llamacpp_paths.recurring_rows_one_by_one, as ``create_completion``
-   runs them), one of its rows right after each of ours, a pass per mode (InterleavedPeer):
+   runs them), one of its rows right after each of ours, all modes (InterleavedPeer):
    on a shared machine the load changes within minutes, and a peer run after ours would meet
    another one. ``Llama.generate`` cannot cut a recurrent state back to the shared prefix, so on
    these models it re-evaluates the whole prompt whenever its context or cache entry holds more
@@ -185,9 +185,9 @@ def _one_model(cfg, arch, path, tpl, rows, log) -> dict:
 
 class InterleavedPeer:
     """llama-cpp-python with a LlamaRAMCache on the same rows in the same order, one of its rows
-    right after each of ours (bench_rows hands over its result after every row), so that a row's
-    pair of times meets the same load on a shared machine. Each of our modes gets its own pass,
-    from a fresh cache, as each mode's cache starts from the static prefix alone."""
+    right after each of ours (bench_rows hands over its result after every row, its modes run
+    side by side), so that a row's times meet the same load on a shared machine. The peer runs
+    each row once, from one cache, and its figure stands beside every mode of ours on that row."""
 
     def __init__(self, engine, tpl, rows, cfg: StatefulConfig, tmp: Path):
         self.tokens = {r.number: engine.tokenize(tpl.fill(r.values)) for r in rows}
@@ -197,17 +197,21 @@ class InterleavedPeer:
                                 flash_attn=engine.kernels.flash_attn)
         self.rows: dict[str, list[dict]] = {}  # per mode, the peer's rows run beside it
         self._steps = None
+        self._done: set[int] = set()  # our rows the peer ran beside
 
     def after(self, result) -> None:
         if not isinstance(result, BenchResult):  # runs also hand over their text as it comes
             return
-        last = result.rows[-1]
-        if last.reuse not in self.rows:  # a new mode's pass: the rows again, from a fresh cache
-            self._end_pass()
-            self.rows[last.reuse] = []
+        new = [r for r in result.rows if r.row not in self._done]
+        if not new:
+            return
+        if self._steps is None:
             self._steps = recurring_rows_one_by_one(self.llama, list(self.tokens.values()),
                                                     self.max_tokens)
-        self.rows[last.reuse].append({"row": last.row, **next(self._steps)})
+        figures = next(self._steps)
+        for r in new:
+            self.rows.setdefault(r.reuse, []).append({"row": r.row, **figures})
+        self._done.update(r.row for r in new)
 
     def _end_pass(self) -> None:
         if self._steps is not None:

@@ -34,7 +34,7 @@ def test_section_runs_every_architecture_and_writes_the_keys(section):
         # exact on every row, and every warm run reused at least the static prefix
         assert a["bit_identical"] == {m: {"rows": 2, "bit_identical": 2} for m in MODES}
         assert all(r["reused_tokens"] >= r["prefix_tokens"] > 0 for r in a["rows"])
-        # the peer ran each row after ours, a pass per mode
+        # the peer ran each row after ours, beside every mode
         assert ({m: [p["row"] for p in a["llamacpp_ram"][m]] for m in MODES}
                 == {m: [2, 3] for m in MODES})
         assert all(p["evaluated_tokens"] > 0 for m in MODES for p in a["llamacpp_ram"][m])

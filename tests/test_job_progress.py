@@ -79,10 +79,12 @@ def test_a_bench_of_three_rows_says_which_row_of_three_in_every_pass(engine):
     assert ("cold", "row 1 of 3 · prefix") in named
     last = seen[-1]
     assert last.whole and (last.job.done, last.job.total) == (6, 6)
-    # the time left is known once a row has finished, and only then
-    firsts = [p for p in passes if p.job.done == 0]
-    later = [p for p in passes if p.job.done >= 1]
-    assert all(p.job.eta_s is None for p in firsts) and all(p.job.eta_s is not None for p in later)
+    # the time left is known once the prime has given a speed (the benchmark's plan), and
+    # from then on, with the share done rising to the end
+    primed = [p for p in passes if p.stage != "prime"]
+    assert primed and all(p.job.eta_s is not None for p in primed)
+    shares = [p.fraction for p in seen if p.whole and p.job.share is not None]
+    assert shares == sorted(shares) and shares[-1] == pytest.approx(1.0)
 
 
 def test_cancel_keeps_the_finished_rows(engine):

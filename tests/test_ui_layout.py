@@ -153,7 +153,7 @@ def test_the_cache_panel_and_the_kv_map_agree_during_and_after_a_benchmark(
 
     # hold the benchmark after its first row (on the worker thread) until the test has looked
     held, release = threading.Event(), threading.Event()
-    real = bench_rows._bench_one
+    real = bench_rows._add_row
 
     def one_row(*args, **kw):
         out = real(*args, **kw)
@@ -162,7 +162,7 @@ def test_the_cache_panel_and_the_kv_map_agree_during_and_after_a_benchmark(
             release.wait(20)
         return out
 
-    monkeypatch.setattr(bench_rows, "_bench_one", one_row)
+    monkeypatch.setattr(bench_rows, "_add_row", one_row)
     pictures = []
     w.cache_panel.watch.arrived.connect(lambda p: pictures.append(w.engine_status.working))
     start(w, BENCH)

@@ -7,8 +7,10 @@ the GUI thread; the CLI passes a progress printer; tests pass nothing or a recor
 A job made of items (the rows of a benchmark, in each reuse mode) also says where it is in the
 whole: ``begin_job`` once, ``begin_item``/``end_item`` around each item. Every report then
 carries a ``JobStep`` ("row 7 of 10 · chain", the items finished, the time the whole job has
-left, estimated from the items finished), so the window's status bar and the CLI's line,
-both written by ``progress_line``, show the whole job as well as the current pass.
+left), so the window's status bar and the CLI's line, both written by ``progress_line``, show
+the whole job as well as the current pass. A job that planned its passes up front (a
+benchmark: progress_plan.py) gets its time left and share done from that plan; another, from
+the mean time of the items finished.
 
 A pass's time left (``PassClock``) is not its tokens left at the mean speed: attention costs
 more the further into the context a token lies, so a long prime slows as it goes (95 tok/s at
@@ -39,7 +41,8 @@ class JobStep:
     done: int  # items finished in the whole job
     total: int  # items in the whole job
     elapsed_s: float  # since the job began
-    eta_s: float | None  # the whole job's time left; None until an item has finished
+    eta_s: float | None  # the whole job's time left; None while nothing measured times it
+    share: float | None = None  # the share done, from the job's plan (progress_plan.py)
 
     def text(self) -> str:
         """"row 7 of 10 · chain"; a row chosen out of others: "row 7 (2 of 3)"."""
@@ -81,6 +84,8 @@ class Progress:
         if self.job is None:
             return part
         j = self.job
+        if j.share is not None:
+            return min(max(j.share, 0.0), 1.0)
         if j.total <= 0:
             return 0.0
         extra = 0.0 if self.whole or j.done >= j.total else part
@@ -105,10 +110,13 @@ class _JobClock:
     part: str = ""
     item_start: float | None = None  # None between items
     durations: list[tuple[str, float]] = field(default_factory=list)  # (part, seconds)
+    plan: Any = None  # a JobPlan (progress_plan.py) of every pass, when the job made one
 
     def eta(self, now: float) -> float | None:
-        """Time left: the items left at the mean time of the finished items of the current
-        part (a later reuse mode skips the cold runs the first one shared), else of all."""
+        """Time left: the plan's, when the job made one; else the items left at the mean time
+        of the finished items of the current part, else of all."""
+        if self.plan is not None:
+            return self.plan.time_left(now)
         if not self.durations:
             return None
         same = [d for p, d in self.durations if p == self.part]
@@ -120,8 +128,9 @@ class _JobClock:
         return max(mean * left - (now - self.item_start), mean * (left - 1))
 
     def step(self, now: float) -> JobStep:
+        share = self.plan.fraction(now) if self.plan is not None else None
         return JobStep(self.stage, self.unit, self.index, self.count, self.number or self.index,
-                       self.part, self.done, self.total, now - self.start, self.eta(now))
+                       self.part, self.done, self.total, now - self.start, self.eta(now), share)
 
 
 def fit_batch_times(batches: list[tuple[int, int, float]],
@@ -227,16 +236,22 @@ class TaskState:
             clock = self._passes[stage] = PassClock(now, (done, now), stage not in FLAT_STAGES)
         else:
             clock.add(done, now)
+        left = clock.left(done, total)
+        j = self._job
+        if j is not None and j.plan is not None and j.item_start is not None:
+            j.plan.in_pass(stage, done, total, left)
         if self.on_progress:
-            job = self._job.step(now) if self._job else None
-            self.on_progress(Progress(stage, done, total, now - clock.start, job,
-                                      clock.left(done, total), clock.speed()))
+            job = j.step(now) if j else None
+            self.on_progress(Progress(stage, done, total, now - clock.start, job, left,
+                                      clock.speed()))
 
     # ---- the whole job
-    def begin_job(self, stage: str, total: int, unit: str = "row") -> None:
-        """A job of ``total`` items begins (a nested flow's own begin_job does not restart it)."""
+    def begin_job(self, stage: str, total: int, unit: str = "row", plan: Any = None) -> None:
+        """A job of ``total`` items begins (a nested flow's own begin_job does not restart it).
+        ``plan``: a JobPlan of its items' passes (progress_plan.py), one step per item, which
+        then gives the time left and the share done."""
         if self._job is None:
-            self._job = _JobClock(stage, total, unit, time.perf_counter())
+            self._job = _JobClock(stage, total, unit, time.perf_counter(), plan=plan)
             self._report_job()
 
     def begin_item(self, index: int, count: int, *, number: int = 0, part: str = "") -> None:
@@ -245,12 +260,18 @@ class TaskState:
         if j is not None:
             j.index, j.count, j.number, j.part = index, count, number, part
             j.item_start = time.perf_counter()
+            if j.plan is not None:
+                j.plan.begin(j.item_start)
             self._report_job()
 
-    def end_item(self) -> None:
+    def end_item(self, passes: list | None = None) -> None:
+        """The running item finished; ``passes``: the DonePasses it ran, for the job's plan."""
         j = self._job
         if j is not None and j.item_start is not None:
-            j.durations.append((j.part, time.perf_counter() - j.item_start))
+            now = time.perf_counter()
+            j.durations.append((j.part, now - j.item_start))
+            if j.plan is not None:
+                j.plan.end(now, passes or [])
             j.item_start = None
             j.done += 1
             self._report_job()

@@ -42,6 +42,11 @@ BENCH_COLUMNS = [
     ("warm_ms", "warm (ms)", "Time to first token reusing the cache (median of the repeats)"),
     ("restore_ms", "fork (ms)", "Time to fork or compose the reused cells (median)"),
     ("speedup", "speedup (×)", "cold ÷ warm"),
+    ("vs_prefix", "vs prefix (×)", "Warm time against prefix mode's on the same row, the two "
+                                   "measured side by side (median over the repeats)"),
+    ("load", "load", "Other programs' share of the cores while the row ran (the busiest of its "
+                     "runs); a row above a quarter is measured under load: its times are less "
+                     "sure"),
     ("equivalence", "verdict", "bit-identical; within-noise: same tokens, logits no further "
                                "from cold than the model's own batch-grouping noise; diverged"),
     ("tokens_equal", "same tokens", "The warm run generated exactly the cold run's tokens"),
@@ -50,6 +55,7 @@ BENCH_COLUMNS = [
     ("kl_divergence", "KL (nats)", "Largest next-token KL divergence, cold ‖ warm"),
     ("error", "error", "Why the row could not run"),
 ]
+UNDER_LOAD_COLOR = "#b35c00"  # a row measured while other programs used the cores
 ACCURACY_COLUMNS = ["mode", "rows", "bit-identical", "within-noise", "diverged", "max KL (nats)",
                     "top-1 agree", "max |Δlogit|", "median warm (ms)"]
 
@@ -63,11 +69,25 @@ def cell_text(key: str, value) -> str:
         return f"{value:.3g}"
     if key == "speedup":
         return f"×{value:.1f}"
+    if key == "vs_prefix":
+        return f"×{value:.2f}"
+    if key == "load":
+        return f"{value:.0%}"
     if isinstance(value, float):
         return f"{value:,.1f}"
     if isinstance(value, int) and key != "row":
         return f"{value:,}"
     return str(value)
+
+
+def _load_cell(r) -> "Cell":
+    """The row's load, in the warning colour and said in words when it was measured under load."""
+    text = cell_text("load", r.load)
+    if not r.under_load:
+        return Cell(text, True)
+    return Cell(f"{text} busy", True, UNDER_LOAD_COLOR,
+                "measured while other programs used over a quarter of the cores: its times "
+                "are less sure")
 
 
 @dataclass(frozen=True)
@@ -258,6 +278,7 @@ class BenchView(QWidget):
                                key not in ("error", "reuse", "equivalence"),
                                color if key == "equivalence" else "",
                                (r.note or "") if key == "equivalence" and color else "")
+                          if key != "load" else _load_cell(r)
                           for key, _header, _tip in BENCH_COLUMNS])
         self._table_cells = show_cells(self.table, cells, self._table_cells)
         self._show_accuracy(result)

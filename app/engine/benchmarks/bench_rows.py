@@ -1,21 +1,32 @@
 """Benchmark rows cold versus warm, per reuse mode: the figures behind `kvprimer bench` and the
 Benchmark view.
 
-The static prefix is primed once (not timed as part of any row). For each reuse mode the cache
-starts holding only the static prefix, and the rows run in file order, each able to reuse what
-earlier rows of that mode left (chain, compose). One cold run per row serves every mode whose
-warm history used the same batch starts (the normal case); the one-shot cold run, which
-measures the model's own batch-grouping noise, runs at most once per row: only when a mode's
-warm run differs from its cold run, or on every row when asked (``noise``). Each row keeps the
-breakdown of its median warm run (warm_cost.py). A row that fails (too long,
-bad values) is reported with its error; the others still run.
+The static prefix is primed once (not timed as part of any row) and the cache cut back to it.
+The rows run in file order, and each row runs every mode side by side before the next row, in
+an order that balances (mode_pairs.py: ABBA for two modes), each repeat a round of its own:
+timed minutes apart, the modes would compare the machine's load as much as themselves. Every
+call of a row sees the cache as the rows before it left it (what this row's own calls store is
+not reused by its later calls), so chain and compose still reuse what earlier rows cached. One
+cold run per row serves every mode whose warm history used the same batch starts; the one-shot
+cold run, which measures the model's own batch-grouping noise, runs at most once per row: only
+when a mode's warm run differs from its cold run, or on every row when asked (``noise``).
+
+Each call records the machine's load while it ran (machine_load.py); a row measured while
+other programs used more than a quarter of the cores is flagged. The headline of each mode
+against prefix mode comes from each row's side-by-side runs (mode_pairs.paired_figures). The
+job's progress comes from a plan of every pass made before it starts (bench_passes.py). Each
+row keeps the breakdown of its median warm run (warm_cost.py). A row that fails (too long, bad
+values) is reported with its error; the others still run.
 """
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import Cancelled, KvPrimerError, MissingValuesError
+from ..llama.machine_load import LoadMeter, MachineLoad
+from ..progress_plan import DonePass
 from ..runs.generation import GenerationConfig
 from ..files.prefix_state import PrefixState
 from ..runs.prompt_runs import check_reuse_modes, refuse_compose, run_prompt
@@ -24,6 +35,8 @@ from ..task_state import TaskState
 from ..prompts.template import Template
 from ..runs.verdict import Verdict
 from ..runs.warm_cost import WarmBreakdown
+from .bench_passes import done_passes, plan_bench
+from .mode_pairs import bench_order, paired_figures, paired_ratio
 
 
 @dataclass
@@ -58,6 +71,10 @@ class BenchRow:
     error: str | None = None
     positions: int = 0  # generated positions the verdict compared
     breakdown: WarmBreakdown | None = None  # where the median warm run's time went
+    warm_runs_ms: list[float] = field(default_factory=list)  # each repeat's, in round order
+    vs_prefix: float | None = None  # warm time against prefix mode's, side by side (median)
+    load: float | None = None  # other programs' share of the cores, the busiest of its calls
+    under_load: bool = False  # measured while other programs used the cores: less sure
 
     def verdict(self) -> Verdict | None:
         """The first repeat's verdict (None for a row that failed): its words come from it."""
@@ -100,6 +117,8 @@ class BenchResult:
                 "equivalence": {w: sum(1 for r in ok if r.equivalence == w)
                                 for w in ("bit-identical", "within-noise", "diverged")},
             }
+        out["paired"] = {f"{f.mode}_vs_{f.base}": f.as_dict() for f in self.paired()}
+        out["rows_under_load"] = self.rows_under_load()
         first = out.get(self.modes[0], {}) if self.modes else {}
         # the one-mode figures as before, for readers of older JSON
         out.update({k: first.get(k) for k in ("warm_ms_median", "cold_ms_median",
@@ -110,6 +129,14 @@ class BenchResult:
     def as_dict(self) -> dict:
         return {"model": self.model, "rows": [asdict(r) for r in self.rows],
                 "summary": self.summary()}
+
+    def paired(self):
+        """Each mode against prefix mode, from the rows' side-by-side runs (mode_pairs.py)."""
+        return paired_figures(self.rows, self.modes)
+
+    def rows_under_load(self) -> list[int]:
+        """The rows (numbers) measured, in some mode, while the machine was busy."""
+        return sorted({r.row for r in self.rows if r.under_load})
 
     def mode_lines(self) -> list[str]:
         """The benchmark in words, one line per reuse mode (and one if it was cancelled): the
@@ -128,6 +155,12 @@ class BenchResult:
                      f"max |Δlogit| {m['max_logit_diff']:.3g}",
                      f"modules built in {m['build_ms_total']:,.0f} ms" if m["build_ms_total"] else ""]
             lines.append("; ".join(x for x in parts if x))
+        lines.extend(f.text() for f in self.paired())
+        busy = self.rows_under_load()
+        if busy:
+            lines.append(f"measured under load (other programs used over a quarter of the "
+                         f"cores): row{'s' if len(busy) > 1 else ''} "
+                         f"{', '.join(str(n) for n in busy)}; their times are less sure")
         if self.cancelled:
             lines.append("cancelled before every row ran")
         return lines
@@ -148,8 +181,10 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                modes: tuple[str, ...] | list[str] = ("prefix",), recompute: int = 0,
                state: PrefixState | None = None,
                gen: GenerationConfig = GenerationConfig(),
-               task: TaskState | None = None, noise: bool = False) -> BenchResult:
-    """``noise``: measure the noise floor on every row, not only where warm and cold differ."""
+               task: TaskState | None = None, noise: bool = False,
+               load_meter=LoadMeter) -> BenchResult:
+    """``noise``: measure the noise floor on every row, not only where warm and cold differ.
+    ``load_meter``: makes the LoadMeter each call is measured with (tests inject readings)."""
     task = task or TaskState()
     check_repeat(repeat)
     modes = check_reuse_modes(modes)
@@ -157,48 +192,109 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
         refuse_compose(engine)
     result = BenchResult(model=engine.info.as_dict(), repeat=repeat, modes=modes,
                          recompute=recompute)
-    prefix = engine.adopt(state) if state else engine.prime_node(template, task)
+    order = bench_order(len(rows), modes, repeat)
+    plan, prime_from = plan_bench(engine, template, rows, order, max_tokens=gen.max_tokens,
+                                  state=state, noise=noise)
+    task.begin_job("bench", len(order), plan=plan)  # "row 7 of 10 · chain", time left
+    runs: dict[tuple[int, str], _RowRuns] = {}
     colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by the modes
-    task.begin_job("bench", len(rows) * len(modes))  # "row 7 of 10 · chain", time left
+    before: dict[int, int] = {}  # per row: the cache generation its calls reuse nodes before
     try:
-        for mode in modes:
-            engine.cache.retain(prefix)
-            for i, row in enumerate(rows):
-                task.begin_item(i + 1, len(rows), number=row.number, part=mode)
-                result.rows.append(_bench_one(engine, template, row, mode, repeat, state,
-                                              recompute, gen, task, colds.setdefault(row.number, {}),
-                                              True if noise else None))
-                task.end_item()
+        for s_i, step in enumerate(order):
+            row = rows[step.row]
+            task.begin_item(step.row + 1, len(rows), number=row.number, part=step.mode)
+            passes = []
+            if s_i == 0:
+                passes += _prime(engine, template, state, task, prime_from)
+                if passes and plan.prefill_prior is None:  # a rate before the first call ends
+                    plan.prefill_prior = passes[0].prefill_s / plan.units(passes[0])
+            if step.row not in before:
+                before[step.row] = engine.cache.generation + 1
+            got = runs.setdefault((step.row, step.mode), _RowRuns())
+            rows_colds = colds.setdefault(step.row, {})
+            if got.error is None:
+                keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
+                meter = load_meter()
+                with meter:
+                    got.run(engine, template, row, step.mode, state, recompute, gen, task,
+                            rows_colds, before[step.row], True if noise else None)
+                got.loads.append(meter.result())
+                if len(got.reports) > ran:
+                    passes += done_passes(engine, got.reports[-1], keys, rows_colds, made,
+                                          plan.steps[s_i].passes)
+            task.end_item(passes)
+            if s_i + 1 == len(order) or order[s_i + 1].row != step.row:
+                _add_row(result, step.row, row, modes, runs, rows_colds, state)
                 task.partial(result)
     except Cancelled:
         result.cancelled = True
     return result
 
 
-def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task, colds,
-               oneshot) -> BenchRow:
+def _prime(engine, template, state, task, prime_from: int) -> list:
+    """Prime the static prefix (or adopt the saved state) and cut the cache back to it: the
+    prime's pass, when it evaluated, for the job's plan."""
+    t0 = time.perf_counter()
+    node = engine.adopt(state) if state else engine.prime_node(template, task)
+    seconds = time.perf_counter() - t0
+    engine.cache.retain(node)
+    if state is not None or node.depth <= prime_from:
+        return []
+    return [DonePass("prime", prime_from, node.depth, 0, seconds)]
+
+
+@dataclass
+class _RowRuns:
+    """One row's calls in one mode, round by round."""
+    reports: list = field(default_factory=list)
+    loads: list[MachineLoad] = field(default_factory=list)
+    error: str | None = None
+
+    def run(self, engine, template, row, mode, state, recompute, gen, task, colds, before,
+            oneshot) -> None:
+        try:
+            blank = template.blank(row.values)
+            if blank:  # a row not filled in yet fails alone, as a row too long for the context
+                raise MissingValuesError(blank, [])
+            # later calls of a row reuse only what was cached before the row's first call
+            self.reports.append(run_prompt(engine, template, row.values, reuse=mode,
+                                           state=state, gen=gen, recompute=recompute, task=task,
+                                           cold_cache=colds, reuse_before=before,
+                                           oneshot=oneshot))
+        except Cancelled:
+            raise
+        except KvPrimerError as e:
+            self.error = str(e)
+
+
+def _add_row(result: BenchResult, index: int, row: Row, modes, runs, colds, state) -> None:
+    """The row's BenchRow in every mode, each placed after the rows of its mode so far (the
+    results read mode by mode, whatever order the calls ran in)."""
+    made = {m: _bench_row(row, m, runs[(index, m)], colds, state)
+            for m in modes if (index, m) in runs}
+    base = made.get("prefix")
+    for m in modes:
+        r = made.get(m)
+        if r is None:
+            continue
+        if base is not None and m != "prefix" and r.error is None and base.error is None:
+            r.vs_prefix = paired_ratio(r.warm_runs_ms, base.warm_runs_ms)
+        at = max((k + 1 for k, x in enumerate(result.rows)
+                  if modes.index(x.reuse) <= modes.index(m)), default=0)
+        result.rows.insert(at, r)
+
+
+def _bench_row(row: Row, mode: str, got: _RowRuns, colds: dict, state) -> BenchRow:
     out = BenchRow(row=row.number, reuse=mode, state_bytes=state.nbytes if state else 0)
-    warms, restores, reports = [], [], []
-    before = engine.cache.generation + 1
-    try:
-        blank = template.blank(row.values)
-        if blank:  # a row not filled in yet fails alone, as a row too long for the context does
-            raise MissingValuesError(blank, [])
-        for r in range(repeat):
-            # later repeats of a row reuse only what was cached before its first repeat
-            rep = run_prompt(engine, template, row.values, reuse=mode, state=state, gen=gen,
-                             recompute=recompute, task=task, cold_cache=colds,
-                             reuse_before=before, oneshot=oneshot)
-            warms.append(rep.warm.ttft_ms)
-            restores.append(rep.warm.restore_ms)
-            reports.append(rep)
-            if r == 0:
-                first = rep
-    except Cancelled:
-        raise
-    except KvPrimerError as e:
-        out.error = str(e)
+    shares = [x.share for x in got.loads if x.share is not None]
+    out.load = max(shares) if shares else None
+    out.under_load = any(x.busy for x in got.loads)
+    if got.error is not None or not got.reports:
+        out.error = got.error or "the row did not run"
         return out
+    reports = got.reports
+    first = reports[0]
+    warms = [r.warm.ttft_ms for r in reports]
     v = first.verdict
     colds_ms = sorted(c.ttft_ms for k, c in colds.items() if k[0] == "cold")
     out.prefix_tokens = first.prefix_tokens
@@ -208,9 +304,10 @@ def _bench_one(engine, template, row, mode, repeat, state, recompute, gen, task,
     out.hit_tier, out.build_ms, out.note = first.hit_tier, first.build_ms, first.note
     out.cold_ms = first.cold.ttft_ms
     out.cold_ms_min, out.cold_ms_max = colds_ms[0], colds_ms[-1]
+    out.warm_runs_ms = warms
     out.warm_ms = statistics.median(warms)
     out.warm_ms_min, out.warm_ms_max = min(warms), max(warms)
-    out.restore_ms = statistics.median(restores)
+    out.restore_ms = statistics.median(r.warm.restore_ms for r in reports)
     out.speedup = out.cold_ms / out.warm_ms if out.warm_ms > 0 else 0.0
     out.equivalence, out.tokens_equal, out.first_diff = v.equivalence, v.tokens_equal, v.first_diff
     out.max_logit_diff, out.kl_divergence, out.top1_agree = (v.max_logit_diff, v.kl_divergence,

@@ -1,0 +1,279 @@
+"""The time a job of many passes has left, from a plan of every pass made before it starts.
+
+A benchmark runs hundreds of passes of very different cost: a cold run evaluates the whole
+prompt, a warm run only what the cache lacks, a noise run the whole prompt again, a module its
+segment, and each generates a few tokens. Timing the rows finished and multiplying by the rows
+left goes wrong as soon as rows differ (the first mode pays the cold runs the others share, a
+composed row pays its modules and its noise run). So the job says up front what it will run:
+``PlanStep``s in the order they run, each a list of ``PlannedPass``es with the positions it
+evaluates and the tokens it generates. As steps finish, each reports the passes it really ran
+with their measured times (``DonePass``), and the plan learns:
+
+- seconds per unit of prefill work, per kind of pass (a token costs 1 unit plus ``k`` per
+  position it attends to: attention grows with the context), else pooled over kinds, else the
+  prior the job gave (its prime, or the kernel measurement);
+- seconds per generated token;
+- per kind, how much of the planned work really ran (a cold run kept from an earlier job is
+  planned but not run; a chain row may reuse more than foreseen);
+- the step's time outside its passes (tokenizing, forking cells, the verdict), per step.
+
+Recent steps weigh more (``MEMORY``), so the speeds follow a machine whose load drifts. The
+time left is the steps not begun at those rates, plus what the running step has left: its
+passes after the one running in full, the running one from its own batches (task_state.py's
+fit).
+The plan has no clock of its own: the caller (task_state.py) passes ``now``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# each finished step weighs this much less than the next in the speeds learned: a machine whose
+# load drifts is timed by its recent speed, and one busy spell fades (a half-life of ~7 steps)
+MEMORY = 0.9
+
+# the order of a step's passes (a benchmark's call): a pass reported means those before it ended
+PASS_ORDER = ("prime", "module", "warm", "cold", "oneshot")
+
+# a decode of one token reads every weight, as a batch does for many tokens: until one is
+# measured, a generated token is taken to cost this many prefill units
+GEN_UNITS_GUESS = 3.0
+
+
+def work_units(start: int, end: int, k: float) -> float:
+    """Evaluating positions start..end-1: each token costs 1, plus ``k`` per position before it."""
+    return max(end - start, 0) + k * max(end * end - start * start, 0) / 2
+
+
+@dataclass(frozen=True)
+class PlannedPass:
+    kind: str  # "prime", "warm", "cold", "oneshot", "module"
+    start: int  # the first position it evaluates
+    end: int  # one past the last
+    generate: int = 0  # tokens generated after
+
+
+@dataclass(frozen=True)
+class DonePass:
+    """A pass as it ran: its positions and its measured prefill and generation seconds."""
+    kind: str
+    start: int
+    end: int
+    generate: int
+    prefill_s: float
+    generate_s: float = 0.0
+
+
+@dataclass
+class PlanStep:
+    """One call of the job (a row in one mode, say), with the passes it is expected to run."""
+    label: str
+    passes: list[PlannedPass]
+    done: list[DonePass] | None = None  # set when it finished
+    wall_s: float = 0.0
+    skipped: bool = False  # dropped before it ran (its row failed)
+
+
+@dataclass
+class _Sums:
+    seconds: float = 0.0
+    units: float = 0.0
+
+
+class JobPlan:
+    """Steps run in order: ``begin(now)`` before each, ``end(now, passes)`` after, ``skip(i)``
+    for a step that will not run. ``prefill_prior``: seconds per prefill unit before any pass is
+    measured (None: no time left until the first step finishes)."""
+
+    def __init__(self, steps: list[PlanStep], k: float = 0.0,
+                 prefill_prior: float | None = None, gen_prior: float | None = None,
+                 memory: float = MEMORY):
+        self.steps = steps
+        self.memory = memory
+        self.k = k
+        self.prefill_prior = prefill_prior
+        self.gen_prior = gen_prior
+        self._next = 0  # the step that runs next (or is running)
+        self._started: float | None = None  # when the running step began
+        self._prefill: dict[str, _Sums] = {}  # measured, per kind
+        self._planned_units: dict[str, float] = {}  # in finished steps, per kind
+        self._run_units: dict[str, float] = {}
+        self._gen = _Sums()  # seconds, tokens
+        self._overheads: list[float] = []
+        self._first_start: float | None = None
+        self._shown = 0.0  # the largest share said so far
+        self._pass: tuple | None = None  # the running pass: kind, done, total, its time left
+
+    # ---- the job's side
+    def begin(self, now: float) -> None:
+        while self._next < len(self.steps) and self.steps[self._next].skipped:
+            self._next += 1
+        self._started = now
+        self._pass = None
+        if self._first_start is None:
+            self._first_start = now
+
+    def end(self, now: float, passes: list[DonePass]) -> None:
+        """The running step finished, having run ``passes``."""
+        if self._next >= len(self.steps) or self._started is None:
+            return
+        step = self.steps[self._next]
+        step.done, step.wall_s = list(passes), now - self._started
+        for p in step.passes:
+            self._planned_units[p.kind] = (self._planned_units.get(p.kind, 0.0)
+                                           + self._units(p.start, p.end))
+        inside = 0.0
+        planned = {p.kind for p in step.passes}
+        for s in [*self._prefill.values(), self._gen]:  # older steps weigh less
+            s.seconds, s.units = s.seconds * self.memory, s.units * self.memory
+        for d in passes:
+            u = self._units(d.start, d.end)
+            s = self._prefill.setdefault(d.kind, _Sums())
+            s.seconds, s.units = s.seconds + d.prefill_s, s.units + u
+            self._run_units[d.kind] = self._run_units.get(d.kind, 0.0) + u
+            self._gen.seconds += d.generate_s
+            self._gen.units += d.generate
+            if d.kind in planned:  # a kind not foreseen here counts with the step's rest
+                inside += d.prefill_s + d.generate_s
+        self._overheads.append(max(step.wall_s - inside, 0.0))
+        self._next += 1
+        self._started = None
+
+    def in_pass(self, kind: str, done: int, total: int, left_s: float | None) -> None:
+        """The running step reports a pass of ``kind`` (its own time left, from its batches,
+        when known): the passes before it in the step are over."""
+        if kind in PASS_ORDER and self._started is not None:
+            self._pass = (kind, done, total, left_s)
+
+    def skip(self, index: int) -> None:
+        """Step ``index`` will not run (its row failed in an earlier step)."""
+        if index >= self._next:
+            self.steps[index].skipped = True
+
+    # ---- the rates learned
+    def _units(self, start: int, end: int) -> float:
+        return work_units(start, end, self.k)
+
+    def units(self, p: PlannedPass | DonePass) -> float:
+        """A pass's prefill work (at least one unit)."""
+        return max(self._units(p.start, p.end), 1.0)
+
+    def prefill_rate(self, kind: str) -> float | None:
+        """Seconds per prefill unit of ``kind``: its own passes, else all kinds', else the prior."""
+        own = self._prefill.get(kind)
+        if own is not None and own.units > 0:
+            return own.seconds / own.units
+        units = sum(s.units for s in self._prefill.values())
+        if units > 0:
+            return sum(s.seconds for s in self._prefill.values()) / units
+        return self.prefill_prior
+
+    def gen_rate(self) -> float | None:
+        if self._gen.units > 0:
+            return self._gen.seconds / self._gen.units
+        if self.gen_prior is not None:
+            return self.gen_prior
+        p = self.prefill_rate("warm")
+        return None if p is None else p * GEN_UNITS_GUESS
+
+    def ran_share(self, kind: str) -> float:
+        """The work of ``kind`` that really ran, against what was planned, in the steps done."""
+        planned = self._planned_units.get(kind, 0.0)
+        return self._run_units.get(kind, 0.0) / planned if planned > 0 else 1.0
+
+    def overhead(self) -> float:
+        if not self._overheads:
+            return 0.0
+        w = [self.memory ** age for age in range(len(self._overheads) - 1, -1, -1)]
+        return sum(x * y for x, y in zip(w, self._overheads)) / sum(w)
+
+    # ---- the estimates
+    def step_seconds(self, step: PlanStep) -> float | None:
+        """What ``step`` should take at the rates learned so far (None: nothing to go on)."""
+        total = self.overhead()
+        gen = self.gen_rate()
+        for p in step.passes:
+            rate = self.prefill_rate(p.kind)
+            if rate is None or gen is None:
+                return None
+            share = self.ran_share(p.kind)
+            total += share * (rate * self._units(p.start, p.end) + p.generate * gen)
+        return total
+
+    def _pass_seconds(self, p: PlannedPass) -> float | None:
+        rate, gen = self.prefill_rate(p.kind), self.gen_rate()
+        if rate is None or gen is None:
+            return None
+        return self.ran_share(p.kind) * (rate * self._units(p.start, p.end) + p.generate * gen)
+
+    def _running_left(self, step: PlanStep, now: float) -> float | None:
+        """What the running step has left: by its passes once one reports (the passes after
+        it in full, the running one from its own batches), else its estimate less its time."""
+        if self._pass is None:
+            est = self.step_seconds(step)
+            return None if est is None else max(est - (now - self._started), 0.0)
+        kind, done, total, left_s = self._pass
+        at = PASS_ORDER.index(kind)
+        left = self.overhead() / 2  # the step's own work is partly still to come
+        for p in step.passes:
+            est = self._pass_seconds(p)
+            if est is None:
+                return None
+            if p.kind not in PASS_ORDER or PASS_ORDER.index(p.kind) > at:
+                left += est
+            elif p.kind == kind:
+                gen = p.generate * self.gen_rate()
+                prefill = est - gen if left_s is None else left_s
+                if left_s is None and total > 0:
+                    prefill *= max(total - done, 0) / total
+                left += max(prefill, 0.0) + gen
+        return left
+
+    def time_left(self, now: float) -> float | None:
+        """The steps not begun, plus what the running one has left (at least nothing)."""
+        left = 0.0
+        for i in range(self._next, len(self.steps)):
+            step = self.steps[i]
+            if step.skipped:
+                continue
+            if i == self._next and self._started is not None:
+                est = self._running_left(step, now)
+            else:
+                est = self.step_seconds(step)
+            if est is None:
+                return None
+            left += est
+        return left
+
+    def fraction(self, now: float) -> float | None:
+        """The share of the job done, by time: elapsed against elapsed plus time left; never
+        less than it said before (a bar does not move back when an estimate grows)."""
+        left = self.time_left(now)
+        if left is None or self._first_start is None:
+            return None
+        elapsed = now - self._first_start
+        share = elapsed / (elapsed + left) if elapsed + left > 0 else 1.0
+        self._shown = max(self._shown, share)
+        return self._shown
+
+    @property
+    def finished(self) -> int:
+        return sum(1 for s in self.steps if s.done is not None)
+
+    def pass_kinds(self) -> list[list[str]]:
+        """Per step, the kinds of its planned passes (sorted): what the plan counts."""
+        return [sorted(p.kind for p in s.passes) for s in self.steps]
+
+    def run_kinds(self) -> list[list[str] | None]:
+        """Per step, the kinds of the passes it ran (None: it did not run)."""
+        return [None if s.done is None else sorted(d.kind for d in s.done) for s in self.steps]
+
+
+@dataclass
+class StepPasses:
+    """Collects the passes a step ran, for ``JobPlan.end``."""
+    passes: list[DonePass] = field(default_factory=list)
+
+    def add(self, kind: str, start: int, end: int, generate: int, prefill_ms: float,
+            generate_ms: float = 0.0) -> None:
+        self.passes.append(DonePass(kind, start, end, generate, prefill_ms / 1000,
+                                    generate_ms / 1000))

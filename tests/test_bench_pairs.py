@@ -1,0 +1,145 @@
+"""Modes compared side by side: a benchmark runs every mode on a row before the next row, in an
+order that balances (ABBA for two modes), records the machine's load during each call, flags a
+row measured under load, and takes its headline against prefix mode from each row's pairs."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine import GenerationConfig, Template
+from app.engine.benchmarks import bench_rows as bench_module
+from app.engine.benchmarks.bench_rows import BenchResult, BenchRow, bench_summary
+from app.engine.benchmarks.mode_pairs import bench_order, mode_order
+from app.engine.llama.machine_load import LoadMeter
+from app.engine.prompts.rows import Row
+
+TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
+                     + "hello world of the answer and question. " * 3
+                     + "\n<c>\n<|im_end|>\n<|im_start|>user\n<q><|im_end|>\n")
+ROWS = [Row(i + 1, {"c": f"the world is question {i}", "q": "why?"}) for i in range(4)]
+GEN = GenerationConfig(max_tokens=2)
+
+
+def test_two_modes_run_abba_and_three_modes_balance_every_place():
+    assert [mode_order(("A", "B"), k) for k in range(4)] == [("A", "B"), ("B", "A"),
+                                                             ("B", "A"), ("A", "B")]
+    three = [mode_order(("A", "B", "C"), k) for k in range(6)]
+    assert len(set(three)) == 6  # every order once
+    for place in range(3):
+        assert sorted(o[place] for o in three) == ["A", "A", "B", "B", "C", "C"]
+    # a repeat is a round of its own: with two repeats a row runs A B B A, the next B A A B
+    steps = bench_order(2, ("A", "B"), 2)
+    assert [(s.row, s.mode) for s in steps] == [(0, "A"), (0, "B"), (0, "B"), (0, "A"),
+                                                 (1, "B"), (1, "A"), (1, "A"), (1, "B")]
+
+
+def test_a_benchmark_runs_the_modes_of_each_row_side_by_side(engine, monkeypatch):
+    calls = []
+    real = bench_module.run_prompt
+
+    def record(eng, tpl, values, **kw):
+        calls.append((values["c"][-1], kw["reuse"]))
+        return real(eng, tpl, values, **kw)
+
+    monkeypatch.setattr(bench_module, "run_prompt", record)
+    res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN)
+    assert calls == [("0", "prefix"), ("0", "chain"), ("1", "chain"), ("1", "prefix"),
+                     ("2", "chain"), ("2", "prefix"), ("3", "prefix"), ("3", "chain")]
+    # the results still read mode by mode, each row's warm runs kept in round order
+    assert [(r.reuse, r.row) for r in res.rows] == [(m, n) for m in ("prefix", "chain")
+                                                    for n in (1, 2, 3, 4)]
+    assert all(len(r.warm_runs_ms) == 1 and r.warm_runs_ms[0] == r.warm_ms for r in res.rows)
+    assert all(r.verdict().exact for r in res.rows)
+    chain = [r for r in res.rows if r.reuse == "chain"]
+    prefix = {r.row: r for r in res.rows if r.reuse == "prefix"}
+    for r in chain:
+        assert r.vs_prefix == pytest.approx(r.warm_ms / prefix[r.row].warm_ms)
+
+
+def row(number, mode, runs, reused=100, **kw):
+    return BenchRow(row=number, reuse=mode, warm_runs_ms=runs, warm_ms=sorted(runs)[len(runs) // 2],
+                    reused_tokens=reused, equivalence="bit-identical", tokens_equal=True, **kw)
+
+
+def test_the_headline_comes_from_the_pairs_not_from_the_phases():
+    # a busy spell slowed rows 2 and 3 in both modes alike: the medians over rows say chain is
+    # 4x prefix, each row's own pair says 1.5, 1.0 and 1.0
+    rows = [row(1, "prefix", [100.0]), row(2, "prefix", [400.0]), row(3, "prefix", [100.0]),
+            row(1, "chain", [150.0]), row(2, "chain", [400.0]),
+            row(3, "chain", [400.0], reused=300)]
+    rows[2].warm_runs_ms = [400.0]  # (prefix row 3 also ran in the busy spell)
+    res = BenchResult(model={}, rows=rows, modes=("prefix", "chain"))
+    paired = res.summary()["paired"]["chain_vs_prefix"]
+    assert paired["ratio"] == pytest.approx(1.0) and paired["rows"] == 3
+    # rows 1 and 2 reused only what prefix mode reused
+    assert paired["static_rows_ratio"] == pytest.approx(1.25) and paired["static_rows"] == 2
+    text = bench_summary(res)
+    assert "chain ×1.00 of prefix's warm time, side by side (median of 3 rows" in text
+    assert "×1.25 on the 2 reusing no more than prefix" in text
+
+
+def test_repeats_pair_round_by_round():
+    rows = [row(1, "prefix", [100.0, 300.0, 100.0]), row(1, "compose", [50.0, 150.0, 60.0])]
+    res = BenchResult(model={}, rows=rows, modes=("prefix", "compose"), repeat=3)
+    assert res.paired()[0].ratio == pytest.approx(0.5)
+
+
+class Readings:
+    """LoadMeters whose readings the test gives: other programs' busy CPU seconds per call."""
+
+    def __init__(self, busy_cores_per_call):
+        self.per_call = list(busy_cores_per_call)
+        self.calls = 0
+
+    def __call__(self):
+        cores = self.per_call[min(self.calls, len(self.per_call) - 1)]
+        self.calls += 1
+        t = {"clock": 0.0, "busy": 0.0}
+
+        def clock():
+            return t["clock"]
+
+        def busy():
+            # each reading: one second of wall time in which others used ``cores`` cores
+            t["clock"] += 0.5
+            t["busy"] += cores * 0.5
+            return t["busy"]
+        return LoadMeter(busy_s=busy, own_s=lambda: 0.0, clock=clock, n_cores=2)
+
+
+def test_a_row_measured_under_load_is_flagged(engine, capsys):
+    # rows 1, 3, 4 quiet; one of row 2's calls while others used 1.5 of 2 cores
+    readings = Readings([0.0, 0.0, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0])
+    res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
+                                  load_meter=readings)
+    assert readings.calls == 8
+    assert res.rows_under_load() == [2]
+    flagged = [(r.row, r.reuse) for r in res.rows if r.under_load]
+    assert len(flagged) == 1 and flagged[0][0] == 2
+    assert max(r.load for r in res.rows) == pytest.approx(0.75)
+    assert res.summary()["rows_under_load"] == [2]
+    assert "measured under load (other programs used over a quarter of the cores): row 2" \
+        in bench_summary(res)
+
+
+def test_the_benchmark_panel_shows_the_paired_headline_and_the_busy_row(qtbot):
+    from app.engine.session import Session
+    from app.ui.bench_view import UNDER_LOAD_COLOR, BenchView
+
+    s = Session()
+    v = BenchView(s)
+    qtbot.addWidget(v)
+    rows = [row(1, "prefix", [100.0], load=0.02),
+            row(2, "prefix", [400.0], load=0.8, under_load=True),
+            row(1, "chain", [100.0], load=0.01, vs_prefix=1.0),
+            row(2, "chain", [400.0], load=0.1, vs_prefix=1.0)]
+    s.set_bench(BenchResult(model={}, rows=rows, modes=("prefix", "chain")))
+    col = {v.table.horizontalHeaderItem(c).text(): c for c in range(v.table.columnCount())}
+    busy = v.table.item(1, col["load"])
+    assert busy.text() == "80% busy" and busy.foreground().color().name() == UNDER_LOAD_COLOR
+    assert "other programs" in busy.toolTip()
+    assert v.table.item(0, col["load"]).text() == "2%"
+    assert v.table.item(2, col["vs prefix (×)"]).text() == "×1.00"
+    assert v.table.item(0, col["vs prefix (×)"]).text() == ""
+    text = v.summary.text()
+    assert "chain ×1.00 of prefix's warm time, side by side (median of 2 rows)" in text
+    assert "measured under load" in text and "row 2" in text

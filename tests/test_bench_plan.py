@@ -1,0 +1,183 @@
+"""A benchmark's time left holds: the job plans every pass before it starts (prime, warm, cold,
+noise, modules, each with its tokens), times each from the speeds measured per kind of pass,
+and learns from the passes finished. A scripted job of 10 rows in three modes, with passes as
+long as the default model's, checks the time left at 25%, 50% and 75% of the actual time; the
+tiny model checks that the plan counts every pass the benchmark really runs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine import GenerationConfig, Template
+from app.engine.benchmarks import bench_rows as bench_module
+from app.engine.benchmarks.mode_pairs import bench_order
+from app.engine.progress_plan import DonePass, JobPlan, PlannedPass, PlanStep, work_units
+from app.engine.prompts.rows import Row
+from app.engine.task_state import Progress, TaskState
+
+MODES = ("prefix", "chain", "compose")
+PREFIX, K, GEN = 1761, 5e-5, 8
+# seconds per prefill unit, per kind of pass, and per generated token (a 1B model, 2 cores)
+TRUE_RATE = {"prime": 0.011, "cold": 0.011, "oneshot": 0.011, "warm": 0.014, "module": 0.012}
+TRUE_GEN, TRUE_OVERHEAD = 0.12, 0.4
+
+
+def scripted_job(seed: int):
+    """(plan, true passes per step): 10 rows of 3 modes as bench_passes plans them, and what
+    really runs: chain reuses more than foreseen on later rows, two cold runs were kept."""
+    rng = np.random.default_rng(seed)
+    order = bench_order(10, MODES, 1)
+    suffix = rng.integers(120, 260, size=10)
+    steps, truth, colds = [], [], set()
+    for i, s in enumerate(order):
+        n = PREFIX + int(suffix[s.row])
+        start = {"prefix": PREFIX, "chain": PREFIX, "compose": n - 20}[s.mode]
+        planned = [PlannedPass("prime", 0, PREFIX)] if i == 0 else []
+        if s.mode == "compose":
+            planned += [PlannedPass("module", PREFIX, PREFIX + 80),
+                        PlannedPass("module", PREFIX, PREFIX + 60)]
+        planned.append(PlannedPass("warm", start, n, GEN))
+        if (s.row, start) not in colds:
+            colds.add((s.row, start))
+            planned.append(PlannedPass("cold", 0, n, GEN))
+        if s.mode == "compose":
+            planned.append(PlannedPass("oneshot", 0, n, GEN))
+        real = []
+        for p in planned:
+            if p.kind == "cold" and s.row in (3, 8) and s.mode != order[3 * s.row].mode:
+                continue  # kept from an earlier run: planned, not run
+            st = p.start
+            if p.kind == "warm" and s.mode == "chain" and s.row >= 5:
+                st = n - 40  # chain found more of the prompt cached than foreseen
+            real.append(DonePass(p.kind, st, p.end, p.generate, 0.0))
+        steps.append(PlanStep(f"row {s.row + 1} · {s.mode}", planned))
+        truth.append(real)
+    return JobPlan(steps, K), truth
+
+
+def run_scripted(clock, plan, truth, seed, labels=None, slow=lambda t: 1.0):
+    """Run the job on the fake clock, reporting each pass in batches as the engine does;
+    returns the (time, time left) of every report and the job's whole time."""
+    rng = np.random.default_rng(seed + 100)
+    seen: list[tuple[float, float | None]] = []
+    task = TaskState(on_progress=lambda p: seen.append((clock.now, p.job.eta_s if p.job else None)))
+    t0 = clock.now
+    task.begin_job("bench", len(truth), plan=plan)
+    for i, passes in enumerate(truth):
+        label = plan.steps[i].label if plan is not None else labels[i]
+        task.begin_item(i // 3 + 1, 10, part=label.split(" · ")[1])
+        done = []
+        for d in passes:
+            f = slow(clock.now - t0) * (1 + rng.uniform(-0.08, 0.08))
+            pre = 0.0
+            for a in range(d.start, d.end, 256):  # batches of 256
+                b = min(a + 256, d.end)
+                dt = TRUE_RATE[d.kind] * work_units(a, b, K) * f
+                clock.now += dt
+                pre += dt
+                task.report(d.kind, b - d.start, d.end - d.start)
+            g = d.generate * TRUE_GEN * f
+            clock.now += g
+            done.append(DonePass(d.kind, d.start, d.end, d.generate, pre, g))
+            # the prime gives the first speed, as bench_rows does
+            if d.kind == "prime" and plan is not None and plan.prefill_prior is None:
+                plan.prefill_prior = pre / plan.units(d)
+        clock.now += TRUE_OVERHEAD * (1 + rng.uniform(-0.2, 0.2))
+        task.end_item(done)
+    return seen, clock.now - t0, t0
+
+
+def errors_at(seen, total, t0, marks=(0.25, 0.5, 0.75)):
+    out = []
+    for m in marks:
+        t, eta = next((t, eta) for t, eta in seen if t - t0 >= m * total)
+        actual = total - (t - t0)
+        out.append((eta - actual) / actual)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_time_left_holds_at_a_quarter_half_and_three_quarters(clock, seed):
+    plan, truth = scripted_job(seed)
+    seen, total, t0 = run_scripted(clock, plan, truth, seed)
+    assert total > 300  # minutes of work, as on the default model
+    for err in errors_at(seen, total, t0):
+        assert abs(err) <= 0.20, errors_at(seen, total, t0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_time_left_holds_when_the_machine_is_busy_for_a_while(clock, seed):
+    # a third slower for a minute around the middle, as when another program runs
+    plan, truth = scripted_job(seed)
+    seen, total, t0 = run_scripted(clock, plan, truth, seed,
+                                   slow=lambda t: 1.33 if 150 <= t < 210 else 1.0)
+    for err in errors_at(seen, total, t0):
+        assert abs(err) <= 0.20, errors_at(seen, total, t0)
+
+
+def test_without_the_plan_the_mean_of_the_rows_finished_misses(clock):
+    """The same job timed by the mean of the items finished (no plan) misses the goal."""
+    plan, truth = scripted_job(0)
+    seen, total, t0 = run_scripted(clock, None, truth, 0, [s.label for s in plan.steps])
+    assert max(abs(e) for e in errors_at(seen, total, t0)) > 0.20
+
+
+def test_a_planned_pass_not_run_and_a_pass_not_planned_are_learned():
+    passes = [PlannedPass("warm", 0, 100, 2), PlannedPass("cold", 0, 100, 2)]
+    plan = JobPlan([PlanStep("a", list(passes)), PlanStep("b", list(passes))], k=0.0,
+                   prefill_prior=0.01)
+    assert plan.time_left(0.0) == pytest.approx(2 * (2 + 2 * 0.03 * 2))  # the guess for a token
+    plan.begin(0.0)
+    # the cold run was kept (not run); a noise run, not planned, ran instead
+    plan.end(5.0, [DonePass("warm", 0, 100, 2, 1.0, 0.2), DonePass("oneshot", 0, 100, 2, 2.0, 0.2)])
+    assert plan.ran_share("cold") == 0.0 and plan.ran_share("warm") == 1.0
+    # the step's time outside its planned kinds (the noise run too) counts as overhead
+    assert plan.overhead() == pytest.approx(5.0 - 1.2)
+    assert plan.time_left(5.0) == pytest.approx(1.0 + 0.2 + 5.0 - 1.2)
+
+
+# ---- on the tiny model: the plan counts every pass the benchmark runs -----------------------
+
+TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
+                     + "hello world of the answer and question. " * 3
+                     + "\n<a>\n<b>\n<|im_end|>\n<|im_start|>user\n<q><|im_end|>\n")
+
+
+def rows_with_repeats():
+    values = [("the world is round", "and blue", "why?"), ("the world is flat", "and blue", "how?"),
+              ("the world is round", "and blue", "why?"), ("", "empty", "what?"),
+              ("a new passage here", "and green", "why?")]
+    return [Row(i + 1, {"a": a, "b": b, "q": q}) for i, (a, b, q) in enumerate(values)]
+
+
+@pytest.mark.parametrize("noise", [False, True])
+def test_the_plan_counts_every_pass_the_benchmark_runs(engine, monkeypatch, noise):
+    plans = []
+    real = bench_module.plan_bench
+
+    def keep(*args, **kwargs):
+        plan, start = real(*args, **kwargs)
+        plans.append(plan)
+        return plan, start
+
+    monkeypatch.setattr(bench_module, "plan_bench", keep)
+    seen: list[Progress] = []
+    res = bench_module.bench_rows(engine, TPL, rows_with_repeats(), modes=MODES, repeat=2,
+                                  gen=GenerationConfig(max_tokens=2), noise=noise,
+                                  task=TaskState(on_progress=seen.append))
+    plan, = plans
+    assert not res.cancelled and res.summary()["failed_rows"] == 3  # the blank row, each mode
+    kinds = plan.pass_kinds()
+    ran = plan.run_kinds()
+    assert all(r is not None for r in ran)
+    assert kinds == ran, [(st.label, k, r) for st, k, r in zip(plan.steps, kinds, ran) if k != r]
+    flat = [k for step in ran for k in step]
+    assert flat.count("prime") == 1 and flat.count("warm") == 4 * 3 * 2
+    assert "module" in flat and "cold" in flat
+    # the noise run: once per prompt when asked (row 3 repeats row 1), else where compose
+    # placed two modules and differs from the cold run
+    assert flat.count("oneshot") == 3 if noise else 0 < flat.count("oneshot") <= 3
+    # a repeated prompt's cold runs are kept: row 3 evaluates no cold run
+    row3 = [k for st, k in zip(plan.steps, ran) if st.label.startswith("row 3 ")]
+    assert not any("cold" in k for k in row3)
+    assert seen[-1].job.eta_s == pytest.approx(0.0) and seen[-1].fraction == pytest.approx(1.0)
