@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import Cancelled, KvPrimerError, MissingValuesError
 from ..runs.generation import GenerationConfig
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..runs.prompt_runs import check_reuse_modes, refuse_compose, run_prompt
 from ..prompts.rows import Row
 from ..task_state import TaskState

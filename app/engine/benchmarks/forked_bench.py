@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from ..errors import KvPrimerError
 from ..runs.forked_runs import compare_with_sequential, run_forked
 from ..kv_engine import Engine
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..runs.generation import GenerationConfig
 from ..prompts.rows import Row
 from ..task_state import TaskState

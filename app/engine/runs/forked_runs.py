@@ -23,7 +23,7 @@ from ..errors import KvPrimerError
 from ..kv_engine import Engine
 from ..prompts.prompt_tokens import common_prefix
 from ..llama.native import NativeSampler
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..llama.batch_feed import feed_groups, feed_step
 from ..llama.batch_policy import SMALL_UBATCH
 from .generation import GenerationConfig, TextStream

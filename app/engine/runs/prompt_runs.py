@@ -27,7 +27,7 @@ from ..llama.thread_fit import shared_fit
 from .generation import GenerationConfig, TextDelta
 from .reuse_modes import (EXACT_REUSE_MODES, REUSE_MODES, check_recompute, check_reuse_modes,
                           refuse_compose, refuse_compose_on_file)
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template

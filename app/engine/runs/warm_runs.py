@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..cache.cache_tiers import APPROX_RESTORED
 from ..cache.radix_cache import CacheHit, RadixCache
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..llama.batch_policy import batch_end_at_or_before
 from ..prompts.prompt_segments import Segment
 from ..prompts.prompt_tokens import common_prefix
