@@ -153,8 +153,6 @@ BASE_MODULES = {"errors", "byte_sizes", "task_state", "events", "user_files"}
 STANDALONE = {"app.cpu_backends", "app.crash_probe_child"}
 # imports still against the stack, each to go: (importer, imported)
 AGAINST_THE_STACK: set[tuple[str, str]] = {
-    ("app.engine.runs.forked_runs", "app.engine.kv_engine"),
-    ("app.engine.benchmarks.forked_bench", "app.engine.kv_engine"),
     # the server transport, to be passed in by the CLI and the window
     ("app.engine.benchmarks.server_bench", "app.servers.http_stream"),
     ("app.engine.benchmarks.server_bench", "app.servers.model_match"),

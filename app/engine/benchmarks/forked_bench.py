@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import KvPrimerError
 from ..runs.forked_runs import compare_with_sequential, run_forked
-from ..kv_engine import Engine
 from ..states.prefix_state import PrefixState
 from ..runs.generation import GenerationConfig
 from ..prompts.rows import Row
@@ -65,7 +64,7 @@ class ForkedBenchResult:
                 "summary": self.summary(), "prefix_tokens": self.prefix_tokens}
 
 
-def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
+def bench_forked(engine, template: Template, rows: list[Row], k: int, *,
                  state: PrefixState | None = None,
                  gen: GenerationConfig = GenerationConfig(),
                  task: TaskState | None = None, exact: bool = True) -> ForkedBenchResult:
