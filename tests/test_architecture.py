@@ -129,23 +129,7 @@ def test_no_import_cycle_in_app_or_bench():
 
 # ---- the engine's packages in a strict stack -----------------------------------------------------
 
-# Bottom to top; a module imports only modules of its own layer or of layers below it.
-# - base: the engine's vocabulary, importing nothing else of it: errors, sizes in words, a job's
-#   progress and cancel, change events, and reading and saving the user's files atomically.
-# - llama: talking to llama.cpp (model, context, decoding, the batch policy and the one feeding
-#   loop, kernels, memory); everything that evaluates sits above it.
-# - states: llama.cpp's sequence state bytes and the two state file formats; they read llama's
-#   type tables, and the cache, the slot and the runs read and write them.
-# - prompts: templates, rows and tokens; they need only the model's tokenizer, so they sit low
-#   and every run and flow above can fill and tokenize a prompt.
-# - kv: what the cache context's cells hold (the one owner of its sequences, the cell map).
-# - cache: the radix cache over kv; it hands cells out and takes them back.
-# - slot: where a run evaluates (the work context or a forked sequence), over the cache.
-# - runs: a run warm and cold, its verdict, compose, forked runs, over a slot and the cache.
-# - benchmarks: many runs, measured and compared.
-# - project: results and persistence, the project file that keeps runs and benchmarks.
-# - facade: the rest of the engine's own modules (kv_engine, session, the flows, the config):
-#   what the window and the CLI call.
+# bottom to top (see test_engine_packages_import_only_layers_below_them)
 ENGINE_LAYERS = ("base", "llama", "states", "prompts", "kv", "cache", "slot", "runs", "benchmarks",
                  "project", "facade")
 BASE_MODULES = {"errors", "byte_sizes", "task_state", "events", "user_files"}
@@ -207,6 +191,26 @@ def test_the_layer_check_sees_an_import_from_below_of_a_layer_above():
 
 
 def test_engine_packages_import_only_layers_below_them():
+    """The engine's packages in layers, bottom to top; a module imports only modules of its own
+    layer or of layers below it:
+    - base: the engine's vocabulary, importing nothing else of it: errors, sizes in words, a job's
+      progress and cancel, change events, and reading and saving the user's files atomically.
+    - llama: talking to llama.cpp (model, context, decoding, the batch policy and the one feeding
+      loop, kernels, memory); everything that evaluates sits above it.
+    - states: llama.cpp's sequence state bytes and the two state file formats; they read llama's
+      type tables, and the cache, the slot and the runs read and write them.
+    - prompts: templates, rows and tokens; they need only the model's tokenizer, so they sit low
+      and every run and flow above can fill and tokenize a prompt.
+    - kv: what the cache context's cells hold (the one owner of its sequences, the cell map).
+    - cache: the radix cache over kv; it hands cells out and takes them back.
+    - slot: where a run evaluates (the work context or a forked sequence), over the cache.
+    - runs: a run warm and cold, its verdict, compose, forked runs, over a slot and the cache.
+    - benchmarks: many runs, measured and compared.
+    - project: results and persistence, the project file that keeps runs and benchmarks.
+    - facade: the rest of the engine's own modules (kv_engine, session, the flows, the config):
+      what the window and the CLI call.
+    Outside itself the engine imports only modules of app/ that stand alone (``STANDALONE``).
+    """
     mods = _modules()
     graph = {m: _imports(m, src, mods) for m, src in mods.items()}
     bad = _against_the_stack(graph)

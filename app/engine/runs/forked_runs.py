@@ -187,7 +187,8 @@ def run_rows(parts: ForkParts, req: ForkedRequest, node: RadixNode, rows: list[F
     return out
 
 
-def _evaluate_suffixes(parts: ForkParts, rows, prompts, marks, samplers, task, out, exact) -> list[int]:
+def _evaluate_suffixes(parts: ForkParts, rows, prompts, marks, samplers, task, out,
+                       exact) -> list[int]:
     """Decode every row's suffix; return each row's first sampled token."""
     decodes = parts.batching.forked_decodes(
         [(r, r.reused_tokens, len(prompts[r.index]), marks[r.index]) for r in rows], exact)
@@ -201,7 +202,8 @@ def _evaluate_suffixes(parts: ForkParts, rows, prompts, marks, samplers, task, o
                 r.first_logits = parts.ctx.logits(k)
                 first[r.index] = samplers[r.index].sample(parts.ctx, k)
 
-    feed_groups(parts.seqs.decode, [[(t, p, (r.seq,), last) for t, p, r, last in b] for b in batches],
+    feed_groups(parts.seqs.decode,
+                [[(t, p, (r.seq,), last) for t, p, r, last in b] for b in batches],
                 task=task, stage="fork", after=sample)
     return first
 
