@@ -149,12 +149,13 @@ def run_forked(engine, template: Template, values: list[dict[str, str]], *,
                             f"{engine.ctx.n_ctx}; run fewer rows per batch or raise the context size")
     marks = [[seg.start for seg in prompt_segments(engine.tokenize, template, v, toks)]
              for v, toks in zip(values, prompts)]
-    return run_rows(ForkParts.of(engine), ForkedRequest(prompts, marks, gen, exact), node, rows,
-                    max_new, need, task)
+    return run_forked_rows(ForkParts.of(engine), ForkedRequest(prompts, marks, gen, exact),
+                           node, rows, max_new, need, task)
 
 
-def run_rows(parts: ForkParts, req: ForkedRequest, node: RadixNode, rows: list[ForkedRow],
-             max_new: list[int], need: int, task: TaskState) -> ForkedBatch:
+def run_forked_rows(parts: ForkParts, req: ForkedRequest, node: RadixNode,
+                    rows: list[ForkedRow], max_new: list[int], need: int,
+                    task: TaskState) -> ForkedBatch:
     """Fork ``node`` into a working sequence per row, evaluate the suffixes together, generate
     together (``need``: the cells all of it takes at most)."""
     prefix, prompts, marks, gen = node.tokens(), req.prompts, req.marks, req.gen
