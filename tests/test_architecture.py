@@ -1,5 +1,5 @@
 """The engine is the whole brain and imports no Qt: the CLI and the window share it. No import
-cycle in app/ or bench/, modules of a readable size, bench/ without Qt at import."""
+cycle in app/ or bench/, the engine's packages in a strict stack, bench/ without Qt at import."""
 import ast
 import subprocess
 import sys
@@ -34,13 +34,10 @@ def test_importing_engine_and_cli_loads_no_qt():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-# ---- the shape of the code: no import cycle, modules of a readable size ------------------------
+# ---- the shape of the code: no import cycle, packages in layers -------------------------------
 
 ROOT = ENGINE.parent.parent
 PACKAGES = ("app", "bench")
-MAX_LINES = 400
-# modules over MAX_LINES today, with their length when listed: each must shrink, none may grow
-OVER_MAX_LINES: dict[str, int] = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -130,12 +127,99 @@ def test_no_import_cycle_in_app_or_bench():
         " <-> ".join(c) for c in cycles)
 
 
-def test_modules_stay_readable_in_size():
-    sizes = {str(src.relative_to(ROOT)): len(src.read_text().splitlines())
-             for src in (ROOT / "app").rglob("*.py")}
-    over = {p: n for p, n in sizes.items() if n > MAX_LINES and n > OVER_MAX_LINES.get(p, 0)}
-    assert over == {}, f"modules over {MAX_LINES} lines (split them by concern): {over}"
-    assert all(sizes.get(p, 0) > MAX_LINES for p in OVER_MAX_LINES), "a listed module shrank: unlist it"
+# ---- the engine's packages in a strict stack -----------------------------------------------------
+
+# bottom to top (see test_engine_packages_import_only_layers_below_them)
+ENGINE_LAYERS = ("base", "llama", "states", "prompts", "kv", "cache", "slot", "runs", "benchmarks",
+                 "project", "facade")
+BASE_MODULES = {"errors", "byte_sizes", "task_state", "events", "user_files"}
+# modules of app/ outside the engine that import nothing else of app/, so the engine may use them
+STANDALONE = {"app.cpu_backends", "app.crash_probe_child"}
+# imports still against the stack, each to go: (importer, imported)
+AGAINST_THE_STACK: set[tuple[str, str]] = {
+    # the server transport, to be passed in by the CLI and the window
+    ("app.engine.benchmarks.server_bench", "app.servers.http_stream"),
+    ("app.engine.benchmarks.server_bench", "app.servers.model_match"),
+    ("app.engine.server_flows", "app.optional_extras"),
+    ("app.engine.server_flows", "app.servers"),
+    ("app.engine.server_flows", "app.servers.deploy"),
+    ("app.engine.server_flows", "app.servers.http_stream"),
+    ("app.engine.server_flows", "app.servers.server_target")}
+
+
+def _layer(module: str) -> str:
+    """The layer of an app.engine module: its package's, or for a module of app/engine itself
+    base when listed, the facade otherwise."""
+    parts = module.split(".")
+    if len(parts) == 2:
+        return "facade"  # app.engine's __init__
+    name = parts[2]
+    if len(parts) > 3 or (ENGINE / name).is_dir():
+        assert name in ENGINE_LAYERS, f"app.engine.{name} is in no layer: place it in ENGINE_LAYERS"
+        return name
+    return "base" if name in BASE_MODULES else "facade"
+
+
+def _where(module: str) -> str:
+    return _layer(module) if module.startswith("app.engine") else "outside the engine"
+
+
+def _against_the_stack(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    rank = {name: i for i, name in enumerate(ENGINE_LAYERS)}
+    bad = set()
+    for mod, targets in graph.items():
+        if not mod.startswith("app.engine"):
+            continue
+        for t in targets:
+            if t.startswith("app.engine"):
+                if rank[_layer(t)] > rank[_layer(mod)]:
+                    bad.add((mod, t))
+            elif t.startswith("app.") and t not in STANDALONE:
+                bad.add((mod, t))
+    return bad
+
+
+def test_the_layer_check_sees_an_import_from_below_of_a_layer_above():
+    graph = {"app.engine.llama.native": {"app.engine.states.seq_payload", "app.engine.errors"},
+             "app.engine.runs.forked_runs": {"app.engine.kv_engine", "app.engine.slot.run_slot"},
+             "app.engine.cache.radix_cache": {"app.ui.kv_map", "app.cpu_backends"},
+             "app.engine.user_files": {"app.engine.errors"}}
+    assert _against_the_stack(graph) == {
+        ("app.engine.llama.native", "app.engine.states.seq_payload"),
+        ("app.engine.runs.forked_runs", "app.engine.kv_engine"),
+        ("app.engine.cache.radix_cache", "app.ui.kv_map")}
+
+
+def test_engine_packages_import_only_layers_below_them():
+    """The engine's packages in layers, bottom to top; a module imports only modules of its own
+    layer or of layers below it:
+    - base: the engine's vocabulary, importing nothing else of it: errors, sizes in words, a job's
+      progress and cancel, change events, and reading and saving the user's files atomically.
+    - llama: talking to llama.cpp (model, context, decoding, the batch policy and the one feeding
+      loop, kernels, memory); everything that evaluates sits above it.
+    - states: llama.cpp's sequence state bytes and the two state file formats; they read llama's
+      type tables, and the cache, the slot and the runs read and write them.
+    - prompts: templates, rows and tokens; they need only the model's tokenizer, so they sit low
+      and every run and flow above can fill and tokenize a prompt.
+    - kv: what the cache context's cells hold (the one owner of its sequences, the cell map).
+    - cache: the radix cache over kv; it hands cells out and takes them back.
+    - slot: where a run evaluates (the work context or a forked sequence), over the cache.
+    - runs: a run warm and cold, its verdict, compose, forked runs, over a slot and the cache.
+    - benchmarks: many runs, measured and compared.
+    - project: results and persistence, the project file that keeps runs and benchmarks.
+    - facade: the rest of the engine's own modules (kv_engine, session, the flows, the config):
+      what the window and the CLI call.
+    Outside itself the engine imports only modules of app/ that stand alone (``STANDALONE``).
+    """
+    mods = _modules()
+    graph = {m: _imports(m, src, mods) for m, src in mods.items()}
+    bad = _against_the_stack(graph)
+    new = sorted(bad - AGAINST_THE_STACK)
+    assert new == [], "imports of a layer above (move the module, or pass what it needs in):\n" + \
+        "\n".join(f"{a} ({_layer(a)}) -> {b} ({_where(b)})" for a, b in new)
+    assert AGAINST_THE_STACK <= bad, f"fixed, unlist them: {sorted(AGAINST_THE_STACK - bad)}"
+    for mod in STANDALONE:
+        assert graph[mod] <= STANDALONE, f"{mod} imports more of app/ than {STANDALONE}"
 
 
 def test_bench_loads_the_window_code_only_for_its_gui_measure():

@@ -7,7 +7,7 @@ import pytest
 
 from app.cli import main
 from app.engine import KvPrimerError
-from app.engine.files.project_file import ProjectFile
+from app.engine.project.project_file import ProjectFile
 from app.engine.benchmarks.bench_export import CSV_COLUMNS, write_results
 from app.engine.session import Session
 from app.ui.bench_view import BenchView

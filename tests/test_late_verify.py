@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QPushButton
 
 from app.engine import KvPrimerError, report_dict, run_prompt
 from app.engine import session_flows as flows
-from app.engine.files.project_file import report_from_dict
+from app.engine.project.project_file import report_from_dict
 from app.engine.prompts.rows import Row
 from app.engine.runs import cold_reference
 from app.engine.runs.late_verify import verify_later

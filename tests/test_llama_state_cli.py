@@ -6,8 +6,8 @@ import json
 import pytest
 
 from app.cli import main
-from app.engine.files.llama_state_file import is_llama_state
-from app.engine.files.prefix_state import NO_IDENTITY_NOTE
+from app.engine.states.llama_state_file import is_llama_state
+from app.engine.states.prefix_state import NO_IDENTITY_NOTE
 
 TPL = "<|im_start|>system\nhello world of the answer. the context is:\n<c>\n<|im_end|>\n<q>"
 OTHER = "<|im_start|>user\nyou are a question of the world. <c> <q>"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from app.engine import Engine, EngineConfig, PrefixState, StateFileError, Template
-from app.engine.files.llama_state_file import (load_any_state, save_llama_state, save_state)
+from app.engine.states.llama_state_file import (load_any_state, save_llama_state, save_state)
 from app.engine.llama.native import ContextParams, NativeContext, NativeModel
-from app.engine.files.prefix_state import NO_IDENTITY_NOTE
+from app.engine.states.prefix_state import NO_IDENTITY_NOTE
 from tests.tiny_model import write_tiny_model
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
@@ -231,7 +231,7 @@ def test_context_too_small_for_the_tokens(primed, tiny_model, tmp_path):
 def test_sliding_window_model_files_hold_both_caches(tmp_path):
     """On an iSWA model the state has a full-attention and a window block; both round-trip
     (whether a restore past the window is exact is the engine's business, not the file's)."""
-    from app.engine.files.seq_payload import row_layout
+    from app.engine.states.seq_payload import row_layout
     from tests.tiny_model import write_arch_model
 
     eng = _engine(write_arch_model(tmp_path / "g.gguf", "gemma3"))

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from app.engine.errors import StateFileError
-from app.engine.files.prefix_state import PrefixState
+from app.engine.states.prefix_state import PrefixState
 
 
 def make(**kw):
@@ -122,7 +122,7 @@ def test_failed_save_keeps_previous_file(tmp_path, monkeypatch):
 def test_temp_files_of_killed_saves_are_cleaned_up_but_live_ones_kept(tmp_path):
     import time
 
-    from app.engine.files.user_files import STALE_TEMP_S
+    from app.engine.user_files import STALE_TEMP_S
     stale = tmp_path / ".a.kvstate.abc123.tmp"
     live = tmp_path / ".a.kvstate.def456.tmp"
     other = tmp_path / ".b.kvstate.xyz.tmp"

@@ -131,7 +131,7 @@ def test_diff_at_none_exists_nowhere():
 def test_bench_runs_a_projects_rows_and_saves_the_results_into_it(files, capsys):
     """The CLI drives the same session the window saves: a project's template and rows in,
     the benchmark back into the project file, where the window finds it."""
-    from app.engine.files.project_file import ProjectFile
+    from app.engine.project.project_file import ProjectFile
     from app.engine.session import Session
 
     d, m = files

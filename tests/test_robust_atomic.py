@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from app.engine.errors import StateFileError
-from app.engine.files.prefix_state import PrefixState
-from app.engine.files.project_file import ProjectFile as Workspace, ProjectFileError as WorkspaceError
+from app.engine.states.prefix_state import PrefixState
+from app.engine.project.project_file import ProjectFile as Workspace, ProjectFileError as WorkspaceError
 
 BIG = 4 << 20  # 4 MiB of KV bytes: the data write is not over in an instant
 

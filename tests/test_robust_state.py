@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from app.engine import Engine, EngineConfig, StateFileError
 from app.engine.errors import ContextError
 from app.engine.llama.ggml_types import KV_TYPES
-from app.engine.files.prefix_state import _HEADER, PrefixState
-from app.engine.files.seq_payload import check_seq_payload
+from app.engine.states.prefix_state import _HEADER, PrefixState
+from app.engine.states.seq_payload import check_seq_payload
 from tests.tiny_model import write_tiny_model
 
 PREFIX = "hello world of the answer and question. " * 3
@@ -355,7 +355,7 @@ def cell_positions(data: bytes, n: int) -> list[int]:
 def test_a_fragmented_sequence_saves_in_position_order_and_restores(tiny_model, kv):
     # llama.cpp writes cells in cache order; the check accepts any order of 0..n-1, and the
     # snapshot sorts them so a restore lays them out as a cold run would
-    from app.engine.files.seq_payload import in_position_order
+    from app.engine.states.seq_payload import in_position_order
 
     with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=256, n_batch=64, n_threads=1,
                              n_seq_max=6, type_k=kv, type_v=kv)) as e:
@@ -398,7 +398,7 @@ def test_warm_equals_cold_after_the_cache_was_fragmented(tiny_model):
 
 
 def test_sorting_cells_never_raises_on_bad_bytes(good):
-    from app.engine.files.seq_payload import in_position_order
+    from app.engine.states.seq_payload import in_position_order
 
     off = layout(good)
     for name, at in off.items():

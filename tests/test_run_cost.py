@@ -9,7 +9,7 @@ import pytest
 
 from app.cli import main
 from app.engine import report_dict, run_prompt
-from app.engine.files.project_file import bench_from_dict, report_from_dict
+from app.engine.project.project_file import bench_from_dict, report_from_dict
 from app.engine.llama.kernel_choice import SPLIT, KernelChoice, KernelTiming
 from app.engine.benchmarks.bench_rows import bench_rows
 from app.engine.runs.verdict import compare_runs, judge

@@ -1,4 +1,4 @@
-"""llama.cpp's sequence-state bytes through the one reader/writer (files/seq_state_layout.py):
+"""llama.cpp's sequence-state bytes through the one reader/writer (states/seq_state_layout.py):
 parse then write gives the same bytes on every kind of tiny model, the description says what
 the model is, the writer moves rows with their cells, and a state of a format version this
 reader does not know is refused in one line before its bytes are read."""
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from app.engine import Engine, EngineConfig, StateFileError, Template
-from app.engine.files import seq_payload
-from app.engine.files.llama_state_file import save_llama_state, state_file_info
-from app.engine.files.prefix_state import PrefixState
-from app.engine.files.seq_payload import check_seq_payload, in_position_order, v_transposed
-from app.engine.files.seq_state_layout import (READS, KvBlock, LayoutError, parse, running_format)
+from app.engine.states import seq_payload
+from app.engine.states.llama_state_file import save_llama_state, state_file_info
+from app.engine.states.prefix_state import PrefixState
+from app.engine.states.seq_payload import check_seq_payload, in_position_order, v_transposed
+from app.engine.states.seq_state_layout import (READS, KvBlock, LayoutError, parse, running_format)
 from tests.tiny_model import write_arch_model
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
@@ -177,7 +177,7 @@ def test_the_reader_is_for_the_llama_cpp_installed(models, monkeypatch):
 
 
 def test_the_line_for_another_llama_cpp_names_both(monkeypatch):
-    from app.engine.files import seq_state_layout as layout
+    from app.engine.states import seq_state_layout as layout
 
     monkeypatch.setattr(layout, "running_format", lambda: layout.StateFormat(
         3, 11, "llama-cpp-python 0.3.40"))

@@ -8,7 +8,7 @@ import pytest
 
 from app.engine import BenchResult, BenchRow, EngineConfig, Template, run_prompt
 from app.engine.benchmarks.prefix_sweep import SweepPoint
-from app.engine.files.project_file import Autosaver, ProjectFile, ProjectFileError, report_from_dict
+from app.engine.project.project_file import Autosaver, ProjectFile, ProjectFileError, report_from_dict
 from app.engine.runs.prompt_runs import report_dict
 from app.engine.session import RowsChange, RunRecord, Session, bench_summary
 

@@ -7,7 +7,7 @@ import pytest
 from app.cli.engine_options import load_state_file
 from app.engine import Engine, EngineConfig, StateFileError, Template
 from app.engine import kv_flows, state_flows
-from app.engine.files.llama_state_file import save_state
+from app.engine.states.llama_state_file import save_state
 from app.engine.session import Session
 
 TPL = Template.parse("hello world of the answer and question. " * 8 + "<q>")

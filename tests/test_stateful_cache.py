@@ -15,7 +15,7 @@ from app.engine import (CacheLimits, Engine, EngineConfig, GenerationConfig, KvP
                         StateFileError, Template, run_prompt)
 from app.engine.cache.cell_compaction import relayout
 from app.engine.slot.work_context import SEQ
-from app.engine.files.prefix_state import PrefixState
+from app.engine.states.prefix_state import PrefixState
 from tests.cache_checks import assert_tree_consistent
 from tests import tiny_model
 from tests.tiny_model import write_arch_model
@@ -142,7 +142,7 @@ def test_a_saved_state_round_trips_and_another_family_is_refused(stateful_model,
         assert rep.verdict.equivalence == "bit-identical"
         assert rep.warm.tokens == cold.warm.tokens
         # llama.cpp's own per-sequence format carries the recurrent part too
-        from app.engine.files.llama_state_file import read_any_state, save_state
+        from app.engine.states.llama_state_file import read_any_state, save_state
 
         save_state(state, tmp_path / "p.bin", "llama")
         theirs = read_any_state(tmp_path / "p.bin")

@@ -215,7 +215,7 @@ def test_highlighter_marks_placeholders_and_special_tokens(qtbot):
 def test_states_library_lists_renames_and_deletes(qtbot, tmp_path, engine):
     import os
 
-    from app.engine.files.llama_state_file import save_state, state_file_info
+    from app.engine.states.llama_state_file import save_state, state_file_info
     from app.ui.states_library import LLAMA_MODEL
 
     state = engine.prime(Template.parse("hello world of the answer " * 5 + "<q>"))

@@ -470,7 +470,7 @@ def test_cache_panel_lists_nodes_after_runs_and_evict_and_pin_act_on_them(qtbot,
 
 def test_save_state_in_llamas_format_loads_back_with_its_warning(qtbot, make_window, tmp_path,
                                                                   monkeypatch):
-    from app.engine.files.llama_state_file import is_llama_state
+    from app.engine.states.llama_state_file import is_llama_state
     from app.ui.states_library import LLAMA_MODEL
 
     w = make_window()

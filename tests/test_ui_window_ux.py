@@ -10,7 +10,7 @@ from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QFileDialog, QPushButton
 
 from app.engine import CacheLimits, EngineConfig
-from app.engine.files.project_file import ProjectFile
+from app.engine.project.project_file import ProjectFile
 from tests.test_ui_window import SHORT_TPL, TPL
 from app.ui.engine_worker import JobKind
 from tests.ui_actions import idle, wait_for_job

@@ -15,7 +15,7 @@ from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskStat
                       read_rows)
 from ..engine.llama.ggml_types import KV_TYPES
 from ..engine import state_flows
-from ..engine.files.project_file import SUFFIX, ProjectFile
+from ..engine.project.project_file import SUFFIX, ProjectFile
 from ..engine.session import Options, Session
 from ..engine.task_state import Progress, progress_line
 from .output import output_options

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..engine import KvPrimerError, Row, read_rows, report_dict
 from ..engine import session_flows as flows
-from ..engine.files.llama_state_file import FORMATS, save_state
+from ..engine.states.llama_state_file import FORMATS, save_state
 from ..engine.byte_sizes import size_text
 from ..engine.benchmarks.bench_export import results_dict, write_results
 from ..engine.runs.cold_reference import ColdEstimate

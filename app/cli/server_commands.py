@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..engine import KvPrimerError
 from ..engine import server_flows as flows
-from ..engine.files.project_file import SUFFIX
+from ..engine.project.project_file import SUFFIX
 from ..optional_extras import require_server_clients
 from .engine_options import (check_save, open_engine, progress_printer, read_project,
                              read_template, rows_of, save_results, session_options)

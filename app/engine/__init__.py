@@ -18,7 +18,7 @@ from .engine_config import EngineConfig, ModelInfo
 from .engine_status import EngineStatus
 from .kv_engine import Engine
 from .llama.model_files import default_model_path
-from .files.prefix_state import PrefixState
+from .states.prefix_state import PrefixState
 from .runs.prompt_runs import (EXACT_REUSE_MODES, REUSE_MODES, GenerationConfig, PathResult, RunReport, TextDelta,
                           report_dict, run_prompt)
 from .cache.radix_cache import CacheLimits

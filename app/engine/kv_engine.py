@@ -30,14 +30,14 @@ from .llama.model_traits import read_traits, with_context
 from .kv.kv_debug_log import TrackedContext
 from .kv.kv_listeners import KvListeners
 from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
-from .files.llama_state_file import check_rows_fit, read_any_state
+from .states.llama_state_file import check_rows_fit, read_any_state
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
-from .files.prefix_state import PrefixState
+from .states.prefix_state import PrefixState
 from .cache.engine_access import EngineAccess
 from .cache.radix_cache import RadixCache
 from .cache.radix_tree import RadixNode
 from .prompts.prompt_tokens import PromptTokenizer
-from .files.seq_payload import in_position_order, v_transposed
+from .states.seq_payload import in_position_order, v_transposed
 from .kv.sequence_ops import SequenceOps
 from .kv.sequence_tokens import SequenceTokens
 from .task_state import TaskState

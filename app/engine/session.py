@@ -19,10 +19,10 @@ from .errors import KvPrimerError, TemplateSyntaxError
 from .events import Event
 from .runs.generation import GenerationConfig
 from .engine_config import EngineConfig
-from .files.prefix_state import PrefixState
+from .states.prefix_state import PrefixState
 from .state_flows import check_belongs, state_problem
 from .benchmarks.prefix_sweep import SweepPoint
-from .files.project_file import ProjectFile, SavedResults, read_results, result_dicts
+from .project.project_file import ProjectFile, SavedResults, read_results, result_dicts
 from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes
 from .runs.server_results import DeployResult, ServerBench, ServerRow
 from .prompts.rows import Row

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from .benchmarks.bench_rows import BenchResult, bench_rows, check_repeat
 from .errors import KvPrimerError, MissingValuesError, RowsError
-from .files.prefix_state import PrefixState
+from .states.prefix_state import PrefixState
 from .benchmarks.prefix_sweep import SweepPoint, prefix_sweep
 from .runs.late_verify import verify_later
 from .runs.prompt_runs import check_recompute, check_reuse_modes, run_prompt

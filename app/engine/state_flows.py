@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 
 from .errors import StateFileError
-from .files.llama_state_file import load_any_state
-from .files.prefix_state import PrefixState
+from .states.llama_state_file import load_any_state
+from .states.prefix_state import PrefixState
 from .llama.native import SEQ_STATE_VERSION
 from .prompts.template import Template
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.errors import KvPrimerError, StateFileError
-from app.engine.files.llama_state_file import SUFFIX, read_llama_state, save_llama_state
-from app.engine.files.prefix_state import PrefixState
-from app.engine.files.seq_payload import row_layout, stream_count, v_transposed
+from app.engine.states.llama_state_file import SUFFIX, read_llama_state, save_llama_state
+from app.engine.states.prefix_state import PrefixState
+from app.engine.states.seq_payload import row_layout, stream_count, v_transposed
 from app.engine.runs.server_results import DeployResult
 from app.engine.task_state import TaskState
 from app.engine.prompts.template import Template

@@ -18,9 +18,9 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 from ..engine import EngineConfig
-from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
-from ..engine.files.prefix_state import SUFFIX as STATE_SUFFIX
-from ..engine.files.project_file import Autosaver, autosave_path
+from ..engine.states.llama_state_file import SUFFIX as LLAMA_SUFFIX
+from ..engine.states.prefix_state import SUFFIX as STATE_SUFFIX
+from ..engine.project.project_file import Autosaver, autosave_path
 from ..engine.session import Options, Session
 from ..resources_path import examples_dir
 from .bench_view import BenchView

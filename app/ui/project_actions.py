@@ -2,7 +2,7 @@
 changes and autosave; the recent projects and the one that reopens at start.
 
 ``window.project``: the window's File menu, drops and autosave call it. The project is the
-session; its file form is the Qt-free app.engine.files.project_file, so nothing here reads a
+session; its file form is the Qt-free app.engine.project.project_file, so nothing here reads a
 panel's widgets: it asks the window only for its dialogs, messages and the panels that import.
 
 Nothing the user made is replaced without a way back: a project is replaced only after unsaved
@@ -18,11 +18,11 @@ from pathlib import Path
 from PySide6.QtWidgets import QMenu
 
 from ..engine import TemplateError
-from ..engine.files.llama_state_file import SUFFIX as LLAMA_STATE_SUFFIX
-from ..engine.files.prefix_state import SUFFIX as STATE_SUFFIX
-from ..engine.files.project_file import (SUFFIX as PROJECT_SUFFIX, Autosaver, ProjectFile,
+from ..engine.states.llama_state_file import SUFFIX as LLAMA_STATE_SUFFIX
+from ..engine.states.prefix_state import SUFFIX as STATE_SUFFIX
+from ..engine.project.project_file import (SUFFIX as PROJECT_SUFFIX, Autosaver, ProjectFile,
                                          ProjectFileError)
-from ..engine.files.user_files import read_user_text
+from ..engine.user_files import read_user_text
 from ..resources_path import examples_dir
 
 log = logging.getLogger("kvprimer.ui")

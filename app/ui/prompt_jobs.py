@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from ..engine import BenchResult, KvPrimerError, PrefixState, TextDelta
 from ..engine import session_flows as flows
 from ..engine import state_flows
-from ..engine.files.llama_state_file import save_state
+from ..engine.states.llama_state_file import save_state
 from ..engine.runs.cold_reference import ColdEstimate
 from ..engine.session import RunRecord, Session, bench_summary
 from .engine_worker import EngineWorker, Job, JobKind

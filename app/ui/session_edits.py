@@ -22,7 +22,7 @@ from PySide6.QtGui import QAction, QUndoCommand, QUndoStack
 from PySide6.QtWidgets import QApplication, QPlainTextEdit
 from shiboken6 import isValid
 
-from ..engine.files.prefix_state import PrefixState
+from ..engine.states.prefix_state import PrefixState
 from ..engine.session import Options, Session
 
 OptionPath = tuple[str, ...]

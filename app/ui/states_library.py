@@ -18,9 +18,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHea
                                QLabel, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
-from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
-from ..engine.files.llama_state_file import state_file_info
-from ..engine.files.prefix_state import SUFFIX
+from ..engine.states.llama_state_file import SUFFIX as LLAMA_SUFFIX
+from ..engine.states.llama_state_file import state_file_info
+from ..engine.states.prefix_state import SUFFIX
 from .byte_sizes import size_text
 
 LLAMA_MODEL = "llama.cpp state (names no model)"

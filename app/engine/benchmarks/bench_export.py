@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..errors import KvPrimerError
-from ..files.user_files import atomic_write
+from ..user_files import atomic_write
 from .bench_rows import BenchResult, BenchRow
 from .prefix_sweep import SweepPoint
 

@@ -28,7 +28,7 @@ from ..errors import Cancelled, KvPrimerError, MissingValuesError
 from ..llama.machine_load import LoadMeter, MachineLoad
 from ..progress_plan import DonePass
 from ..runs.generation import GenerationConfig
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..runs.prompt_runs import check_reuse_modes, refuse_compose, run_prompt
 from ..prompts.rows import Row
 from ..task_state import TaskState

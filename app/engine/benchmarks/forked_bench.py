@@ -11,8 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import KvPrimerError
 from ..runs.forked_runs import compare_with_sequential, run_forked
-from ..kv_engine import Engine
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..runs.generation import GenerationConfig
 from ..prompts.rows import Row
 from ..task_state import TaskState
@@ -65,7 +64,7 @@ class ForkedBenchResult:
                 "summary": self.summary(), "prefix_tokens": self.prefix_tokens}
 
 
-def bench_forked(engine: Engine, template: Template, rows: list[Row], k: int, *,
+def bench_forked(engine, template: Template, rows: list[Row], k: int, *,
                  state: PrefixState | None = None,
                  gen: GenerationConfig = GenerationConfig(),
                  task: TaskState | None = None, exact: bool = True) -> ForkedBenchResult:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import CacheError
-from ..files.seq_payload import in_position_order
+from ..states.seq_payload import in_position_order
 from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage

@@ -18,7 +18,7 @@ loads, at the context size the user gave.
 from __future__ import annotations
 
 from ..errors import CacheError, StateFitError
-from ..files.seq_payload import in_position_order
+from ..states.seq_payload import in_position_order
 from .cache_tiers import APPROX_RESTORED
 from .radix_tree import RadixNode
 

@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from ..errors import ContextError
-from ..files.hybrid_payload import attention_span
+from ..states.hybrid_payload import attention_span
 from ..llama.llama_backend import expected_errors
 from ..llama.native import ContextParams, NativeContext, NativeModel, add_log_listener, remove_log_listener
 from .cell_ledger import CellLedger

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ContextError, KvPrimerError
+from ..states.copied_cells import cells_state
 from .cell_report import CellReport
 from .sequence_tokens import SequenceTokens
 
@@ -143,7 +144,7 @@ class SequenceOps:
 
     def cells_of(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
         """A state of only the cells of ``seq`` at positions p0..p1-1 (through ``scratch``)."""
-        return self._ctx.cells_state(seq, p0, p1, scratch)
+        return cells_state(self._ctx, seq, p0, p1, scratch)
 
     def add_cells(self, data: bytes, seq: int, scratch: int, tokens: list[int]) -> bool:
         """Put a state of cells (from ``cells_of``) into ``seq`` beside what it holds, which

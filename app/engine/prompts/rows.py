@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RowsError
-from ..files.user_files import read_user_text
+from ..user_files import read_user_text
 
 MAX_ROWS_BYTES = 256 * 1024 * 1024
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MissingValuesError, TemplateError, TemplateSyntaxError
-from ..files.user_files import read_user_text
+from ..user_files import read_user_text
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 # A whole placeholder, unless a backslash escapes its '<': finds exactly the placeholders the

@@ -19,13 +19,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cache.radix_cache import RadixCache
+from ..cache.radix_tree import RadixNode
 from ..errors import KvPrimerError
-from ..kv_engine import Engine
+from ..kv.sequence_ops import SequenceOps
+from ..kv.sequence_tokens import SequenceTokens
 from ..prompts.prompt_tokens import common_prefix
-from ..llama.native import NativeSampler
-from ..files.prefix_state import PrefixState
+from ..llama.native import NativeContext, NativeModel, NativeSampler
+from ..states.prefix_state import PrefixState
 from ..llama.batch_feed import feed_groups, feed_step
-from ..llama.batch_policy import SMALL_UBATCH
+from ..llama.batch_policy import SMALL_UBATCH, BatchPolicy
 from .generation import GenerationConfig, TextStream
 from ..prompts.prompt_segments import prompt_segments
 from .prompt_runs import run_prompt
@@ -73,6 +76,33 @@ class ForkedBatch:
 
 
 @dataclass(frozen=True)
+class ForkParts:
+    """What a forked batch takes from the engine: the radix cache, the cache context and its
+    sequences (their one owner and their tokens), the model and the batch policy."""
+    cache: RadixCache
+    ctx: NativeContext
+    seqs: SequenceOps
+    seq_tokens: SequenceTokens
+    model: NativeModel
+    batching: BatchPolicy
+
+    @classmethod
+    def of(cls, engine) -> "ForkParts":
+        """The parts of a loaded engine (kv_engine.Engine)."""
+        return cls(engine.cache, engine.ctx, engine.seqs, engine.seq_tokens, engine.model,
+                   engine.batching)
+
+
+@dataclass(frozen=True)
+class ForkedRequest:
+    """The rows of one forked batch, tokenized, beside the prefix node they fork from."""
+    prompts: list[list[int]]  # each row's filled prompt, in tokens
+    marks: list[list[int]]  # each row's segment starts (batches cut there as a run's would)
+    gen: GenerationConfig
+    exact: bool  # False: suffixes in as few decodes as n_batch allows (see run_forked)
+
+
+@dataclass(frozen=True)
 class ForkComparison:
     row: int
     tokens_equal: bool
@@ -82,7 +112,7 @@ class ForkComparison:
     sequential_ms: float  # the one-by-one warm run: restore + suffix + generation
 
 
-def run_forked(engine: Engine, template: Template, values: list[dict[str, str]], *,
+def run_forked(engine, template: Template, values: list[dict[str, str]], *,
                state: PrefixState | None = None, gen: GenerationConfig = GenerationConfig(),
                task: TaskState | None = None, exact: bool = True) -> ForkedBatch:
     """Run ``values`` (k rows) as one forked batch; see the module docstring.
@@ -119,9 +149,19 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
                             f"{engine.ctx.n_ctx}; run fewer rows per batch or raise the context size")
     marks = [[seg.start for seg in prompt_segments(engine.tokenize, template, v, toks)]
              for v, toks in zip(values, prompts)]
+    return run_forked_rows(ForkParts.of(engine), ForkedRequest(prompts, marks, gen, exact),
+                           node, rows, max_new, need, task)
+
+
+def run_forked_rows(parts: ForkParts, req: ForkedRequest, node: RadixNode,
+                    rows: list[ForkedRow], max_new: list[int], need: int,
+                    task: TaskState) -> ForkedBatch:
+    """Fork ``node`` into a working sequence per row, evaluate the suffixes together, generate
+    together (``need``: the cells all of it takes at most)."""
+    prefix, prompts, marks, gen = node.tokens(), req.prompts, req.marks, req.gen
     out = ForkedBatch(prefix_tokens=len(prefix), rows=rows)
     samplers = [NativeSampler(gen.temperature, gen.top_p, gen.seed) for _ in rows]
-    cache = engine.cache
+    cache = parts.cache
     try:
         with cache.busy(node):
             cache.ensure_free_cells(need - len(prefix))
@@ -130,14 +170,14 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
             prefix_seq = cache.materialise(node)
         t0 = time.perf_counter()
         for r in rows:
-            engine.seqs.fork(prefix_seq, r.seq, upto=r.reused_tokens)
+            parts.seqs.fork(prefix_seq, r.seq, upto=r.reused_tokens)
         t1 = time.perf_counter()
         out.fork_ms = (t1 - t0) * 1000
-        first = _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact)
+        first = _evaluate_suffixes(parts, rows, prompts, marks, samplers, task, out, req.exact)
         out.prompt_ms = (time.perf_counter() - t1) * 1000
         out.ttft_ms = (time.perf_counter() - t0) * 1000
         t2 = time.perf_counter()
-        _generate(engine, rows, first, samplers, max_new, task, out)
+        _generate(parts, rows, first, samplers, max_new, task, out)
         out.gen_ms = (time.perf_counter() - t2) * 1000
     finally:
         for s in samplers:
@@ -148,9 +188,10 @@ def run_forked(engine: Engine, template: Template, values: list[dict[str, str]],
     return out
 
 
-def _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact) -> list[int]:
+def _evaluate_suffixes(parts: ForkParts, rows, prompts, marks, samplers, task, out,
+                       exact) -> list[int]:
     """Decode every row's suffix; return each row's first sampled token."""
-    decodes = engine.batching.forked_decodes(
+    decodes = parts.batching.forked_decodes(
         [(r, r.reused_tokens, len(prompts[r.index]), marks[r.index]) for r in rows], exact)
     batches = [[e for piece in group for e in _entries(prompts, piece)] for group in decodes]
     first = [0] * len(rows)
@@ -159,10 +200,11 @@ def _evaluate_suffixes(engine, rows, prompts, marks, samplers, task, out, exact)
         out.prompt_decodes += 1
         for k, (_t, _p, r, last) in enumerate(batches[i]):
             if last:
-                r.first_logits = engine.ctx.logits(k)
-                first[r.index] = samplers[r.index].sample(engine.ctx, k)
+                r.first_logits = parts.ctx.logits(k)
+                first[r.index] = samplers[r.index].sample(parts.ctx, k)
 
-    feed_groups(engine.decode, [[(t, p, (r.seq,), last) for t, p, r, last in b] for b in batches],
+    feed_groups(parts.seqs.decode,
+                [[(t, p, (r.seq,), last) for t, p, r, last in b] for b in batches],
                 task=task, stage="fork", after=sample)
     return first
 
@@ -173,19 +215,19 @@ def _entries(prompts, piece):
     return [(toks[i], i, r, i == len(toks) - 1) for i in range(a, b)]
 
 
-def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
+def _generate(parts: ForkParts, rows, first, samplers, max_new, task, out) -> None:
     """Generation for k rows at once: one decode per step holds every unfinished row's token
     (the single-sequence loop is generation.generate; the text streams are shared)."""
-    streams = [TextStream(engine.model) for _ in rows]
+    streams = [TextStream(parts.model) for _ in rows]
     pending = {r.index: first[r.index] for r in rows}
     while pending:
         step = []
         for idx, tok in list(pending.items()):
             r = rows[idx]
             r.tokens.append(tok)
-            if not engine.model.is_eog(tok):
+            if not parts.model.is_eog(tok):
                 streams[idx].add(tok)
-            if engine.model.is_eog(tok) or len(r.tokens) >= max_new[idx]:
+            if parts.model.is_eog(tok) or len(r.tokens) >= max_new[idx]:
                 del pending[idx]
             else:
                 step.append(r)
@@ -193,16 +235,16 @@ def _generate(engine, rows, first, samplers, max_new, task, out) -> None:
             break
         # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
         task.check()
-        feed_step(engine.decode,
-                  [(pending[r.index], engine.seq_tokens.count(r.seq), r.seq) for r in step])
+        feed_step(parts.seqs.decode,
+                  [(pending[r.index], parts.seq_tokens.count(r.seq), r.seq) for r in step])
         out.gen_decodes += 1
         for i, r in enumerate(step):
-            pending[r.index] = samplers[r.index].sample(engine.ctx, i)
+            pending[r.index] = samplers[r.index].sample(parts.ctx, i)
     for r, stream in zip(rows, streams):
         r.text = stream.text()
 
 
-def compare_with_sequential(engine: Engine, template: Template, values: list[dict[str, str]],
+def compare_with_sequential(engine, template: Template, values: list[dict[str, str]],
                             batch: ForkedBatch, state: PrefixState | None,
                             gen: GenerationConfig = GenerationConfig(),
                             task: TaskState | None = None) -> list[ForkComparison]:

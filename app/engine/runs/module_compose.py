@@ -22,6 +22,7 @@ from ..prompts.prompt_segments import Segment
 from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
 from ..slot.run_slot import NodeEnd, Slot
+from .run_parts import RunParts
 
 
 @dataclass(frozen=True)
@@ -39,20 +40,20 @@ class Composition:
     recomputed: int = 0  # tokens of modules evaluated in context, within ``reused``'s range
 
 
-def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheHit,
+def plan_modules(parts: RunParts, tokens: list[int], segments: list[Segment], hit: CacheHit,
                  prefix: RadixNode, task) -> ModulePlan:
     """Cache a module for every segment between the exact part and the last segment."""
-    if not engine.info.traits.can_shift:
-        raise CacheError(f"{engine.info.name or 'this model'} cannot shift positions in its KV "
+    if not parts.traits.can_shift:
+        raise CacheError(f"{parts.name or 'this model'} cannot shift positions in its KV "
                          "cache, which composing modules needs; use the prefix or chain reuse mode")
     starts = [s.start for s in segments]
     exact = max((b for b in starts if b <= hit.reused), default=0)
     if hit.reused != exact:
-        hit = engine.cache.lookup(tokens, limit=exact)
+        hit = parts.cache.lookup(tokens, limit=exact)
     if hit.reused < segments[0].end:  # only a sliding-window model refuses the part it needs
         raise CacheError("the static prefix's last tokens merge with the first value's here, "
                          "and this model cannot reuse part of a cached prompt; use the chain reuse mode")
-    cache = engine.cache
+    cache = parts.cache
     p = prefix.depth
     base = prefix.tokens()
     build_s = 0.0  # only modules evaluated now: reusing cached ones costs no build time
@@ -65,7 +66,7 @@ def plan_modules(engine, tokens: list[int], segments: list[Segment], hit: CacheH
         node = m.node if (m.child is None and m.node.depth == len(key) and m.node.tier != "gone") else None
         if node is None:  # built in the run's slot, like every cached prompt
             t0 = time.perf_counter()
-            with engine.slot(seg.end - seg.start) as slot:
+            with parts.slot(seg.end - seg.start) as slot:
                 slot.bring(CacheHit(prefix, p, (), prefix.tier, prefix.approx), key)
                 end = NodeEnd(len(key), f"module {seg.label}", approx=prefix.approx)
                 slot.evaluate(key[p:], slot.starts(len(key)), task, stage="module",

@@ -27,15 +27,16 @@ from ..llama.thread_fit import shared_fit
 from .generation import GenerationConfig, TextDelta
 from .reuse_modes import (EXACT_REUSE_MODES, REUSE_MODES, check_recompute, check_reuse_modes,
                           refuse_compose, refuse_compose_on_file)
-from ..files.prefix_state import PrefixState
+from ..states.prefix_state import PrefixState
 from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
 from .late_verify import verify_run
 from .verdict import Verdict
 from .warm_cost import WarmBreakdown, run_breakdown
-from .warm_runs import (KEEP_LOGITS, WarmOutcome, WarmRequest, run_warm, state_hit,
-                        warm_in_work_context)
+from .run_parts import RunParts
+from .warm_runs import (KEEP_LOGITS, WarmOutcome, WarmRequest, from_saved_state, run_warm,
+                        state_hit, warm_in_work_context)
 
 __all__ = ["EXACT_REUSE_MODES", "KEEP_LOGITS", "GenerationConfig", "PathResult", "REUSE_MODES",
            "RunReport", "TextDelta", "WarmBreakdown", "check_reuse_modes", "refuse_compose",
@@ -163,7 +164,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     if warm:
         req = WarmRequest(template, tokens, segments, reuse, gen, max_new, state, recompute, keep,
                           reuse_before)
-        report.warm = _reported(report, run_warm(engine, req, task))
+        report.warm = _reported(report, _warm(engine, req, task))
         task.partial(report)
     keep_n = min(max_new, KEEP_LOGITS)
     if warm:  # what verifying it later needs
@@ -175,6 +176,16 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
         report.breakdown = run_breakdown(engine, report, len(tokens), segments)
     task.partial(report)
     return report
+
+
+def _warm(engine, req: WarmRequest, task: TaskState) -> WarmOutcome:
+    """A saved state on a model that runs in the work context goes straight into it; every
+    other warm run goes through the cache and the run's slot, with only the parts it needs."""
+    if req.reuse == "compose" and req.state is None:
+        refuse_compose(engine)
+    if req.state is not None and engine.runs_in_work_context:
+        return from_saved_state(engine, req, task)
+    return run_warm(RunParts.of(engine), req, task)
 
 
 def _reported(report: RunReport, warm: WarmOutcome) -> PathResult:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..cache.cache_tiers import APPROX_RESTORED
 from ..cache.radix_cache import CacheHit, RadixCache
-from ..files.prefix_state import PrefixState
+from ..cache.radix_tree import RadixNode
+from ..states.prefix_state import PrefixState
 from ..llama.batch_policy import batch_end_at_or_before
 from ..prompts.prompt_segments import Segment
 from ..prompts.prompt_tokens import common_prefix
@@ -26,7 +27,7 @@ from ..task_state import TaskState
 from .cold_reference import PathResult
 from .generation import GenerationConfig, generate
 from .module_compose import ModulePlan, compose, plan_modules
-from .reuse_modes import refuse_compose
+from .run_parts import RunParts
 
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
 COMPOSED = "composed modules never attended to each other"
@@ -59,35 +60,33 @@ class WarmOutcome:
     reuse: str = ""  # the mode it ran as, when not the one asked (a saved state: prefix)
 
 
-def run_warm(engine, req: WarmRequest, task: TaskState) -> WarmOutcome:
-    """The warm path of ``req`` (see the module docstring)."""
-    if req.reuse == "compose" and req.state is None:
-        refuse_compose(engine)
-    if req.state is not None and engine.runs_in_work_context:
-        return from_saved_state(engine, req, task)
-    hit, node = find_reuse(engine, req, task)
+def run_warm(parts: RunParts, req: WarmRequest, task: TaskState) -> WarmOutcome:
+    """The warm path of ``req`` through the cache and the run's slot (see the module
+    docstring); a saved state that goes straight into the work context takes
+    ``from_saved_state`` instead."""
+    hit, node = find_reuse(parts, req, task)
     plan = None
     if req.reuse == "compose" and req.state is None:  # new modules are built first, timed apart
-        plan = plan_modules(engine, req.tokens, req.segments, hit, node, task)
+        plan = plan_modules(parts, req.tokens, req.segments, hit, node, task)
         hit = plan.hit
     reused_nodes = [hit.node] + ([m for _s, m in plan.modules] if plan else [])
     t0 = time.perf_counter()  # bringing the reused cells back from RAM or a file is warm time
     try:
-        with engine.slot(len(req.tokens) - hit.reused + req.max_new, promote=reused_nodes) as slot:
-            return run_in_slot(slot, engine.cache, engine.model, req, hit, plan, task, t0)
+        with parts.slot(len(req.tokens) - hit.reused + req.max_new, promote=reused_nodes) as slot:
+            return run_in_slot(slot, parts.cache, parts.model, req, hit, plan, task, t0)
     finally:
-        engine.cache.enforce()  # what this run added or promoted stayed while it was busy
+        parts.cache.enforce()  # what this run added or promoted stayed while it was busy
 
 
-def find_reuse(engine, req: WarmRequest, task: TaskState):
+def find_reuse(parts: RunParts, req: WarmRequest, task: TaskState) -> tuple[CacheHit, RadixNode]:
     """The cache's hit for the prompt under the mode's limit, and the node it reuses from (the
     static prefix primed, or the saved state adopted). Promoting a cached prefix from RAM or a
     file is warm time: the prefix node is not made resident here."""
-    tokens, cache = req.tokens, engine.cache
+    tokens, cache = req.tokens, parts.cache
     if req.state is not None:
-        node = engine.adopt(req.state)
+        node = parts.adopt(req.state)
         return cache.lookup(tokens, limit=min(node.depth, len(tokens) - 1)), node
-    node = engine.prime_node(req.template, task, resident=False)
+    node = parts.prime_node(req.template, task, resident=False)
     if req.reuse == "chain":
         return cache.lookup(tokens, limit=len(tokens) - 1, before=req.before), node
     limit = min(req.segments[0].end, node.depth, len(tokens) - 1)

@@ -33,8 +33,9 @@ from ..llama.batch_feed import feed_batches, feed_token
 from ..llama.batch_policy import shared_history
 from ..errors import ContextError, ContextOverflowError, KvPrimerError
 from ..llama.native import ContextParams, NativeContext, NativeModel
-from ..files.hybrid_payload import attention_span
-from ..files.seq_payload import in_position_order
+from ..states.copied_cells import cells_state
+from ..states.hybrid_payload import attention_span
+from ..states.seq_payload import in_position_order
 from ..task_state import TaskState
 
 SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they join it
@@ -209,7 +210,7 @@ class WorkContext:
 
     def cells(self, p0: int, p1: int) -> bytes:
         """A state of the cells at positions p0..p1-1, in position order (for the cache)."""
-        return self.ctx.cells_state(SEQ, p0, p1, STAGING)
+        return cells_state(self.ctx, SEQ, p0, p1, STAGING)
 
     # ---- evaluating
     def evaluate(self, tokens: list[int], starts: list[int], task: TaskState | None = None,

@@ -36,7 +36,7 @@ import xxhash
 
 from ..errors import StateFileError, StateFitError
 from ..llama.ggml_types import KV_TYPES
-from .user_files import atomic_write, open_user_file
+from ..user_files import atomic_write, open_user_file
 from .seq_payload import check_seq_payload
 from .seq_state_layout import check_version
 

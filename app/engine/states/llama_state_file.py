@@ -37,7 +37,7 @@ from .prefix_state import PrefixState, read_state_meta
 from .seq_payload import row_layout
 from .seq_state_layout import (FILE_HEAD_BYTES, buffer_head, check_version, file_head,
                                has_buffer_head, is_file_head, read_file_head)
-from .user_files import atomic_write, open_user_file
+from ..user_files import atomic_write, open_user_file
 
 SUFFIX = ".bin"  # what llama-server's slot save uses; any name is read by content
 FORMATS = ("kvprimer", "llama")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from ..errors import KvPrimerError
+from .errors import KvPrimerError
 
 
 def open_user_file(path: str | os.PathLike, error: type[KvPrimerError], kind: str) -> BinaryIO:

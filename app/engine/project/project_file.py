@@ -24,7 +24,7 @@ from ..errors import KvPrimerError
 from ..benchmarks.prefix_sweep import SweepPoint
 from ..runs.prompt_runs import PathResult, RunReport, report_dict
 from ..runs.server_results import DeployResult, ServerBench, ServerRow
-from .user_files import atomic_write
+from ..user_files import atomic_write
 
 FORMAT = 1
 SUFFIX = ".kvproj"

@@ -1,1 +1,0 @@
-"""Files: prefix states in both formats, projects, and safe user-file I/O."""

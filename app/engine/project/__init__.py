@@ -1,0 +1,1 @@
+"""Results and persistence: the project file that keeps a session and its results."""
