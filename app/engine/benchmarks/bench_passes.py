@@ -24,7 +24,6 @@ from ..errors import KvPrimerError
 from ..prompts.prompt_segments import prompt_segments
 from ..prompts.prompt_tokens import common_prefix
 from ..progress_plan import JobPlan, PlannedPass, PlanStep, StepPasses, work_units
-from ..runs.batch_plan import batch_starts
 from .mode_pairs import Step
 
 
@@ -51,13 +50,13 @@ def _row_tokens(engine, template, row):
 
 def _history(engine, mode: str, start: int, n: int, segs) -> tuple:
     """Where the warm run's batches start after the static prefix: what its cold run replays."""
-    b = engine.config.n_batch
+    policy, windowed = engine.batching, engine.n_swa > 0
     if mode == "compose" and len(segs) > 1:
-        return tuple(c for seg in segs[1:-1] for c in batch_starts(seg.start, seg.end, b)) + \
-            tuple(batch_starts(segs[-1].start, n, b))
-    if mode == "chain" and not engine.grouping_exact:
-        return tuple(batch_starts(start, n, b, [x.start for x in segs]))
-    return tuple(batch_starts(start, n, b))
+        return tuple(c for seg in segs[1:-1]
+                     for c in policy.module(seg.start, seg.end, windowed=windowed)) + \
+            tuple(policy.warm(segs[-1].start, n, windowed=windowed))
+    marks = [x.start for x in segs] if mode == "chain" and not engine.grouping_exact else ()
+    return tuple(policy.warm(start, n, marks, windowed=windowed))
 
 
 def _chain_start(engine, tokens: list[int], chained) -> tuple[int, tuple[int, ...]]:
