@@ -119,7 +119,8 @@ class ChatTemplate:
 
     def dumps(self, yaml_text: bool = False) -> str:
         if yaml_text:
-            return yaml.safe_dump(self.data(), sort_keys=False, allow_unicode=True, width=100)
+            return yaml.dump(self.data(), Dumper=_BlockDumper, sort_keys=False,
+                             allow_unicode=True, width=100)
         return json.dumps(self.data(), indent=2, ensure_ascii=False) + "\n"
 
     def save(self, path: str | os.PathLike) -> None:
@@ -141,6 +142,18 @@ class ChatTemplate:
                            for p in m.parsed().parts)
             out.append({"role": m.role, "content": text})
         return out
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Writes texts of several lines as YAML blocks (``|``), which read like the prompt."""
+
+
+def _text(dumper: yaml.SafeDumper, text: str):
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_BlockDumper.add_representer(str, _text)
 
 
 def _message(m, k: int, name: str) -> ChatMessage:
