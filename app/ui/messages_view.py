@@ -15,7 +15,7 @@ from typing import Callable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QUndoCommand
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QListWidget, QPlainTextEdit,
-                               QPushButton, QSplitter, QTabWidget, QTextEdit, QVBoxLayout,
+                               QSplitter, QTabWidget, QTextEdit, QToolButton, QVBoxLayout,
                                QWidget)
 
 from ..engine import TemplateError
@@ -92,9 +92,11 @@ class MessagesView(QWidget):
         self.highlighter = TemplateHighlighter(self.content.document())
         self.buttons = {}
         row = QHBoxLayout()
-        for name, text in (("add", "Add turn"), ("remove", "Remove"), ("up", "Move up"),
-                           ("down", "Move down")):
-            b = QPushButton(text, objectName=f"chat_{name}")
+        for name, text, tip in (("add", "Add turn", "Add a turn after the last"),
+                                ("remove", "Remove", "Remove the selected turn"),
+                                ("up", "↑", "Move the selected turn up"),
+                                ("down", "↓", "Move the selected turn down")):
+            b = QToolButton(text=text, objectName=f"chat_{name}", toolTip=tip)
             row.addWidget(b)
             self.buttons[name] = b
         row.addStretch(1)
@@ -111,7 +113,8 @@ class MessagesView(QWidget):
         right = QWidget()
         lay = QVBoxLayout(right)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(QLabel("Prompt, in the model's chat template (special tokens marked)"))
+        lay.addWidget(QLabel("Prompt in the model's chat template, special tokens marked",
+                             wordWrap=True))
         lay.addWidget(self.rendered, 1)
         split = QSplitter(Qt.Horizontal)
         split.addWidget(left)
@@ -362,7 +365,9 @@ class MessagesView(QWidget):
 
 def template_tabs(editor: QWidget, messages: MessagesView) -> QTabWidget:
     """The Template box's two views: the text and, for a chat template, its messages."""
-    tabs = QTabWidget(objectName="templateTabs")
+    tabs = QTabWidget(objectName="templateTabs", documentMode=True)
+    # tabs on the side: the template's height is what it has least of
+    tabs.setTabPosition(QTabWidget.West)
     tabs.addTab(editor, "Text")
     tabs.addTab(messages, "Messages")
     return tabs
