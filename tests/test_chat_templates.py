@@ -182,6 +182,10 @@ def test_template_errors_and_dropped_placeholders_are_one_line(family_models):
                          ChatMessage("user", "<q>")))
     with pytest.raises(ChatTemplateError, match="leaves out the message that holds <persona>"):
         render_chat(last_only, chat)
+    # a template failing in Python (adding a number to text) is reported the same way
+    broken = fmt.__class__(**{**fmt.__dict__, "source": "{{ messages[0].content + 1 }}"})
+    with pytest.raises(ChatTemplateError, match="cannot render these messages"):
+        render_chat(broken, chat)
 
 
 def test_values_stay_plain_text_in_a_rendered_chat(family_models):

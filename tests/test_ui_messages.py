@@ -157,3 +157,26 @@ def test_examples_menu_opens_the_messages_examples_with_their_rows(qtbot, make_w
     qtbot.waitUntil(lambda: w.messages.attached, timeout=20000)
     assert w.session.template.placeholders == ["c1", "c2", "c3", "question"]
     assert w.session.row_count > 0
+
+
+def test_a_project_with_a_chat_template_opens_with_its_messages(qtbot, make_window, tmp_path,
+                                                                 examples):
+    chat_file = tmp_path / "mine.yaml"
+    ChatTemplate.load(examples / "chat.json").save(chat_file)
+    w = make_window()
+    assert w.project.open_chat(chat_file)
+    qtbot.waitUntil(lambda: w.messages.attached, timeout=20000)
+    project = tmp_path / "p.kvproj"
+    w.session.to_project().save(project)
+    again = make_window()
+    assert not again.messages.attached
+    assert again.project.open(project)
+    qtbot.waitUntil(lambda: again.messages.attached, timeout=20000)
+    assert again.messages.chat == w.messages.chat and again.messages.path == str(chat_file)
+    # a file whose messages no longer render to the project's template is not taken for it
+    ChatTemplate.load(examples / "rag.yaml").save(chat_file)
+    third = make_window()
+    assert third.project.open(project)
+    idle(qtbot, third)
+    qtbot.waitUntil(lambda: third.messages.format is not None, timeout=20000)
+    assert third.messages.chat is None and third.session.template_text == w.session.template_text

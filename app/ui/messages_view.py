@@ -18,9 +18,9 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QListWidget, QPla
                                QSplitter, QTabWidget, QTextEdit, QToolButton, QVBoxLayout,
                                QWidget)
 
-from ..engine import TemplateError
+from ..engine import KvPrimerError, TemplateError
 from ..engine.prompts.chat_format import ChatFormat, chat_format_of
-from ..engine.prompts.chat_messages import ROLES, ChatMessage, ChatTemplate
+from ..engine.prompts.chat_messages import ROLES, ChatMessage, ChatTemplate, is_chat_file
 from ..engine.prompts.chat_render import render_chat
 from ..engine.session import Session
 from .engine_worker import EngineWorker, JobKind
@@ -134,7 +134,7 @@ class MessagesView(QWidget):
         self.buttons["up"].clicked.connect(lambda: self.move_turn(-1))
         self.buttons["down"].clicked.connect(lambda: self.move_turn(1))
         follow(self, worker.engine_status.events.info, lambda _info: self._model_changed())
-        follow(self, session.events.template, self._show_state)
+        follow(self, session.events.template, self._template_changed)
         self._model_changed()
         self._fill()
         self._show_state()
@@ -270,6 +270,8 @@ class MessagesView(QWidget):
                 return  # another model loaded meanwhile
             had = self.format is not None
             self.format, self.specials = result
+            if self.chat is None:
+                self._adopt_file()
             if self.chat is not None and (self.attached or self._shown is None) \
                     and self.render() and had:
                 name = self.format.model_name or "the new model"
@@ -283,6 +285,27 @@ class MessagesView(QWidget):
                            on_done=done, on_error=failed, cancel_running=False)
 
     # ---- showing
+    def _template_changed(self) -> None:
+        if self.chat is None:
+            self._adopt_file()
+        self._show_state()
+
+    def _adopt_file(self) -> None:
+        """A template whose file is a chat template and which is its rendering (a project
+        reopened, work restored) is shown as those messages again."""
+        s = self.session
+        if self.format is None or not is_chat_file(s.template_path):
+            return
+        try:
+            chat = ChatTemplate.load(s.template_path)
+            rendered = render_chat(self.format, chat)
+        except KvPrimerError:
+            return
+        if rendered.template.source == s.template_text:
+            self.chat, self.path = chat, s.template_path
+            self._rendered, self._shown, self._problem = rendered, s.template_text, ""
+            self._fill()
+
     def _fill(self) -> None:
         """The list and the selected message, from the messages."""
         was, self._ui = self._ui, True

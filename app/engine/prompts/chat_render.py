@@ -65,7 +65,7 @@ def render_messages(fmt: ChatFormat, messages: list[dict], tools: list | tuple =
         env["add_generation_prompt"] = True
     try:
         text = tmpl.render(env)
-    except JinjaError as e:
+    except Exception as e:  # noqa: BLE001 - the model's template is code we do not control
         raise ChatTemplateError(f"the model's chat template cannot render these messages "
                                 f"({_one_line(e)}); check the roles and their order") from None
     if fmt.add_bos and fmt.bos_token and text.startswith(fmt.bos_token):
