@@ -100,6 +100,7 @@ def test_changing_the_model_renders_again_and_says_so(qtbot, make_window, exampl
     assert w.project.open_chat(examples / "chat.json")
     qtbot.waitUntil(lambda: m.attached, timeout=20000)
     assert rendered_text(w).startswith("<|im_start|>system\nYou are Pip")
+    w.session.set_rows([{"message": "Can I freeze bread?"}])
     wait_for_job(qtbot, w, JobKind.LOAD_MODEL, lambda: w.open_model(str(gemma_model)))
     qtbot.waitUntil(lambda: m.format is not None and "<start_of_turn>" in rendered_text(w),
                     timeout=20000)
@@ -111,6 +112,12 @@ def test_changing_the_model_renders_again_and_says_so(qtbot, make_window, exampl
     assert "rendered again" in said and "kvprimer-tiny" in said
     assert "rendered in kvprimer-tiny's chat template" in m.note.text()
     assert "no chat template" not in m.note.text()
+    # primed and run in the new model's markup, warm stays bit-identical to cold
+    w.fillings.table.selectRow(0)
+    assert trigger(qtbot, w, PRIME).outcome == "done"
+    assert trigger(qtbot, w, RUN_BOTH).outcome == "done"
+    report = w.session.runs[-1].report
+    assert report.verdict.equivalence == "bit-identical" and report.reused_tokens > 0
 
 
 def test_typing_in_the_text_tab_sets_the_messages_aside_until_undo(qtbot, make_window, examples):
