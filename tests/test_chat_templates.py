@@ -259,3 +259,10 @@ def test_cli_run_takes_a_chat_template_rendered_for_the_given_model(family_model
     assert main(["run", str(tmp_path / "chat.json"), "-m", str(family_models["gemma3"]),
                  "--set", "context=c"]) == 2
     assert "missing values for <question>" in capsys.readouterr().err
+
+
+def test_placeholders_of_a_rendered_chat_know_where_they_are_in_its_text(family_models):
+    tpl = render_chat(read_chat_format(family_models["gemma3"]), CHAT).template
+    first = next(p for p in tpl.parts if hasattr(p, "name"))
+    lines = tpl.source.split("\n")
+    assert lines[first.line - 1][first.column - 1:].startswith("<context>")
