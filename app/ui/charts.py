@@ -5,8 +5,9 @@ whiskers. Each row's label says as much as its width allows ("row 3 ×12.9", "3 
 recomputed on resize, so labels are never cut to "row…". ``SweepChart``: time to first token
 against prefix tokens, cold and warm, the suffix-only evaluation as the floor.
 
-Every chart has a legend below its plot, one entry per named series and one "min–max" for
-the whiskers when there are any; a label cut by a narrow chart shows whole as its tooltip. ``legend_entries`` lists what a chart's legend shows.
+Every chart has a legend below its plot (chart_legend.py: entries shown whole, wrapping),
+one entry per named series and one "min–max" for the whiskers when there are any.
+``legend_entries`` lists what a chart's legend shows.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPen
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QWidget
 
+from .chart_legend import ChartLegend
 
 COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
 MODE_COLORS = {"prefix": QColor("#2e7dd7"), "chain": QColor("#2e9d5b"), "compose": QColor("#8e5bc4")}
@@ -29,6 +31,7 @@ MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has ever
 MIN_HEIGHT = 150
 WHISKERS = "min–max"  # the legend's name for the whiskers (bars are at the median)
 COMPACT_BELOW = 240  # pixels: a shorter chart drops its axis titles to keep its plot and labels
+WHISKER_COLOR = QColor("#222222")
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,7 @@ def _chart(title: str) -> QChart:
     c = QChart()
     c.setTitle(title)
     c.setAnimationOptions(QChart.NoAnimation)
-    c.legend().setVisible(True)
-    c.legend().setAlignment(Qt.AlignBottom)
-    c.legend().setShowToolTips(True)
+    c.legend().setVisible(False)  # ChartLegend draws it, whole
     c.setMargins(QMargins(4, 4, 4, 4))
     c.setBackgroundRoundness(0)
     return c
@@ -74,6 +75,9 @@ def _chart(title: str) -> QChart:
 
 def legend_entries(view: QChartView) -> list[str]:
     """The labels the chart's legend shows (none when the legend is hidden)."""
+    legend = getattr(view, "legend_row", None)
+    if legend is not None:
+        return legend.names()
     legend = view.chart().legend()
     if not legend.isVisible():
         return []
@@ -125,6 +129,7 @@ class TtftChart(QChartView):
         super().__init__(_chart(title), parent)
         self.setRenderHint(QPainter.Antialiasing)
         self.setMinimumHeight(MIN_HEIGHT)
+        self.legend_row = ChartLegend(self)
         self.bars: list[TtftBar] = []
         self.forms: list[tuple[str, ...]] = []  # per row, its label forms, longest first
         self.axis_title = "row · ×speedup"
@@ -166,6 +171,7 @@ class TtftChart(QChartView):
         clear_chart(chart)
         self._cats = None
         if not n or not series:
+            self.legend_row.set_entries([])
             return
         bars = QBarSeries()
         bars.setBarWidth(0.8)
@@ -203,15 +209,16 @@ class TtftChart(QChartView):
                 if hi <= lo:
                     continue
                 w = QLineSeries()
-                w.setPen(QPen(QColor("#222222"), 1.5))
+                w.setPen(QPen(WHISKER_COLOR, 1.5))
                 w.append(i + dx, lo)
                 w.append(i + dx, hi)
                 w.setName(WHISKERS)
                 chart.addSeries(w)
                 w.attachAxis(x)
                 w.attachAxis(y)
-                chart.legend().markers(w)[0].setVisible(not explained)
                 explained = True
+        self.legend_row.set_entries([(s.name, s.color) for s in series]
+                                    + ([(WHISKERS, WHISKER_COLOR)] if explained else []))
         self._relabel_timer.start()  # once the new axes are laid out
 
     def _labels_for_width(self) -> list[str]:
@@ -232,6 +239,7 @@ class TtftChart(QChartView):
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
+        self.legend_row.place()
         self._relabel_timer.start()
 
 
@@ -240,6 +248,7 @@ class SweepChart(QChartView):
         super().__init__(_chart("Time to first token vs prefix length (ms)"), parent)
         self.setRenderHint(QPainter.Antialiasing)
         self.setMinimumHeight(MIN_HEIGHT)
+        self.legend_row = ChartLegend(self)
         self.points = []
 
     def set_points(self, points) -> None:
@@ -247,6 +256,7 @@ class SweepChart(QChartView):
         chart = self.chart()
         clear_chart(chart)
         if not points:
+            self.legend_row.set_entries([])
             return
         x, y = QValueAxis(), QValueAxis()
         x.setTitleText("prefix tokens")
@@ -270,10 +280,13 @@ class SweepChart(QChartView):
             chart.addSeries(s)
             s.attachAxis(x)
             s.attachAxis(y)
+        self.legend_row.set_entries([("cold", COLD), ("warm", WARM),
+                                     ("suffix only (floor)", FLOOR)])
         compact(self)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
+        self.legend_row.place()
         compact(self)
 
 
