@@ -28,7 +28,7 @@ MODE_COLORS = {"prefix": QColor("#2e7dd7"), "chain": QColor("#2e9d5b"), "compose
 MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has every row
 # a chart's floor: its title, a plot and its legend still readable, and low enough that the
 # Run tab leaves the template 15 lines on a 768-pixel screen (drag the splitter for more)
-MIN_HEIGHT = 150
+MIN_HEIGHT = 130
 WHISKERS = "min–max"  # the legend's name for the whiskers (bars are at the median)
 COMPACT_BELOW = 240  # pixels: a shorter chart drops its axis titles to keep its plot and labels
 WHISKER_COLOR = QColor("#222222")
@@ -105,8 +105,9 @@ def fit_labels(forms: list[tuple[str, ...]], width_px: float, metrics: QFontMetr
     """Per category its label forms, longest first: the longest form that fits every
     category's width; unique (repeated rows differ by invisible zero-width spaces, since a
     category axis merges equal names)."""
-    # Qt elides a category label well before it touches the next one: keep a wide margin
-    per = width_px / max(len(forms), 1) - 28
+    # QtCharts gives each label the axis's width over its n + 1 ticks (not over the n
+    # categories), less padding and its text item's margins, and elides a longer one
+    per = width_px / (len(forms) + 1) - 20
     labels = [f[-1] for f in forms]
     for i in range(max((len(f) for f in forms), default=0)):
         texts = [f[min(i, len(f) - 1)] for f in forms]

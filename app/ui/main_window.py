@@ -41,6 +41,7 @@ from .run_panel import RunPanel
 from .session_edits import SessionEdits, UndoActions
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
+from .table_columns import keep_column_widths, window_tables
 from .template_editor import TemplateEditor
 from .window_layout import DockLayout, central_widgets, size_center
 
@@ -95,6 +96,7 @@ class MainWindow(QMainWindow):
         self.cache_panel = CachePanel(self.worker, self)
         self.jobs = PromptJobs(self.worker, self.session, self, edits=self.edits)
         self._build_layout()
+        self.columns = keep_column_widths(self.settings, window_tables(self))
         self.status = StatusBar(self.worker, self)
         self.setStatusBar(self.status)
         self.server_view.message.connect(lambda m: self.status.showMessage(m, 15000))

@@ -12,7 +12,7 @@ estimate are transient and come from the jobs. The max-tokens, reuse-mode, recom
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QFont, QTextCursor
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QTextCursor
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
@@ -208,6 +208,8 @@ class RunPanel(QWidget):
             t = QPlainTextEdit()
             t.setReadOnly(True)
             t.setFont(mono)
+            # two lines at the least: on a short screen the table and chart below keep theirs
+            t.setMinimumHeight(2 * QFontMetrics(mono).lineSpacing() + 12)
             t.setObjectName(f"output_{mode}")
             QVBoxLayout(box).addWidget(t)
             box.layout().setContentsMargins(4, 4, 4, 4)
