@@ -19,6 +19,7 @@ from ..errors import Cancelled, KvPrimerError, MissingValuesError
 from ..runs.generation import GenerationConfig
 from ..files.prefix_state import PrefixState
 from ..runs.prompt_runs import check_reuse_modes, refuse_compose, run_prompt
+from ..runs.result_origin import ResultOrigin
 from ..prompts.rows import Row
 from ..task_state import TaskState
 from ..prompts.template import Template
@@ -76,6 +77,7 @@ class BenchResult:
     modes: tuple[str, ...] = ("prefix",)
     recompute: int = 0
     cancelled: bool = False
+    origin: ResultOrigin | None = None  # the template, model and settings that made it
 
     def summary(self) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
@@ -108,8 +110,11 @@ class BenchResult:
         return out
 
     def as_dict(self) -> dict:
-        return {"model": self.model, "rows": [asdict(r) for r in self.rows],
-                "summary": self.summary()}
+        out = {"model": self.model, "rows": [asdict(r) for r in self.rows],
+               "summary": self.summary()}
+        if self.origin is not None:
+            out["origin"] = self.origin.as_dict()
+        return out
 
     def mode_lines(self) -> list[str]:
         """The benchmark in words, one line per reuse mode (and one if it was cancelled): the
