@@ -199,3 +199,21 @@ def test_columns_fit_and_keep_the_width_the_user_gave(qtbot, make_window):
     fit = next(a for a in header2.actions() if a.text() == "Fit columns")
     fit.trigger()
     assert header2.sectionSize(1) != dragged and w2.columns["runTable"].user == {}
+
+
+def test_the_window_class_and_app_name_are_kvprimer(qapp):
+    from app.__main__ import APP_ID, name_app
+
+    names = (qapp.organizationName(), qapp.applicationName(), qapp.applicationDisplayName(),
+             qapp.desktopFileName())
+    try:
+        name_app(qapp)
+        assert (qapp.applicationName(), qapp.desktopFileName()) == (APP_ID, "kvprimer")
+        assert qapp.applicationDisplayName() == "KV Primer"
+    finally:
+        for setter, value in zip((qapp.setOrganizationName, qapp.setApplicationName,
+                                  qapp.setApplicationDisplayName, qapp.setDesktopFileName), names):
+            setter(value)
+    from pathlib import Path
+    desktop = Path(__file__).parent.parent / "packaging" / "kvprimer.desktop"
+    assert "StartupWMClass=kvprimer" in desktop.read_text()

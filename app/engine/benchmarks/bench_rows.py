@@ -110,11 +110,8 @@ class BenchResult:
         return out
 
     def as_dict(self) -> dict:
-        out = {"model": self.model, "rows": [asdict(r) for r in self.rows],
-               "summary": self.summary()}
-        if self.origin is not None:
-            out["origin"] = self.origin.as_dict()
-        return out
+        return {"model": self.model, "rows": [asdict(r) for r in self.rows],
+                "summary": self.summary()}
 
     def mode_lines(self) -> list[str]:
         """The benchmark in words, one line per reuse mode (and one if it was cancelled): the

@@ -154,7 +154,9 @@ def result_dicts(saved: SavedResults) -> list[dict]:
                         **({"origin": origin.as_dict()} if origin else {})}
                        for row, rep, origin in saved.runs]
     if saved.bench:
-        out.append({"kind": "benchmark", **saved.bench.as_dict()})
+        origin = saved.bench.origin
+        out.append({"kind": "benchmark", **saved.bench.as_dict(),
+                    **({"origin": origin.as_dict()} if origin else {})})
     if saved.sweep:
         out.append({"kind": "sweep", "points": [p.as_dict() for p in saved.sweep]})
     if saved.server:
