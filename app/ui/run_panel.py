@@ -154,7 +154,8 @@ class RunPanel(QWidget):
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("runsTable")
-        self.table.setHorizontalHeaderLabels(COLUMNS)
+        # "reused (tokens)" on two lines: the columns are as narrow as their numbers
+        self.table.setHorizontalHeaderLabels([c.replace(" (", "\n(") for c in COLUMNS])
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.verticalHeader().setVisible(False)

@@ -95,9 +95,6 @@ class StatusBar(QStatusBar):
         # ellipsis and painted under the labels on its right.
         self.message = ElidedLabel("")
         self.message.setObjectName("statusMessage")
-        # it gives up its width first, down to a few words
-        self.message.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.message.setMinimumWidth(self.message.fontMetrics().averageCharWidth() * 16)
         self.addWidget(self.message, 1)
         self._message_timer = QTimer(self, singleShot=True)
         self._message_timer.timeout.connect(self.clearMessage)
@@ -109,6 +106,13 @@ class StatusBar(QStatusBar):
         self.kernels = ElidedLabel("")
         self.kernels.setObjectName("kernelStatus")
         self.kernels.hide()
+        # the long lines (a message, the kernel measurement) give up width, down to a few words;
+        # the short figures (context, memory) keep theirs
+        for label in (self.message, self.kernels):
+            label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+            label.setMinimumWidth(label.fontMetrics().averageCharWidth() * 16)
+        for label in (self.context, self.memory):
+            label.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Preferred)
         self._kernel_note = ""
         self.bar = JobBar()
         self.bar.setObjectName("jobProgress")
@@ -120,7 +124,8 @@ class StatusBar(QStatusBar):
         for w in (self.bar, self.cancel):
             w.hide()
             self.addPermanentWidget(w)
-        for w in (self.kernels, self.context, self.memory, self.model):
+        self.addPermanentWidget(self.kernels, 1)
+        for w in (self.context, self.memory, self.model):
             self.addPermanentWidget(w)
         worker.progress.connect(self.on_progress)
         follow(self, self.engine_status.events.info, self.show_model)
