@@ -1,4 +1,4 @@
-"""Every label can be read at 1366×768 with every panel open, on the tiny model, offscreen.
+"""Every label and button can be read at 1366×768 with every panel open, on the tiny model, offscreen.
 
 After a prime, a run and a benchmark of three modes: no label's text is cut without an
 ellipsis (an elided one has its whole text as tooltip), the status bar's fields do not overlap
@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import Qt as GuiQt
 from PySide6.QtGui import QTextDocument
-from PySide6.QtWidgets import QLabel, QStatusBar
+from PySide6.QtWidgets import QLabel, QPushButton, QStatusBar
 
 from app.engine.task_state import Progress
 from app.engine.kv.kv_view import RecurrentSlot
@@ -55,6 +55,11 @@ def cut_labels(window) -> list[str]:
                 cut.append(f"{label.objectName()}: {shown!r} without its whole text")
         elif needed_width(label) > room + 1:
             cut.append(f"{label.objectName() or shown!r}: {needed_width(label):.0f} px in {room}")
+    for button in window.findChildren(QPushButton):  # a button narrower than its text cuts it
+        if button.text() and button.isVisible() and not button.visibleRegion().isEmpty() \
+                and button.width() < button.sizeHint().width():
+            cut.append(f"button {button.text()!r}: {button.width()} px of "
+                       f"{button.sizeHint().width()}")
     return cut
 
 
@@ -103,7 +108,7 @@ def test_every_label_can_be_read_at_1366x768_with_every_panel_open(qtbot, busy_w
     assert w.width() == 1366
     for tab in (w.run_panel, w.bench):
         w.central_tabs.setCurrentWidget(tab)
-        for dock in (w.cache_panel, w.model_panel):
+        for dock in (w.cache_panel, w.model_panel, w.library, w.errors):
             dock.raise_()
             qtbot.waitUntil(lambda: dock.isVisible(), timeout=5000)
             assert cut_labels(w) == [], (tab.objectName(), dock.objectName())
