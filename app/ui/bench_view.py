@@ -30,6 +30,7 @@ from .file_folders import FileFolders
 from .model_events import follow
 from .narrow_widgets import ElidedLabel
 from .result_marks import EarlierNote
+from .status_bar import one_line
 from .run_panel import MODE_TIPS, VERDICT_COLORS, recompute_box
 from .session_edits import SessionEdits
 
@@ -220,7 +221,7 @@ class BenchView(QWidget):
     def show_progress(self, job: Job, p: Progress) -> None:
         """A benchmark or sweep in progress: the whole job and the current pass."""
         if job.kind in (JobKind.BENCH, JobKind.SWEEP) and p.stage != "generate":
-            self.progress.setText(progress_line(job.label, p))
+            self.progress.setText(one_line(job.label, progress_line(job.label, p)))
             self.progress.show()
 
     def _job_changed(self, label: str) -> None:
