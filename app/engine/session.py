@@ -329,9 +329,9 @@ class Session:
         self.events.file.emit()
 
     def to_project(self) -> ProjectFile:
-        results = result_dicts(SavedResults([(r.row, r.report, r.origin) for r in self.runs],
-                                            self.bench,
-                                            self.sweep, self.server, self.deployed))
+        runs = [(r.row, r.report, r.origin) for r in self.runs]
+        results = result_dicts(SavedResults(runs, self.bench, self.sweep, self.server,
+                                            self.deployed))
         o = self.options
         return ProjectFile(template=self.template_text, template_path=self.template_path,
                            placeholders=list(self.placeholders), rows=self.rows,

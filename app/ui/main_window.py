@@ -312,7 +312,7 @@ class MainWindow(QMainWindow):
         return self.recent.paths()
 
     def open_model(self, path: str):
-        """The user chose a model file (recent models, a dropped file): set it and load it."""
+        """A model file dropped on the window: set it and load it."""
         self.edits.set_engine("model_path", path)
         return self.load_model()
 

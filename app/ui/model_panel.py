@@ -1,5 +1,6 @@
 """The Model dock: the engine's settings (engine_settings.py), Apply, and the loaded model's
-facts, with what its architecture means for caching.
+facts (the CPU level llama.cpp loaded among them), with what its architecture means for caching.
+A model chosen from the recent ones, like one chosen in the file dialog, loads with Apply.
 
 The settings are the session's; Apply asks the window to load what the session holds. The
 loaded model's facts and settings come from the engine status (app/engine/engine_status.py),

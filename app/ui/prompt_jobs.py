@@ -9,7 +9,7 @@ Messages for the user leave through the ``status`` and ``error`` signals; what i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +207,7 @@ class PromptJobs(QObject):
             return None
 
         def done(new: RunRecord):
+            new = replace(new, origin=plan.record.origin)  # the same run, of the same template
             runs = self.session.runs
             at = next((i for i, r in enumerate(runs) if r is plan.record), None)
             if at is not None:  # not cleared meanwhile

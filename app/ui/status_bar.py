@@ -1,11 +1,13 @@
-"""The status bar: the loaded model, context use, memory (against the engine's total, when it
-says one), the running job's progress + Cancel, and the attention-kernel measurement that runs
-between jobs ("measuring attention kernels: 6 s left (flash attention off until measured)"),
-or its latest news.
+"""The status bar: the last message, the loaded model, context use, memory (against the
+engine's total, when it says one), the running job's progress + Cancel, and the attention-kernel
+measurement that runs between jobs ("measuring attention kernels: 6 s left (flash attention off
+until measured)"), or its latest news.
 
 The model and the job shown come from the engine status (app/engine/engine_status.py), which
 the bar observes; the progress of that job from the worker's progress signal, in the words of
-the engine's ``progress_line`` (the CLI's too): the whole job, the current pass, the time left."""
+the engine's ``progress_line`` (the CLI's too): the whole job, the current pass, the time left,
+on one line. Each field is a label of its own that ends in "…" when it is short of room, its
+whole text in its tooltip; none is painted over another."""
 from __future__ import annotations
 
 import os
@@ -101,6 +103,7 @@ class StatusBar(QStatusBar):
         self.model = ElidedLabel("no model")
         self.model.setObjectName("statusModel")
         self.context = ElidedLabel("")
+        self.context.setObjectName("statusContext")
         self.memory = ElidedLabel("")
         self.memory.setObjectName("statusMemory")
         self.kernels = ElidedLabel("")
