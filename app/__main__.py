@@ -17,6 +17,17 @@ import tempfile
 from pathlib import Path
 
 SCREEN_SIZE = (1400, 900)
+# the window's class (X11's WM_CLASS, from the program name Qt is given and the application's
+# name) and the .desktop file's name: the taskbar groups the window under its menu entry, and
+# names it "kvprimer", not "__main__.py"
+APP_ID = "kvprimer"
+
+
+def name_app(app) -> None:
+    app.setOrganizationName(APP_ID)
+    app.setApplicationName(APP_ID)
+    app.setApplicationDisplayName("KV Primer")
+    app.setDesktopFileName(APP_ID)
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -127,11 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     from app.ui.error_panel import setup_file_logging
     from app.ui.main_window import MainWindow
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setOrganizationName("kvprimer")
-    app.setApplicationName("KV Primer")
-    # the .desktop file's name, so the taskbar groups the window under its menu entry (Wayland)
-    app.setDesktopFileName("kvprimer")
+    app = QApplication.instance() or QApplication([APP_ID])
+    name_app(app)
     from PySide6.QtGui import QIcon
 
     from app.resources_path import resources_dir

@@ -3,6 +3,7 @@ and its file form (the project file). No Qt; runs come from the tiny model."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -104,7 +105,9 @@ def test_options_state_and_results_emit_their_own_events(report):
     assert state[-1][0].path == "x.kvstate" and s.state is None
     rec = RunRecord(2, report)
     s.add_run(rec)
-    assert runs == [(rec,)] and rec.summary().startswith("run: cold ")
+    # the session notes what made the run: this template, no model yet
+    assert runs == [(replace(rec, origin=s.origin()),)] and rec.summary().startswith("run: cold ")
+    assert s.runs[-1].origin.template == "untitled" and s.runs[-1].origin.model == ""
     assert report.reuse_text() in rec.summary() and rec.summary().endswith("bit-identical")
     s.clear_runs()
     assert runs[-1] == (None,) and s.runs == []

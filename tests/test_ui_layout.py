@@ -241,7 +241,9 @@ def test_the_kv_legend_lists_every_sequence_and_scrolls(qtbot, make_window):
     seqs = [u.seq for u in dock.view.sequences]
     assert len(seqs) > 4  # more than the old legend showed
     text = dock.legend.text()
-    assert text.count("■") == len(seqs) and "more sequences" not in text
+    # one entry per sequence, and one for the empty cells
+    assert text.count("■") == len(seqs) + 1 and "more sequences" not in text
+    assert "empty:" in text
     # the legend is never cut: it is as tall as its text, inside a scroll area
     area = dock.legend_area
     qtbot.waitUntil(lambda: dock.legend.height() >= dock.legend.heightForWidth(dock.legend.width()),

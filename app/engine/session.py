@@ -24,6 +24,7 @@ from .state_flows import check_belongs, state_problem
 from .benchmarks.prefix_sweep import SweepPoint
 from .project.project_file import ProjectFile, SavedResults, read_results, result_dicts
 from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes
+from .runs.result_origin import ResultOrigin
 from .runs.server_results import DeployResult, ServerBench, ServerRow
 from .prompts.rows import Row
 from .prompts.template import Template
@@ -41,6 +42,7 @@ class SessionEvents:
     sweep: Event = field(default_factory=Event)  # (list[SweepPoint])
     server: Event = field(default_factory=Event)  # () the server benchmark or deployment changed
     file: Event = field(default_factory=Event)  # () path or unsaved-changes flag changed
+    model: Event = field(default_factory=Event)  # (ModelInfo) the engine loaded another model
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class StateRef:
 class RunRecord:
     row: int  # as the rows table numbers it, from 1
     report: RunReport
+    origin: ResultOrigin | None = None  # the template, model and settings that made it
 
     def summary(self) -> str:
         return run_summary(self.report)
@@ -263,10 +266,19 @@ class Session:
         self.model, why = info, state_problem(self.state, info, self.state_ref.model_sha256)
         if why:
             self.set_state(None)
+        self.events.model.emit(info)
         return why
 
     # ---- results
-    def add_run(self, record: RunRecord) -> None:
+    def origin(self) -> ResultOrigin:
+        """The template, model and settings a result made now comes from."""
+        return ResultOrigin.of(self.template_text, self.template_path, self.model)
+
+    def add_run(self, record: RunRecord, stamp: bool = True) -> None:
+        """``stamp``: a record without an origin is of what the session shows now (not one
+        read from a project saved before results had one: that origin is unknown)."""
+        if record.origin is None and stamp:
+            record = replace(record, origin=self.origin())
         self.runs.append(record)
         self.events.runs.emit(record)
         self.mark_dirty()
@@ -275,7 +287,9 @@ class Session:
         self.runs = []
         self.events.runs.emit(None)
 
-    def set_bench(self, result: BenchResult | None) -> None:
+    def set_bench(self, result: BenchResult | None, stamp: bool = True) -> None:
+        if result is not None and result.origin is None and stamp:
+            result.origin = self.origin()
         self.bench = result
         self.events.bench.emit(result)
         self.mark_dirty()
@@ -315,8 +329,9 @@ class Session:
         self.events.file.emit()
 
     def to_project(self) -> ProjectFile:
-        results = result_dicts(SavedResults([(r.row, r.report) for r in self.runs], self.bench,
-                                            self.sweep, self.server, self.deployed))
+        runs = [(r.row, r.report, r.origin) for r in self.runs]
+        results = result_dicts(SavedResults(runs, self.bench, self.sweep, self.server,
+                                            self.deployed))
         o = self.options
         return ProjectFile(template=self.template_text, template_path=self.template_path,
                            placeholders=list(self.placeholders), rows=self.rows,
@@ -359,9 +374,9 @@ class Session:
         if saved.unreadable:
             problems.append("the project's saved results are unreadable; run them again")
         self.clear_runs()
-        for row, report in saved.runs:
-            self.add_run(RunRecord(row, report))
-        self.set_bench(saved.bench)
+        for row, report, origin in saved.runs:
+            self.add_run(RunRecord(row, report, origin), stamp=False)
+        self.set_bench(saved.bench, stamp=False)
         self.set_sweep(saved.sweep)
         self.set_server_bench(saved.server)
         self.set_deployed(saved.deployed)

@@ -28,6 +28,9 @@ from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_ch
 from .engine_worker import EngineWorker, Job, JobKind
 from .file_folders import FileFolders
 from .model_events import follow
+from .narrow_widgets import ElidedLabel
+from .result_marks import EarlierNote
+from .status_bar import one_line
 from .run_panel import MODE_TIPS, VERDICT_COLORS, recompute_box
 from .session_edits import SessionEdits
 
@@ -167,7 +170,7 @@ class BenchView(QWidget):
         top.addStretch(1)
         self.summary = QLabel("No benchmark yet: press “Benchmark rows”.")
         self.summary.setWordWrap(True)
-        self.progress = QLabel("")
+        self.progress = ElidedLabel("")  # one line: the whole of it in its tooltip
         self.progress.setObjectName("benchProgress")
         self.progress.hide()
         below = QHBoxLayout()  # the exports beside the summary: the row above stays narrow
@@ -220,7 +223,11 @@ class BenchView(QWidget):
         lay.addLayout(top)
         lay.addWidget(self.progress)
         lay.addLayout(below)
+        self.earlier = EarlierNote("benchmark")
+        lay.addWidget(self.earlier)
         lay.addWidget(split, 1)
+        session.events.template.connect(self._mark_earlier)
+        session.events.model.connect(lambda _info: self._mark_earlier())
         session.events.bench.connect(self._show_result)
         session.events.sweep.connect(self._show_sweep)
         session.events.options.connect(self._show_options)
@@ -234,7 +241,7 @@ class BenchView(QWidget):
     def show_progress(self, job: Job, p: Progress) -> None:
         """A benchmark or sweep in progress: the whole job and the current pass."""
         if job.kind in (JobKind.BENCH, JobKind.SWEEP) and p.stage != "generate":
-            self.progress.setText(progress_line(job.label, p))
+            self.progress.setText(one_line(job.label, progress_line(job.label, p)))
             self.progress.show()
 
     def _job_changed(self, label: str) -> None:
@@ -266,8 +273,17 @@ class BenchView(QWidget):
             return
         self.edits.set_option("bench_modes", modes, text="choose the benchmark's modes")
 
+    def _mark_earlier(self) -> None:
+        """A benchmark of an earlier template, model or settings stays, marked as such."""
+        bench = self.session.bench
+        self.earlier.show_for([bench.origin] if bench else [], self.session.origin())
+
     def _show_result(self, result: BenchResult | None) -> None:
         rows = result.rows if result else []
+        self._mark_earlier()
+        # chain reuses cells in place or copies them: a benchmark of chain alone forks nothing
+        self.table.setColumnHidden([k for k, _h, _t in BENCH_COLUMNS].index("restore_ms"),
+                                   bool(result) and tuple(result.modes) == ("chain",))
         self._show_chart(result)
         if rows:
             self.charts.setCurrentWidget(self.chart)

@@ -5,8 +5,9 @@ whiskers. Each row's label says as much as its width allows ("row 3 ×12.9", "3 
 recomputed on resize, so labels are never cut to "row…". ``SweepChart``: time to first token
 against prefix tokens, cold and warm, the suffix-only evaluation as the floor.
 
-Every chart has a legend below its plot, one entry per named series and one "min–max" for
-the whiskers when there are any; a label cut by a narrow chart shows whole as its tooltip. ``legend_entries`` lists what a chart's legend shows.
+Every chart has a legend below its plot (chart_legend.py: entries shown whole, wrapping),
+one entry per named series and one "min–max" for the whiskers when there are any.
+``legend_entries`` lists what a chart's legend shows.
 """
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPen
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QWidget
 
+from .chart_legend import ChartLegend
 
 COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
 MODE_COLORS = {"prefix": QColor("#2e7dd7"), "chain": QColor("#2e9d5b"), "compose": QColor("#8e5bc4")}
 MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has every row
 # a chart's floor: its title, a plot and its legend still readable, and low enough that the
 # Run tab leaves the template 15 lines on a 768-pixel screen (drag the splitter for more)
-MIN_HEIGHT = 150
+MIN_HEIGHT = 130
 WHISKERS = "min–max"  # the legend's name for the whiskers (bars are at the median)
 COMPACT_BELOW = 240  # pixels: a shorter chart drops its axis titles to keep its plot and labels
+WHISKER_COLOR = QColor("#222222")
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,7 @@ def _chart(title: str) -> QChart:
     c = QChart()
     c.setTitle(title)
     c.setAnimationOptions(QChart.NoAnimation)
-    c.legend().setVisible(True)
-    c.legend().setAlignment(Qt.AlignBottom)
-    c.legend().setShowToolTips(True)
+    c.legend().setVisible(False)  # ChartLegend draws it, whole
     c.setMargins(QMargins(4, 4, 4, 4))
     c.setBackgroundRoundness(0)
     return c
@@ -74,6 +75,9 @@ def _chart(title: str) -> QChart:
 
 def legend_entries(view: QChartView) -> list[str]:
     """The labels the chart's legend shows (none when the legend is hidden)."""
+    legend = getattr(view, "legend_row", None)
+    if legend is not None:
+        return legend.names()
     legend = view.chart().legend()
     if not legend.isVisible():
         return []
@@ -101,8 +105,9 @@ def fit_labels(forms: list[tuple[str, ...]], width_px: float, metrics: QFontMetr
     """Per category its label forms, longest first: the longest form that fits every
     category's width; unique (repeated rows differ by invisible zero-width spaces, since a
     category axis merges equal names)."""
-    # Qt elides a category label well before it touches the next one: keep a wide margin
-    per = width_px / max(len(forms), 1) - 28
+    # QtCharts gives each label the axis's width over its n + 1 ticks (not over the n
+    # categories), less padding and its text item's margins, and elides a longer one
+    per = width_px / (len(forms) + 1) - 20
     labels = [f[-1] for f in forms]
     for i in range(max((len(f) for f in forms), default=0)):
         texts = [f[min(i, len(f) - 1)] for f in forms]
@@ -125,6 +130,7 @@ class TtftChart(QChartView):
         super().__init__(_chart(title), parent)
         self.setRenderHint(QPainter.Antialiasing)
         self.setMinimumHeight(MIN_HEIGHT)
+        self.legend_row = ChartLegend(self)
         self.bars: list[TtftBar] = []
         self.forms: list[tuple[str, ...]] = []  # per row, its label forms, longest first
         self.axis_title = "row · ×speedup"
@@ -166,6 +172,7 @@ class TtftChart(QChartView):
         clear_chart(chart)
         self._cats = None
         if not n or not series:
+            self.legend_row.set_entries([])
             return
         bars = QBarSeries()
         bars.setBarWidth(0.8)
@@ -203,15 +210,16 @@ class TtftChart(QChartView):
                 if hi <= lo:
                     continue
                 w = QLineSeries()
-                w.setPen(QPen(QColor("#222222"), 1.5))
+                w.setPen(QPen(WHISKER_COLOR, 1.5))
                 w.append(i + dx, lo)
                 w.append(i + dx, hi)
                 w.setName(WHISKERS)
                 chart.addSeries(w)
                 w.attachAxis(x)
                 w.attachAxis(y)
-                chart.legend().markers(w)[0].setVisible(not explained)
                 explained = True
+        self.legend_row.set_entries([(s.name, s.color) for s in series]
+                                    + ([(WHISKERS, WHISKER_COLOR)] if explained else []))
         self._relabel_timer.start()  # once the new axes are laid out
 
     def _labels_for_width(self) -> list[str]:
@@ -232,6 +240,7 @@ class TtftChart(QChartView):
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
+        self.legend_row.place()
         self._relabel_timer.start()
 
 
@@ -240,6 +249,7 @@ class SweepChart(QChartView):
         super().__init__(_chart("Time to first token vs prefix length (ms)"), parent)
         self.setRenderHint(QPainter.Antialiasing)
         self.setMinimumHeight(MIN_HEIGHT)
+        self.legend_row = ChartLegend(self)
         self.points = []
 
     def set_points(self, points) -> None:
@@ -247,6 +257,7 @@ class SweepChart(QChartView):
         chart = self.chart()
         clear_chart(chart)
         if not points:
+            self.legend_row.set_entries([])
             return
         x, y = QValueAxis(), QValueAxis()
         x.setTitleText("prefix tokens")
@@ -270,10 +281,13 @@ class SweepChart(QChartView):
             chart.addSeries(s)
             s.attachAxis(x)
             s.attachAxis(y)
+        self.legend_row.set_entries([("cold", COLD), ("warm", WARM),
+                                     ("suffix only (floor)", FLOOR)])
         compact(self)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
+        self.legend_row.place()
         compact(self)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
                                QWidget)
@@ -77,6 +77,7 @@ def combo(items: list[tuple[str, str]]) -> QComboBox:
 class EngineSettingsForm(QWidget):
     # a model file was chosen in the dialog: it loads with Apply, with the context set beside it
     file_chosen = Signal(str)
+    recent_chosen = Signal(str)  # a model of the drop-down ("": the default), set with Apply
 
     def __init__(self, session: Session, edits: SessionEdits, parent: QWidget | None = None):
         super().__init__(parent)
@@ -89,9 +90,10 @@ class EngineSettingsForm(QWidget):
         browse = QPushButton("Open…")
         browse.clicked.connect(self.open_dialog)
         self.recent = QComboBox()
+        self.recent.setObjectName("recentModels")
         self.recent.setPlaceholderText("recent models")
-        self.recent.activated.connect(lambda i: self.edits.set_engine(
-            "model_path", self.recent.itemData(i) or None))
+        self.recent.setToolTip("A model loaded lately, or the default one: Apply loads it")
+        self.recent.activated.connect(lambda i: self.recent_chosen.emit(self.recent.itemData(i)))
         self.n_ctx = spin(64, 1 << 17, "Context size in tokens (llama.cpp's -c)", step=512)
         self.ngl = spin(-1, 999, NGL_UNKNOWN, "all (-1)")
         self.ngl.setObjectName("nGpuLayers")
@@ -191,6 +193,7 @@ class EngineSettingsForm(QWidget):
                     b.show(value)
                 finally:
                     b.widget.blockSignals(was)
+        self._show_recent()
 
     # ---- layout
     def _lay_out(self, browse: QPushButton) -> None:
@@ -231,11 +234,18 @@ class EngineSettingsForm(QWidget):
         lay.addWidget(self.advanced)
 
     # ---- the model file
-    def set_recent(self, paths: list[str]) -> None:
+    def set_recent(self, entries: list[tuple[str, str]]) -> None:
+        """(name, path) of each model in the drop-down; path "" is the default model."""
         self.recent.clear()
-        for p in paths:
-            self.recent.addItem(Path(p).name, p)
-        self.recent.setCurrentIndex(-1)
+        for name, path in entries:
+            self.recent.addItem(name, path)
+            self.recent.setItemData(self.recent.count() - 1, path or name, Qt.ToolTipRole)
+        self._show_recent()
+
+    def _show_recent(self) -> None:
+        """The drop-down shows the model the settings name, when it lists it."""
+        self.recent.setCurrentIndex(self.recent.findData(self.session.options.engine.model_path
+                                                         or ""))
 
     def open_dialog(self) -> None:
         # the model's own folder, else Documents: never the folder the app was started from

@@ -2,6 +2,9 @@
 one last used for any, else the user's Documents folder (QStandardPaths) — never the folder the
 app was started from, which for a source checkout is the code.
 
+A save dialog never starts in the examples that come with the app (a folder of the app's own,
+read-only once installed): there it starts in the user's folder instead.
+
 One ``FileFolders`` per window, over the window's QSettings (tests give it a file in a temp
 folder). The dialogs themselves are Qt's static ones, so tests answer them as before.
 """
@@ -22,15 +25,25 @@ def documents_dir() -> Path:
     return Path(docs) if docs and Path(docs).is_dir() else Path.home()
 
 
+def app_folder(folder) -> bool:
+    """Whether ``folder`` is the app's own examples folder (or inside it)."""
+    from ..resources_path import examples_dir
+
+    try:
+        return Path(str(folder)).resolve().is_relative_to(examples_dir().resolve())
+    except OSError:
+        return False
+
+
 class FileFolders:
     def __init__(self, settings: QSettings):
         self.settings = settings
 
-    def folder(self, kind: str) -> Path:
+    def folder(self, kind: str, saving: bool = False) -> Path:
         """Where a dialog for ``kind`` ("project", "template", "rows", "export") starts."""
         for key in (kind, ANY):
             value = self.settings.value(KEY + key, "")
-            if value and Path(str(value)).is_dir():
+            if value and Path(str(value)).is_dir() and not (saving and app_folder(value)):
                 return Path(str(value))
         return documents_dir()
 
@@ -49,7 +62,8 @@ class FileFolders:
     def save_file(self, parent: QWidget, kind: str, title: str, name: str,
                   filters: str) -> tuple[str, str]:
         """(path, chosen filter); ``name``: the file name offered, or a whole path to start at."""
-        start = Path(name) if Path(name).is_absolute() else self.folder(kind) / name
+        start = Path(name) if Path(name).is_absolute() and not app_folder(Path(name).parent) \
+            else self.folder(kind, saving=True) / Path(name).name
         path, chosen = QFileDialog.getSaveFileName(parent, title, str(start), filters)
         if path:
             self.remember(kind, path)

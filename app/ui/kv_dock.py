@@ -33,6 +33,7 @@ from .kv_map import KvMap
 from .model_events import follow
 
 __all__ = ["EMPTY", "KvCacheDock", "seq_color"]
+LEGEND_LINES = 5
 
 
 class KvCacheDock(QDockWidget):
@@ -78,14 +79,15 @@ class KvCacheDock(QDockWidget):
         self.legend_area.setFrameShape(QFrame.NoFrame)
         self.legend_area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.legend_area.setWidget(self.legend)
-        self.legend_area.setMinimumHeight(3 * self.fontMetrics().lineSpacing() + 4)
+        # room for a few entries whole (each may wrap onto a second line); the map zooms
+        self.legend_area.setMinimumHeight(LEGEND_LINES * self.fontMetrics().lineSpacing() + 4)
         self.map_split = QSplitter(Qt.Vertical)
         self.map_split.setObjectName("kvMapSplit")
         self.map_split.addWidget(self.map)
         self.map_split.addWidget(self.legend_area)
-        self.map_split.setStretchFactor(0, 3)
-        self.map_split.setStretchFactor(1, 2)
-        self.map_split.setSizes([300, 200])  # shares, not pixels: the legend gets 2 of 5
+        self.map_split.setStretchFactor(0, 1)
+        self.map_split.setStretchFactor(1, 1)
+        self.map_split.setSizes([250, 250])  # shares, not pixels: half each
         self.map_split.setCollapsible(0, False)
         lay.addWidget(self.summary)
         lay.addWidget(self.note)
@@ -274,6 +276,10 @@ class KvCacheDock(QDockWidget):
                 parts.append(f"recurrent state at {slot.pos:,} ({size_text(slot.bytes)})")
             rows.append(f"<span style='color:{seq_color(s).name()}'>■</span> {escape(what)}: "
                         f"{' · '.join(parts)}{mark}")
+        if view.has_cells and view.used_cells is not None:
+            free = view.n_cells - view.used_cells
+            rows.insert(0, f"<span style='color:{EMPTY}'>■</span> empty: {free:,} free "
+                        f"cell{'s' if free != 1 else ''}")
         if view.stateful:
             rows.insert(0, f"layers: {escape(view.layers)}")
         legend = "<br>".join(rows) or "all sequences are empty"

@@ -308,13 +308,22 @@ class KvGrid(QWidget):
                 p.drawText(room, Qt.AlignBottom | Qt.AlignLeft, line)
         p.end()
 
+    def slot_text(self, r: RecurrentSlot, width: int) -> str:
+        """The longest of a chip's forms that fits ``width`` pixels, whole (its tooltip has
+        the rest); the sequence's number alone, elided, when none does."""
+        fm = self.fontMetrics()
+        forms = (f"seq {r.seq} · at {r.pos:,} · {size_text(r.bytes)}", f"seq {r.seq} · at {r.pos:,}",
+                 f"{r.seq} · {r.pos:,}", f"seq {r.seq}")
+        return next((t for t in forms if fm.horizontalAdvance(t) <= width),
+                    fm.elidedText(str(r.seq), Qt.ElideRight, width))
+
     def _draw_slots(self, p: QPainter) -> None:
         for r, x, w in self.slot_rects():
             colour = seq_color(r.seq)
             p.fillRect(x, 0, w, SLOT_H, colour)
             p.setPen(QColor("#000000") if colour.lightnessF() > 0.6 else QColor("#ffffff"))
             p.drawText(x + 4, 0, w - 8, SLOT_H, Qt.AlignVCenter | Qt.AlignLeft,
-                       f"seq {r.seq} · at {r.pos:,} · {size_text(r.bytes)}")
+                       self.slot_text(r, w - 8))
 
     def resizeEvent(self, event) -> None:
         self._image = None

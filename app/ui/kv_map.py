@@ -126,6 +126,6 @@ class KvMap(QWidget):
         self.zoom_fit.setEnabled(g.zoom_steps > 0)
         self.zoom_in.setEnabled(g.zoom_steps < g.max_zoom())
         what = ("1 cell per square" if k == 1 else
-                f"1 block = {k:,} cells · ◪ mixed: the corner is the next most common")
+                f"1 block = {k:,} cells · ◪ corner: next most common")
         self.scale.setText(what + ("" if g.zoom_steps else " · whole context"))
         self.scale.setToolTip(self.scale.text() + SCALE_TIP)

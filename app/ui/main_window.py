@@ -35,16 +35,17 @@ from .model_events import follow
 from .model_panel import ModelPanel
 from .project_actions import ProjectActions
 from .prompt_jobs import PromptJobs
+from .recent_models import RecentModels
 from .server_view import ServerView
 from .run_panel import RunPanel
 from .session_edits import SessionEdits, UndoActions
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
 from .messages_view import MessagesView, template_tabs
+from .table_columns import keep_column_widths, window_tables
 from .template_editor import TemplateEditor
 from .window_layout import DockLayout, central_widgets, size_center
 
-MAX_RECENT = 8
 STATE_FILTERS = (f"KV Primer state (*{STATE_SUFFIX})",
                  f"llama.cpp sequence state (*{LLAMA_SUFFIX})")
 # actions that start engine work: enabled only with a model loaded and no job of the user's running
@@ -96,6 +97,7 @@ class MainWindow(QMainWindow):
         self.cache_panel = CachePanel(self.worker, self)
         self.jobs = PromptJobs(self.worker, self.session, self, edits=self.edits)
         self._build_layout()
+        self.columns = keep_column_widths(self.settings, window_tables(self))
         self.status = StatusBar(self.worker, self)
         self.setStatusBar(self.status)
         self.server_view.message.connect(lambda m: self.status.showMessage(m, 15000))
@@ -173,7 +175,7 @@ class MainWindow(QMainWindow):
         A(f, "&Import rows…", self.fillings.import_dialog, "Ctrl+I")
         f.addSeparator()
         A(f, "Open &model…", self.model_panel.open_dialog, "Ctrl+M")
-        self.recent_menu = f.addMenu("&Recent models")
+        self.recent = RecentModels(self.settings, f.addMenu("&Recent models"), self.model_panel)
         f.addSeparator()
         A(f, "&Quit", self.close, "Ctrl+Q")
         e = mb.addMenu("&Edit")
@@ -291,40 +293,27 @@ class MainWindow(QMainWindow):
                              f"context {info.n_ctx:,} tokens" + (f"; {lost}" if lost else ""))
             self.model_panel.notice.offer(lost)
             if config.model_path:
-                self._add_recent(config.model_path)
+                self.recent.add(config.model_path)
 
         def failed(msg):
             old = self.engine_status.info
             kept = f"; {Path(old.path).name} stays loaded" if old else ""
             self.show_error(f"cannot load {name}: {' '.join(msg.split())}{kept}")
+            # the field shows the model that is loaded, not the file that failed
+            loaded = self.engine_status.config.model_path if self.engine_status.config else None
+            self.session.set_options(engine=replace(self.session.options.engine,
+                                                    model_path=loaded), edit=False)
 
         self.status.showMessage(f"loading {name}…")
         # measuring the kernels again is asked for once, never kept in the settings
         return self.worker.load(replace(config, remeasure_kernels=remeasure), on_done=done,
                                 on_error=failed)
 
-    def _add_recent(self, path: str) -> None:
-        recent = [p for p in self.recent_models() if p != path]
-        recent.insert(0, path)
-        self.settings.setValue("recentModels", recent[:MAX_RECENT])
-        self._fill_recent()
-
     def recent_models(self) -> list[str]:
-        v = self.settings.value("recentModels", [])
-        return [v] if isinstance(v, str) else list(v or [])
-
-    def _fill_recent(self) -> None:
-        self.recent_menu.clear()
-        recent = self.recent_models()
-        self.model_panel.set_recent(recent)
-        for p in recent:
-            a = self.recent_menu.addAction(Path(p).name)
-            a.setToolTip(p)
-            a.triggered.connect(lambda _=False, p=p: self.open_model(p))
-        self.recent_menu.setEnabled(bool(recent))
+        return self.recent.paths()
 
     def open_model(self, path: str):
-        """The user chose a model file (recent models, a dropped file): set it and load it."""
+        """A model file dropped on the window: set it and load it."""
         self.edits.set_engine("model_path", path)
         return self.load_model()
 
@@ -378,7 +367,6 @@ class MainWindow(QMainWindow):
             self.project.open_path(url.toLocalFile())
 
     def _restore_layout(self) -> None:
-        self._fill_recent()
         self.docks.restore()
 
     def showEvent(self, event) -> None:

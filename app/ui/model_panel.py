@@ -1,5 +1,6 @@
 """The Model dock: the engine's settings (engine_settings.py), Apply, and the loaded model's
-facts, with what its architecture means for caching.
+facts (the CPU level llama.cpp loaded among them), with what its architecture means for caching.
+A model chosen from the recent ones, like one chosen in the file dialog, loads with Apply.
 
 The settings are the session's; Apply asks the window to load what the session holds. The
 loaded model's facts and settings come from the engine status (app/engine/engine_status.py),
@@ -35,6 +36,7 @@ class ModelPanel(QDockWidget):
         self.engine_status = engine_status
         self.form = EngineSettingsForm(session, edits or SessionEdits(session, self))
         self.form.file_chosen.connect(self._file_chosen)  # loads with Apply, not at once
+        self.form.recent_chosen.connect(self.choose)
         self.remeasure = QPushButton("Measure again")
         self.remeasure.setObjectName("remeasureKernels")
         self.remeasure.setToolTip("Time both attention kernels again and reload")
@@ -57,13 +59,17 @@ class ModelPanel(QDockWidget):
         self.facts = QFormLayout()
         self.fact_labels: dict[str, QLabel] = {}
         for key in ("name", "architecture", "layers", "heads", "parameters", "file", "kv per token",
-                    "context", "batch", "memory", "attention", "cpu kernels"):
+                    "context", "batch", "memory", "attention", "cpu level", "cpu kernels"):
             lab = QLabel("—")
             lab.setWordWrap(True)
             self.fact_labels[key] = lab
-            self.facts.addRow("CPU kernels" if key == "cpu kernels" else key.capitalize(), lab)
+            self.facts.addRow(key.replace("cpu", "CPU") if key.startswith("cpu")
+                              else key.capitalize(), lab)
         self.fact_labels["attention"].setObjectName("attentionKernel")
         self.fact_labels["memory"].setObjectName("memoryBudget")
+        self.fact_labels["cpu level"].setObjectName("cpuLevel")
+        self.fact_labels["cpu level"].setToolTip("The instruction-set level of the llama.cpp "
+                                                 "CPU build loaded for this machine")
         facts_box = QGroupBox("Loaded model")
         facts_box.setLayout(self.facts)
         # what the architecture means for caching: window, recurrent layers, shifting positions
@@ -113,8 +119,10 @@ class ModelPanel(QDockWidget):
         self.pending.setText(pending_text(self.engine_status.config, self.session.options.engine,
                                           self.session.state))
 
-    def set_recent(self, paths: list[str]) -> None:
-        self.form.set_recent(paths)
+    def choose(self, path: str) -> None:
+        """A model chosen from the recent ones ("": the default): set, loaded with Apply."""
+        self.form.edits.set_engine("model_path", path or None)
+        self._file_chosen(path)
 
     def open_dialog(self) -> None:
         self.form.open_dialog()
@@ -148,9 +156,12 @@ class ModelPanel(QDockWidget):
         f["kv per token"].setText(f"{info.kv_bytes_per_token:,} bytes ({info.type_k}/{info.type_v})")
         f["context"].setText(f"{info.n_ctx:,} tokens (trained {info.n_ctx_train:,}) · "
                              f"full KV {size_text(info.n_ctx * info.kv_bytes_per_token)}")
+        # the threads at load: a run on a busy machine may use fewer, and says how many
         f["batch"].setText(f"batch {info.n_batch}, {info.n_seq_max} sequences"
-                           + (f"\n{info.batch_threads}" if info.batch_threads else ""))
+                           + (f"\nat load: {info.batch_threads}; each run names the batch "
+                              "threads it used" if info.batch_threads else ""))
         f["memory"].setText(memory_text(info.memory))
+        f["cpu level"].setText(info.cpu_backend or "—")
         self._show_kernels()
         # AMX / repacked weights: what llama.cpp runs this model with, why, and the crash check
         k = info.cpu_kernels

@@ -155,7 +155,8 @@ class ProjectActions:
         return True
 
     def save_as(self) -> bool:
-        name = Path(self.session.path).name if self.session.path else f"project{PROJECT_SUFFIX}"
+        # the project's own file when it has one; else the folder used last, or Documents
+        name = self.session.path or f"project{PROJECT_SUFFIX}"
         path, _ = self.folders.save_file(self.w, "project", "Save project", name, PROJECT_FILTER)
         return bool(path) and self.save(path if path.endswith(PROJECT_SUFFIX)
                                                 else path + PROJECT_SUFFIX)

@@ -9,7 +9,7 @@ Messages for the user leave through the ``status`` and ``error`` signals; what i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class PromptJobs(QObject):
     state_load_failed = Signal(str)  # the reason
     cold_estimate = Signal(str)  # before a long cold run: how long it will take
     verified = Signal(object)  # RunRecord: an earlier warm-only run, now with its verdict
+    run_failed = Signal(str)  # a run stopped with an error (a refused reuse mode): the reason
 
     def __init__(self, worker: EngineWorker, session: Session, parent: QObject | None = None,
                  edits: SessionEdits | None = None):
@@ -191,8 +192,12 @@ class PromptJobs(QObject):
             if self.session.runs:
                 self.status.emit(self.session.runs[-1].summary())
 
+        def failed(msg: str):
+            self.run_failed.emit(msg)
+            self._fail(msg)
+
         return self._submit(JobKind.RUN, lambda e, t: flows.run_rows(e, plan, t), done,
-                            label=f"run {mode}")
+                            label=f"run {mode}", on_error=failed)
 
     def verify(self, record: RunRecord | None = None) -> Job | None:
         """Verify a warm-only run later (the latest one not yet verified by default): its cold
@@ -202,6 +207,7 @@ class PromptJobs(QObject):
             return None
 
         def done(new: RunRecord):
+            new = replace(new, origin=plan.record.origin)  # the same run, of the same template
             runs = self.session.runs
             at = next((i for i, r in enumerate(runs) if r is plan.record), None)
             if at is not None:  # not cleared meanwhile

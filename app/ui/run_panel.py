@@ -12,27 +12,24 @@ estimate are transient and come from the jobs. The max-tokens, reuse-mode, recom
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QFont, QTextCursor
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
-                               QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QTextCursor
+from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
+                               QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
 
-from ..engine import REUSE_MODES, RunReport, TextDelta, Verdict
-from ..engine.session import Options, RunRecord, Session
+from ..engine import RunReport, TextDelta, Verdict
+from ..engine.session import RunRecord, Session
 from .charts import TtftBar, TtftChart
 from .narrow_widgets import FlowRow
+from .result_marks import EarlierNote, changes, grey_rows
+# MODE_TIPS and recompute_box serve the Benchmark view too, which imports them from here
+from .run_options import MODE_TIPS, noise_box, recompute_box, reuse_mode_box
 from .session_edits import SessionEdits
 
 COLUMNS = ["row", "path", "reuse", "reused (tokens)", "evaluated (tokens)", "first token (ms)",
-           "speedup", "verdict", "fork (ms)", "tokens/s"]
+           "speedup", "verdict", "fork (ms)", "tokens/s", "model"]
 # the verdict's word, coloured: exact, as close as the model's own noise, different
 VERDICT_COLORS = {"bit-identical": "#2e7d32", "within-noise": "#b26a00", "diverged": "#c62828"}
-MODE_TIPS = {
-    "prefix": "Reuse the template's static prefix only",
-    "chain": "Reuse the longest cached prompt: earlier rows with the same first values too (exact)",
-    "compose": "Compose the prefix with cached modules of each value (fast, approximate: "
-               "modules never attended to each other)",
-}
 
 
 def verdict_color(v: Verdict | None) -> QColor:
@@ -47,70 +44,6 @@ def verdict_details(v: Verdict) -> str:
         rest = inner + note
     exact = "same tokens, logits equal bit for bit" if v.exact else ""
     return "; ".join(x for x in (exact, rest) if x)
-
-
-def reuse_mode_box(session: Session, edits: SessionEdits, parent: QWidget | None = None
-                   ) -> QComboBox:
-    """The reuse mode of runs, bound to the session's options."""
-    box = QComboBox(parent)
-    box.setObjectName("reuseMode")
-    for i, m in enumerate(REUSE_MODES):
-        box.addItem(m, m)
-        box.setItemData(i, MODE_TIPS[m], Qt.ToolTipRole)
-    box.setToolTip("How a warm run reuses the radix cache: " +
-                   "; ".join(f"{m}: {t}" for m, t in MODE_TIPS.items()))
-
-    def show(o: Options) -> None:
-        if box.currentData() != o.reuse_mode:
-            box.setCurrentIndex(max(box.findData(o.reuse_mode), 0))
-
-    show(session.options)
-    box.currentIndexChanged.connect(lambda _i: edits.set_option("reuse_mode", box.currentData(),
-                                                                text="set the reuse mode"))
-    session.events.options.connect(show)
-    return box
-
-
-def recompute_box(session: Session, edits: SessionEdits, parent: QWidget | None = None,
-                  bench: bool = False) -> QSpinBox:
-    """Compose mode's recompute k, bound to the session's options; enabled when runs (or, with
-    ``bench``, benchmarks) use compose."""
-    k = QSpinBox(parent)
-    k.setObjectName("recompute")
-    k.setRange(0, 32)
-    k.setPrefix("recompute k: ")
-    k.setToolTip("Compose mode: evaluate the first k tokens of each module again in context "
-                 "(more accurate, a little slower)")
-
-    def show(o: Options) -> None:
-        if k.value() != o.recompute:
-            k.setValue(o.recompute)
-        k.setEnabled("compose" in o.bench_modes if bench else o.reuse_mode == "compose")
-
-    show(session.options)
-    k.valueChanged.connect(lambda v: edits.set_option("recompute", v, merge=True))
-    session.events.options.connect(show)
-    return k
-
-
-def noise_box(session: Session, edits: SessionEdits, parent: QWidget | None = None) -> QCheckBox:
-    """Whether every run measures the noise floor, bound to the session's options."""
-    box = QCheckBox("always measure noise", parent)
-    box.setObjectName("measureNoise")
-    box.setToolTip("Also evaluate the prompt a third time, in plain batches (the model's own "
-                   "noise floor), on every run. Without it only runs whose warm result differs "
-                   "from the cold one pay for it: a bit-identical run needs no noise floor")
-
-    def show(o: Options) -> None:
-        if box.isChecked() != o.measure_noise:
-            box.setChecked(o.measure_noise)
-
-    show(session.options)
-    box.toggled.connect(lambda on: edits.set_option("measure_noise", on,
-                                                    text="always measure noise" if on
-                                                    else "measure noise only when needed"))
-    session.events.options.connect(show)
-    return box
 
 
 def breakdown_text(report: RunReport) -> str:
@@ -208,6 +141,8 @@ class RunPanel(QWidget):
             t = QPlainTextEdit()
             t.setReadOnly(True)
             t.setFont(mono)
+            # two lines at the least: on a short screen the table and chart below keep theirs
+            t.setMinimumHeight(2 * QFontMetrics(mono).lineSpacing() + 12)
             t.setObjectName(f"output_{mode}")
             QVBoxLayout(box).addWidget(t)
             box.layout().setContentsMargins(4, 4, 4, 4)
@@ -219,12 +154,15 @@ class RunPanel(QWidget):
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("runsTable")
-        self.table.setHorizontalHeaderLabels(COLUMNS)
+        # "reused (tokens)" on two lines: the columns are as narrow as their numbers
+        self.table.setHorizontalHeaderLabels([c.replace(" (", "\n(") for c in COLUMNS])
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self._origins: list = []  # per table line, its run's ResultOrigin
+        self.earlier = EarlierNote("run")
         self.chart = TtftChart("Time to first token (ms), cold vs warm")
 
         lower = QSplitter(Qt.Horizontal)
@@ -241,11 +179,39 @@ class RunPanel(QWidget):
         lay.addWidget(self.reuse)
         lay.addWidget(self.breakdown)
         lay.addLayout(result)
+        lay.addWidget(self.earlier)
         lay.addWidget(split, 1)
         session.events.runs.connect(self._runs_changed)
-        session.events.options.connect(lambda o: self.max_tokens.setValue(o.max_tokens))
+        session.events.options.connect(self._options_changed)
+        session.events.template.connect(self.refresh_marks)
+        session.events.model.connect(lambda _info: self.refresh_marks())
+        self._options_changed(session.options)
         for rec in session.runs:
             self._runs_changed(rec)
+
+    def _options_changed(self, o) -> None:
+        self.max_tokens.setValue(o.max_tokens)
+        # chain reuses cells in place or copies them; it forks nothing
+        self.table.setColumnHidden(COLUMNS.index("fork (ms)"), o.reuse_mode == "chain")
+
+    def refresh_marks(self) -> None:
+        """Mark the runs of an earlier template, model or settings (kept, greyed)."""
+        now = self.session.origin()
+        self.earlier.show_for([r.origin for r in self.session.runs], now)
+        grey_rows(self.table, changes(self._origins, now), self._origins)
+
+    def show_failure(self, msg: str) -> None:
+        """A run that stopped with an error: the verdict area says so, rather than the last
+        run's verdict above emptied output boxes."""
+        for t in self.outputs.values():
+            t.clear()
+        self.reuse.setText("")
+        self.breakdown.setText("")
+        self.verdict.setText("not run")
+        self.verdict.setStyleSheet(f"color: {verdict_color(None).name()};")
+        self.details.setText(msg)
+        self._shown = None
+        self._update_verify()
 
     def set_can_run(self, on: bool) -> None:
         for b in self.run_buttons:
@@ -283,7 +249,7 @@ class RunPanel(QWidget):
                     self.table.item(r, COLUMNS.index("verdict")).setForeground(verdict_color(v))
                 break
         if rep.cold is not None:
-            self._add_line(record.row, rep, rep.cold)
+            self._add_line(record.row, rep, rep.cold, record.origin)
         self._refresh_chart()
         self.show_verdict(record.report)
 
@@ -293,6 +259,7 @@ class RunPanel(QWidget):
         jobs.delta.connect(self.on_delta)
         jobs.cold_estimate.connect(self.show_estimate)
         jobs.verified.connect(self.show_verified)
+        jobs.run_failed.connect(self.show_failure)
         self.verify_requested.connect(jobs.verify)
 
     # ---- transient: the row being run and its streamed text
@@ -319,9 +286,10 @@ class RunPanel(QWidget):
             t = self.outputs[path.mode]
             if t.toPlainText() != path.text:  # the streamed pieces lack a last partial character
                 t.setPlainText(path.text)
-            self._add_line(number, report, path)
+            self._add_line(number, report, path, record.origin)
         self.show_verdict(report)
         self._refresh_chart()
+        self.refresh_marks()
 
     def _refresh_chart(self) -> None:
         bars = [TtftBar.single(r.row, r.report.cold.ttft_ms, r.report.warm.ttft_ms)
@@ -348,16 +316,18 @@ class RunPanel(QWidget):
         self.details.setText(verdict_details(v) + kept)
         self.verdict.setStyleSheet(f"color: {verdict_color(v).name()};")
 
-    def _add_line(self, number: int, report: RunReport, path) -> None:
+    def _add_line(self, number: int, report: RunReport, path, origin=None) -> None:
         v, warm = report.verdict, path.mode == "warm"
         speed = report.speedup
         cells = [str(number), path.mode, report.reuse if warm else "—",
-                 f"{path.reused_tokens:,}", f"{path.evaluated_tokens:,}", f"{path.ttft_ms:.1f}",
+                 f"{path.reused_tokens:,}", f"{path.evaluated_tokens:,}", f"{path.ttft_ms:,.1f}",
                  f"×{speed:.1f}" if speed and warm else "—", v.equivalence if v and warm else "",
-                 f"{path.restore_ms:.1f}" if warm else "—", f"{path.tokens_per_s:.1f}"]
+                 f"{path.restore_ms:,.1f}" if warm else "—", f"{path.tokens_per_s:,.1f}",
+                 origin.model if origin else ""]
         tip = (f"{report.reuse_text()}\n{v.describe()}" if v else report.reuse_text()) if warm else ""
         r = self.table.rowCount()
         self.table.insertRow(r)
+        self._origins.append(origin)
         for c, text in enumerate(cells):
             item = QTableWidgetItem(text)
             item.setToolTip(tip)
@@ -368,6 +338,8 @@ class RunPanel(QWidget):
 
     def clear(self) -> None:
         self.table.setRowCount(0)
+        self._origins = []
+        self.earlier.hide()
         self.chart.set_bars([])
         for t in self.outputs.values():
             t.clear()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QHeaderView, QInputDialog,
+from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHeaderView, QInputDialog,
                                QLabel, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
@@ -22,6 +22,7 @@ from ..engine.states.llama_state_file import SUFFIX as LLAMA_SUFFIX
 from ..engine.states.llama_state_file import state_file_info
 from ..engine.states.prefix_state import SUFFIX
 from .byte_sizes import size_text
+from .narrow_widgets import FlowRow
 
 LLAMA_MODEL = "llama.cpp state (names no model)"
 
@@ -53,7 +54,7 @@ class StatesLibrary(QDockWidget):
         self.message = QLabel("")
         self.message.setObjectName("statesMessage")
         self.message.setWordWrap(True)
-        buttons = QHBoxLayout()
+        buttons = FlowRow()  # onto a second line in a narrow dock, every button whole
         self.buttons: dict[str, QPushButton] = {}
         for text, slot in (("Save current…", self.save_requested.emit), ("Load", self.load_selected),
                            ("Rename…", self.rename_selected), ("Delete", self.delete_selected),
@@ -62,7 +63,6 @@ class StatesLibrary(QDockWidget):
             b.clicked.connect(lambda _=False, slot=slot: slot())
             buttons.addWidget(b)
             self.buttons[text] = b
-        buttons.addStretch(1)
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(4, 4, 4, 4)

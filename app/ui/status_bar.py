@@ -1,18 +1,20 @@
-"""The status bar: the loaded model, context use, memory (against the engine's total, when it
-says one), the running job's progress + Cancel, and the attention-kernel measurement that runs
-between jobs ("measuring attention kernels: 6 s left (flash attention off until measured)"),
-or its latest news.
+"""The status bar: the last message, the loaded model, context use, memory (against the
+engine's total, when it says one), the running job's progress + Cancel, and the attention-kernel
+measurement that runs between jobs ("measuring attention kernels: 6 s left (flash attention off
+until measured)"), or its latest news.
 
 The model and the job shown come from the engine status (app/engine/engine_status.py), which
 the bar observes; the progress of that job from the worker's progress signal, in the words of
-the engine's ``progress_line`` (the CLI's too): the whole job, the current pass, the time left."""
+the engine's ``progress_line`` (the CLI's too): the whole job, the current pass, the time left,
+on one line. Each field is a label of its own that ends in "…" when it is short of room, its
+whole text in its tooltip; none is painted over another."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QSize, QTimer, Signal
-from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWidget
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtWidgets import QProgressBar, QPushButton, QSizePolicy, QStatusBar, QWidget
 
 from ..engine import ModelInfo, Progress
 from ..engine.engine_kernels import KernelStatus
@@ -23,6 +25,15 @@ from .narrow_widgets import ElidedLabel
 
 BAR_STEPS = 1000
 QUIET_STAGES = {"generate"}  # one token at a time: too fast and too small to be worth a bar
+
+
+def one_line(label: str, line: str) -> str:
+    """The progress line on one line, without its job's name twice ("prime: prime 256/1,761"
+    reads "prime 256/1,761")."""
+    line = " ".join(line.split())
+    if label and line.startswith(f"{label}: {label} "):
+        line = line[len(label) + 2:]
+    return line
 
 
 def rss_bytes() -> int | None:
@@ -61,6 +72,11 @@ class JobBar(QProgressBar):
     left" when there is room, narrower (the whole line in its tooltip) when there is not."""
     WIDTH = (200, 520)
 
+    def text(self) -> str:  # Qt paints this: one line, elided to the bar, never wrapped
+        room = self.width() - 8
+        full = super().text()
+        return self.fontMetrics().elidedText(full, Qt.ElideRight, room) if room > 0 else full
+
     def sizeHint(self) -> QSize:
         return QSize(self.WIDTH[1], super().sizeHint().height())
 
@@ -76,15 +92,30 @@ class StatusBar(QStatusBar):
     def __init__(self, worker: EngineWorker, parent: QWidget | None = None):
         super().__init__(parent)
         self.engine_status = worker.engine_status
-        # the labels elide (whole text in the tooltip): their text must not widen the window
+        # the labels elide (whole text in the tooltip): their text must not widen the window.
+        # Messages go to a label of their own, not QStatusBar's, which is cut without an
+        # ellipsis and painted under the labels on its right.
+        self.message = ElidedLabel("")
+        self.message.setObjectName("statusMessage")
+        self.addWidget(self.message, 1)
+        self._message_timer = QTimer(self, singleShot=True)
+        self._message_timer.timeout.connect(self.clearMessage)
         self.model = ElidedLabel("no model")
         self.model.setObjectName("statusModel")
         self.context = ElidedLabel("")
-        self.memory = QLabel("")
+        self.context.setObjectName("statusContext")
+        self.memory = ElidedLabel("")
         self.memory.setObjectName("statusMemory")
         self.kernels = ElidedLabel("")
         self.kernels.setObjectName("kernelStatus")
         self.kernels.hide()
+        # the long lines (a message, the kernel measurement) give up width, down to a few words;
+        # the short figures (context, memory) keep theirs
+        for label in (self.message, self.kernels):
+            label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+            label.setMinimumWidth(label.fontMetrics().averageCharWidth() * 16)
+        for label in (self.context, self.memory):
+            label.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Preferred)
         self._kernel_note = ""
         self.bar = JobBar()
         self.bar.setObjectName("jobProgress")
@@ -96,7 +127,8 @@ class StatusBar(QStatusBar):
         for w in (self.bar, self.cancel):
             w.hide()
             self.addPermanentWidget(w)
-        for w in (self.kernels, self.context, self.memory, self.model):
+        self.addPermanentWidget(self.kernels, 1)
+        for w in (self.context, self.memory, self.model):
             self.addPermanentWidget(w)
         worker.progress.connect(self.on_progress)
         follow(self, self.engine_status.events.info, self.show_model)
@@ -110,6 +142,24 @@ class StatusBar(QStatusBar):
         self._mem.timeout.connect(self.update_memory)
         self._mem.start()
         self.update_memory()
+
+    def showMessage(self, text: str, timeout: int = 0) -> None:  # Qt's name
+        self.message.setText(" ".join(text.split()))
+        self.message.setToolTip(text)
+        if timeout > 0:
+            self._message_timer.start(timeout)
+        else:
+            self._message_timer.stop()
+
+    def clearMessage(self) -> None:  # Qt's name
+        self.message.setText("")
+
+    def currentMessage(self) -> str:  # Qt's name
+        return self.message.text()
+
+    def fields(self) -> list[QWidget]:
+        """The labels and the bar, left to right as shown."""
+        return [self.message, self.bar, self.kernels, self.context, self.memory, self.model]
 
     def show_job(self, label: str) -> None:
         """The user's job that runs now ("" when none): a busy bar until its first progress."""
@@ -146,7 +196,7 @@ class StatusBar(QStatusBar):
         else:  # the whole job with the running pass (a run of one row fills as it runs)
             self.bar.setRange(0, BAR_STEPS)
             self.bar.setValue(round(p.fraction * BAR_STEPS))
-        self.last_text = progress_line(job.label, p)
+        self.last_text = one_line(job.label, progress_line(job.label, p))
         self.bar.setToolTip(self.last_text)
         self.bar.setFormat(self.last_text)
 
@@ -167,4 +217,4 @@ class StatusBar(QStatusBar):
         if rss:
             text, tip = memory_text(rss, self.engine_status.info)
             self.memory.setText(text)
-            self.memory.setToolTip(tip)
+            self.memory.setToolTip(f"{text}: {tip}")

@@ -30,6 +30,7 @@ from ..progress_plan import DonePass
 from ..runs.generation import GenerationConfig
 from ..states.prefix_state import PrefixState
 from ..runs.prompt_runs import check_reuse_modes, refuse_compose, run_prompt
+from ..runs.result_origin import ResultOrigin
 from ..prompts.rows import Row
 from ..task_state import TaskState
 from ..prompts.template import Template
@@ -93,6 +94,7 @@ class BenchResult:
     modes: tuple[str, ...] = ("prefix",)
     recompute: int = 0
     cancelled: bool = False
+    origin: ResultOrigin | None = None  # the template, model and settings that made it
 
     def summary(self) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731

@@ -23,6 +23,7 @@ from ..benchmarks.bench_rows import BenchResult, BenchRow
 from ..errors import KvPrimerError
 from ..benchmarks.prefix_sweep import SweepPoint
 from ..runs.prompt_runs import PathResult, RunReport, report_dict
+from ..runs.result_origin import ResultOrigin
 from ..runs.server_results import DeployResult, ServerBench, ServerRow
 from ..user_files import atomic_write
 
@@ -124,7 +125,8 @@ def bench_from_dict(d: dict) -> BenchResult:
     modes = tuple(s.get("modes") or dict.fromkeys(r.reuse for r in rows) or ("prefix",))
     return BenchResult(model=d.get("model", {}), repeat=s["repeat"], rows=rows, modes=modes,
                        recompute=int(s.get("recompute", 0)),
-                       cancelled=bool(s.get("cancelled", False)))
+                       cancelled=bool(s.get("cancelled", False)),
+                       origin=ResultOrigin.from_dict(d.get("origin")))
 
 
 def server_from_dict(d: dict) -> ServerBench:
@@ -136,8 +138,9 @@ def server_from_dict(d: dict) -> ServerBench:
 
 @dataclass
 class SavedResults:
-    """A project's results, rebuilt: runs as (row, report), the rest as the session keeps them."""
-    runs: list[tuple[int, RunReport]] = field(default_factory=list)
+    """A project's results, rebuilt: runs as (row, report, origin), the rest as the session
+    keeps them. A project saved before results had an origin gives None."""
+    runs: list[tuple[int, RunReport, ResultOrigin | None]] = field(default_factory=list)
     bench: BenchResult | None = None
     sweep: list[SweepPoint] = field(default_factory=list)
     server: ServerBench | None = None
@@ -147,10 +150,13 @@ class SavedResults:
 
 def result_dicts(saved: SavedResults) -> list[dict]:
     """The ``results`` list of a project file."""
-    out: list[dict] = [{"kind": "run", "row": row, "report": report_dict(rep)}
-                       for row, rep in saved.runs]
+    out: list[dict] = [{"kind": "run", "row": row, "report": report_dict(rep),
+                        **({"origin": origin.as_dict()} if origin else {})}
+                       for row, rep, origin in saved.runs]
     if saved.bench:
-        out.append({"kind": "benchmark", **saved.bench.as_dict()})
+        origin = saved.bench.origin
+        out.append({"kind": "benchmark", **saved.bench.as_dict(),
+                    **({"origin": origin.as_dict()} if origin else {})})
     if saved.sweep:
         out.append({"kind": "sweep", "points": [p.as_dict() for p in saved.sweep]})
     if saved.server:
@@ -167,7 +173,8 @@ def read_results(results: list[dict]) -> SavedResults:
         try:
             kind = r.get("kind")
             if kind == "run" and "report" in r:
-                saved.runs.append((int(r["row"]), report_from_dict(r["report"])))
+                saved.runs.append((int(r["row"]), report_from_dict(r["report"]),
+                                   ResultOrigin.from_dict(r.get("origin"))))
             elif kind == "benchmark":
                 saved.bench = bench_from_dict(r)
             elif kind == "sweep":

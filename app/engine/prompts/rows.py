@@ -33,8 +33,9 @@ def read_rows(path: str | Path, placeholders: list[str] | None = None) -> list[R
         rows = parse_csv(text, p.name)
     if not rows:
         raise RowsError(f"{p.name} has no rows; add at least one row of values")
-    if placeholders is not None:
-        check_rows(rows, placeholders, p.name)
+    if placeholders is not None:  # a CSV's columns are its header's: an error is the header's
+        check_rows(rows, placeholders, p.name, header=p.suffix.lower() not in
+                   (".jsonl", ".ndjson", ".json"))
     return rows
 
 
@@ -162,15 +163,18 @@ def _row(obj, number: int, name: str, unit: str) -> Row:
     return Row(number, values)
 
 
-def check_rows(rows: list[Row], placeholders: list[str], name: str = "rows") -> None:
-    """Every placeholder must have a column; extra columns are an error too (likely a typo)."""
+def check_rows(rows: list[Row], placeholders: list[str], name: str = "rows",
+               header: bool = False) -> None:
+    """Every placeholder must have a column; extra columns are an error too (likely a typo).
+    ``header``: the columns are a CSV header's (row 1), which the error then names."""
     needed = set(placeholders)
     for row in rows:
         missing = [n for n in placeholders if n not in row.values]
         extra = sorted(k for k in row.values if k not in needed)
+        where = "the header (row 1)" if header else f"row {row.number}"
         if missing:
-            raise RowsError(f"{name} row {row.number}: no column {missing[0]!r} for the placeholder "
-                            f"<{missing[0]}>")
+            raise RowsError(f"{name} {where}: no column {missing[0]!r} for the placeholder "
+                            f"<{missing[0]}>" + ("; add it to the header" if header else ""))
         if extra:
-            raise RowsError(f"{name} row {row.number}: column {extra[0]!r} is not a placeholder of "
+            raise RowsError(f"{name} {where}: column {extra[0]!r} is not a placeholder of "
                             "the template; remove it or add it to the template")

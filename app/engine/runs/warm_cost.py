@@ -49,7 +49,8 @@ class WarmBreakdown:
         plural = "batch" if self.batches == 1 else "batches"
         each = f" ({self.ms_per_batch:,.1f} ms a batch)" if self.batches > 1 else ""
         if self.batch_threads:
-            each += f" on {self.batch_threads} thread{'s' if self.batch_threads > 1 else ''}"
+            # "batch": the Model panel's count is the same kind, taken at load
+            each += f" on {self.batch_threads} batch thread{'s' if self.batch_threads > 1 else ''}"
         parts = [f"{bring} {self.restore_ms:,.1f} ms",
                  f"evaluate {self.evaluated_tokens:,} tokens in {self.batches} {plural} "
                  f"{self.evaluate_ms:,.1f} ms{each}",
