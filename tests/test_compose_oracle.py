@@ -1,0 +1,149 @@
+"""The compose-oracle measurement (bench/compose_oracle*.py) on the tiny model: the recompute
+assembly at its two ends (every module token recomputed is the cold run bit for bit; none is
+plain compose, the cached cells as they were made), the deviation it reads, and the choices."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine import Template, read_rows
+from app.engine.llama.native import NativeModel, ensure_backend
+from bench.compose_oracle import OracleContext, deviation, layer_rows, runs_of
+from bench.compose_oracle_run import OracleConfig, plan_rows, run_compose_oracle, summarise
+from bench.compose_oracle_select import choose, first_k, recall, share_count, top_share
+
+TEMPLATE = ("<|im_start|>system\nAnswer the question with the context below; the context is "
+            "about the world and the answer is short.\n# Context\n<c1>\n<c2>\n<c3><|im_end|>\n"
+            "<|im_start|>user\n<question><|im_end|>\n<|im_start|>assistant\n")
+ROWS = ("c1,c2,c3,question\n"
+        "hello world is the answer,the world of a context,and you are helpful,what is it?\n"
+        "the world of a context,hello world is the answer,you are a helpful assistant,who?\n")
+
+
+@pytest.fixture
+def files(tmp_path):
+    tpl, rows = tmp_path / "t.tmpl", tmp_path / "rows.csv"
+    tpl.write_text(TEMPLATE, encoding="utf-8")
+    rows.write_text(ROWS, encoding="utf-8")
+    return tpl, rows
+
+
+@pytest.fixture
+def oracle(tiny_model, files):
+    ensure_backend()
+    model = NativeModel(tiny_model)
+    tpl = Template.parse(files[0].read_text(encoding="utf-8"))
+    prefix, plans = plan_rows(model, tpl, read_rows(files[1], tpl.placeholders))
+    oc = OracleContext(model, n_ctx=1024, n_batch=32, n_threads=1)
+    oc.prime(prefix)
+    yield oc, plans
+    oc.close()
+    model.close()
+
+
+def test_rows_split_into_prefix_modules_and_question(oracle):
+    _oc, plans = oracle
+    for plan in plans:
+        assert len(plan.modules) == 3
+        assert plan.modules[0][0] == plan.prefix_len
+        assert all(a[1] == b[0] for a, b in zip(plan.modules, plan.modules[1:]))
+        assert plan.tail_start < len(plan.tokens)
+        assert plan.positions([0, plan.module_tokens - 1]) == [plan.prefix_len, plan.tail_start - 1]
+
+
+def test_recomputing_every_module_token_is_the_cold_run_bit_for_bit(oracle):
+    oc, plans = oracle
+    for plan in plans:
+        cold = oc.cold(plan, 4)
+        full = oc.compose(plan, plan.positions(range(plan.module_tokens)), 4, want_state=True)
+        assert full.tokens == cold.tokens
+        assert all(np.array_equal(a, b) for a, b in zip(full.logits, cold.logits))
+        assert full.runs == 3 and full.recomputed == plan.module_tokens
+        dev = deviation(cold.state, full.state, plan)
+        assert not dev.k.any() and not dev.v.any()
+
+
+def test_no_token_recomputed_is_plain_compose(oracle):
+    """Every module token keeps the V its module cached (V carries no position), and the
+    first module, placed where it was made, its K too; later modules' K is rotated."""
+    oc, plans = oracle
+    plan = plans[0]
+    plain = oc.compose(plan, [], 4, want_state=True)
+    assert plain.runs == 0 and plain.recomputed == 0
+    got = plain.state.first_stream
+    p = plan.prefix_len
+    for i, (s, e) in enumerate(plan.modules):
+        cached = oc.module(plan.tokens[s:e]).first_stream
+        at = np.isin(got.positions, np.arange(s, e))
+        for layer in range(len(got.k)):
+            assert np.array_equal(layer_rows(got, layer, "v")[at], layer_rows(cached, layer, "v"))
+            same_k = np.array_equal(layer_rows(got, layer, "k")[at], layer_rows(cached, layer, "k"))
+            assert same_k == (s == p), (i, layer)
+
+
+def test_the_deviation_is_context_only(oracle):
+    """Layer 0's V depends on the token alone, so composing leaves it as the cold run has it;
+    layer 1's differs where a module's context differs (all modules after the first)."""
+    oc, plans = oracle
+    plan = plans[1]
+    dev = deviation(oc.cold(plan, 2).state, oc.compose(plan, [], 2, want_state=True).state, plan)
+    assert dev.v.shape == (2, plan.module_tokens)
+    assert not dev.v[0].any()
+    later = plan.modules[0][1] - plan.modules[0][0]
+    assert dev.v[1][later:].max() > 0
+    assert (dev.oracle() >= 0).all()
+
+
+def test_recomputing_the_oracle_choice_removes_the_largest_deviation(oracle):
+    oc, plans = oracle
+    plan = plans[1]
+    cold = oc.cold(plan, 2)
+    dev = deviation(cold.state, oc.compose(plan, [], 2, want_state=True).state, plan)
+    lengths = [e - s for s, e in plan.modules]
+    idx = choose("oracle", 0.3, lengths, dev)
+    run = oc.compose(plan, plan.positions(idx), 2, want_state=True)
+    after = deviation(cold.state, run.state, plan).oracle()
+    assert after.sum() < dev.oracle().sum()
+    # the first chosen token sees the cold run's context in every layer: its cells are the cold
+    # run's up to the cells' own batch
+    assert after[idx[0]] < dev.oracle()[idx[0]] or dev.oracle()[idx[0]] == 0
+
+
+def test_the_oracle_picks_the_largest_deviations():
+    scores = np.array([0.1, 5.0, 0.3, 4.0, 0.0, 2.0, 0.2, 1.0, 0.05, 3.0])
+    assert top_share(scores, 0.3) == [1, 3, 9]
+    assert top_share(scores, 0.0) == []
+    chosen = top_share(scores, 0.5)
+    assert min(scores[chosen]) >= max(np.delete(scores, chosen))
+    assert top_share(np.array([1.0, 1.0, 1.0]), 0.34) == [0]  # ties: the earlier token
+
+
+def test_first_k_takes_each_modules_first_tokens_and_shares_round():
+    assert first_k([10, 20, 5], 0.2) == [0, 1, 10, 11, 12, 13, 30]
+    assert share_count(80, 0.05) == 4 and share_count(3, 0.05) == 1 and share_count(0, 0.3) == 0
+    assert recall([1, 2, 3], [2, 3, 4, 5]) == 0.5 and recall([], []) == 1.0
+    assert runs_of([3, 4, 5, 9, 11, 12]) == [(3, 6), (9, 10), (11, 13)]
+    with pytest.raises(ValueError, match="unknown selection method"):
+        choose("random", 0.1, [4], None)
+
+
+def test_the_section_runs_and_sums_up(tiny_model, files):
+    cfg = OracleConfig(rows=2, shares=(0.1, 0.3), oracle_more=(0.6,), max_tokens=3, n_ctx=1024,
+                       n_batch=32, n_threads=1, model_path=str(tiny_model),
+                       template_path=str(files[0]), rows_path=str(files[1]))
+    seen = []
+    out = run_compose_oracle(cfg, log=lambda m: None, on_row=lambda part: seen.append(
+        len(part["rows"])))
+    assert seen == [1, 2] and out["n_layer"] == 2
+    s = out["summary"]
+    assert s["rows"] == 2 and s["full_bit_identical"] == 2
+    assert set(s["curves"]) == {"oracle", "layer1_v", "first_k"}
+    assert set(s["curves"]["oracle"]) == {"0.1", "0.3", "0.6"}
+    assert set(s["curves"]["first_k"]) == {"0.1", "0.3"}
+    assert s["curves"]["oracle"]["0.3"]["oracle_recall"] == 1.0
+    assert s["full"]["greedy_equal"] == 1.0 and s["full"]["kl_max"] == 0.0
+    for row in out["rows"]:
+        assert row["cells"]["oracle@0.1"]["recomputed"] == max(1, round(0.1 * row["module_tokens"]))
+    # the summary is the rows' own figures
+    again = summarise(out["rows"], cfg.shares, cfg.methods, cfg.oracle_more)
+    assert again["curves"] == s["curves"]
