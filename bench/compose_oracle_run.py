@@ -33,7 +33,8 @@ from app.engine.prompts.prompt_tokens import PromptTokenizer
 from app.engine.runs.verdict import compare_runs
 from app.resources_path import examples_dir
 
-from .compose_oracle import OracleContext, RowPlan, deviation
+from .compose_oracle import PREFIX, OracleContext, RowPlan, deviation, layer_rows
+from .compose_oracle_score import ScoringContext, scored
 from .compose_oracle_select import METHODS, choose, recall
 
 SHARES = (0.05, 0.10, 0.15, 0.20, 0.30)
@@ -44,6 +45,8 @@ GOALS = {"greedy_equal": 0.95, "kl_median": 0.005, "time_vs_prefix": 0.5}
 @dataclass(frozen=True)
 class OracleConfig:
     rows: int = 48
+    first: int = 0  # the first row to run (0: the file's first), to split a run in parts
+    scoring_pass: bool = True  # the layer-1 signal from a scoring pass (else the cold run's)
     shares: tuple[float, ...] = SHARES
     methods: tuple[str, ...] = METHODS
     oracle_more: tuple[float, ...] = ORACLE_MORE
@@ -71,8 +74,14 @@ def plan_rows(model: NativeModel, tpl: Template, rows) -> tuple[list[int], list[
 
 
 def measure_row(oc: OracleContext, plan: RowPlan, shares, methods, max_tokens: int,
-                oracle_more=()) -> dict:
-    """One row: the cold run, plain compose, full recompute, and every share x method."""
+                oracle_more=(), scorer: ScoringContext | None = None) -> dict:
+    """One row: the cold run, plain compose, full recompute, and every share x method; with
+    ``scorer``, the layer-1 signal comes from its scoring pass (timed like the runs)."""
+    layer1 = score_ms = None
+    if scorer is not None:
+        v1, score_ms = scorer.layer1_v(plan)
+        layer1 = scored(v1, plan, [layer_rows(oc.module(plan.tokens[s:e]).first_stream, 1, "v")
+                                   for s, e in plan.modules])
     cold = oc.cold(plan, max_tokens)
     plain = oc.compose(plan, [], max_tokens, want_state=True)
     dev = deviation(cold.state, plain.state, plan)
@@ -95,7 +104,7 @@ def measure_row(oc: OracleContext, plan: RowPlan, shares, methods, max_tokens: i
     for share in (*shares, *oracle_more):
         best = choose("oracle", share, lengths, dev)
         for method in (methods if share in shares else ("oracle",)):
-            idx = best if method == "oracle" else choose(method, share, lengths, dev)
+            idx = best if method == "oracle" else choose(method, share, lengths, dev, layer1)
             run = oc.compose(plan, plan.positions(idx), max_tokens)
             out["cells"][f"{method}@{share:g}"] = {**judged(run), "recall": recall(idx, best)}
     prefix_ms.append(oc.prefix_mode(plan))
@@ -103,6 +112,13 @@ def measure_row(oc: OracleContext, plan: RowPlan, shares, methods, max_tokens: i
     ref = statistics.fmean(prefix_ms)
     for cell in [out["plain"], out["full"], *out["cells"].values()]:
         cell["vs_prefix"] = round(cell["ms"] / ref, 4)
+    if score_ms is not None:
+        out["score_ms"] = round(score_ms, 2)
+        out["score_vs_prefix"] = round(score_ms / ref, 4)
+        # the scoring pass's choice against the one the cold run's layer-1 V gives
+        out["score_agrees"] = {f"{s:g}": recall(choose("layer1_v", s, lengths, dev, layer1),
+                                                 choose("layer1_v", s, lengths, dev))
+                               for s in shares}
     # how far the layer-1 signal's ranking is from the oracle's over all tokens
     out["layer1_rank_corr"] = _rank_corr(dev.layer_v(1), dev.oracle())
     return out
@@ -168,7 +184,7 @@ def run_compose_oracle(cfg: OracleConfig, log=print, on_row=None) -> dict:
     t_start = time.perf_counter()
     tpl_path, rows_path = _files(cfg)
     tpl = Template.parse(tpl_path.read_text(encoding="utf-8"))
-    rows = read_rows(rows_path, tpl.placeholders)[:cfg.rows]
+    rows = read_rows(rows_path, tpl.placeholders)[cfg.first:cfg.first + cfg.rows]
     ensure_backend()
     model = NativeModel(Path(cfg.model_path) if cfg.model_path else default_model_path())
     out: dict = {"settings": {**asdict(cfg), "template": tpl_path.name, "rows_file": rows_path.name},
@@ -178,22 +194,43 @@ def run_compose_oracle(cfg: OracleConfig, log=print, on_row=None) -> dict:
     try:
         prefix, plans = plan_rows(model, tpl, rows)
         oc = OracleContext(model, cfg.n_ctx, cfg.n_batch, cfg.n_threads, cfg.flash_attn)
+        scorer = None
         try:
             oc.prime(prefix)
+            if cfg.scoring_pass:
+                scorer = ScoringContext(model, oc.ctx.state_get(PREFIX), cfg.n_ctx, cfg.n_batch,
+                                        cfg.n_threads)
             for plan in plans:
-                if not plan.modules:
+                if not plan.modules or tuple(plan.tokens[:plan.prefix_len]) != oc.prefix:
+                    out.setdefault("skipped", []).append(plan.number)  # its prefix merges
                     continue
-                oc.prime(plan.tokens[:plan.prefix_len])
                 out["rows"].append(measure_row(oc, plan, cfg.shares, cfg.methods, cfg.max_tokens,
-                                               cfg.oracle_more))
+                                               cfg.oracle_more, scorer))
                 log(f"compose oracle: row {plan.number} ({len(out['rows'])}/{len(plans)})")
                 if on_row:
                     on_row(out)
         finally:
+            if scorer is not None:
+                scorer.close()
             oc.close()
     finally:
         model.close()
     out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     out["summary"] = summarise(out["rows"], cfg.shares, cfg.methods, cfg.oracle_more)
     out["duration_s"] = round(time.perf_counter() - t_start, 1)
+    return out
+
+
+def merge_parts(parts: list[dict]) -> dict:
+    """One section from runs of it over parts of the rows (``first``/``rows``), in row order."""
+    out = {**parts[0], "rows": sorted((r for p in parts for r in p["rows"]),
+                                      key=lambda r: r["number"])}
+    out["parts"] = [{k: p.get(k) for k in ("date_utc", "loadavg_start", "loadavg_end",
+                                           "duration_s")} | {"first": p["settings"]["first"],
+                                                             "rows": len(p["rows"])}
+                    for p in parts]
+    out["settings"] = {**parts[0]["settings"], "first": 0, "rows": len(out["rows"])}
+    out["skipped"] = [n for p in parts for n in p.get("skipped", [])]
+    cfg = parts[0]["settings"]
+    out["summary"] = summarise(out["rows"], cfg["shares"], cfg["methods"], cfg["oracle_more"])
     return out

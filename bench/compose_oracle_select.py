@@ -38,12 +38,15 @@ def first_k(module_lengths: list[int], share: float) -> list[int]:
     return out
 
 
-def choose(method: str, share: float, module_lengths: list[int], dev) -> list[int]:
-    """Module-token indices for ``method`` at ``share``; ``dev`` is the row's Deviation."""
+def choose(method: str, share: float, module_lengths: list[int], dev,
+           layer1=None) -> list[int]:
+    """Module-token indices for ``method`` at ``share``; ``dev`` is the row's Deviation,
+    ``layer1`` the scoring pass's layer-1 V deviation (None: the cold run's, the same up to f16
+    rounding)."""
     if method == "oracle":
         return top_share(dev.oracle(), share)
     if method == "layer1_v":
-        return top_share(dev.layer_v(1), share)
+        return top_share(dev.layer_v(1) if layer1 is None else layer1, share)
     if method == "first_k":
         return first_k(module_lengths, share)
     raise ValueError(f"unknown selection method {method!r}; use one of {', '.join(METHODS)}")

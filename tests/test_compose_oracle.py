@@ -8,7 +8,8 @@ import pytest
 
 from app.engine import Template, read_rows
 from app.engine.llama.native import NativeModel, ensure_backend
-from bench.compose_oracle import OracleContext, deviation, layer_rows, runs_of
+from bench.compose_oracle import PREFIX, OracleContext, deviation, layer_rows, runs_of
+from bench.compose_oracle_score import ScoringContext, scored
 from bench.compose_oracle_run import OracleConfig, plan_rows, run_compose_oracle, summarise
 from bench.compose_oracle_select import choose, first_k, recall, share_count, top_share
 
@@ -107,6 +108,27 @@ def test_recomputing_the_oracle_choice_removes_the_largest_deviation(oracle):
     # the first chosen token sees the cold run's context in every layer: its cells are the cold
     # run's up to the cells' own batch
     assert after[idx[0]] < dev.oracle()[idx[0]] or dev.oracle()[idx[0]] == 0
+
+
+def test_the_scoring_pass_reads_layer_1s_v_in_context(oracle):
+    """Stopped after layer 1's V, the scoring pass gives the cold run's layer-1 V (up to the
+    cache's f16 rounding), and so the same choice as the cold run's V would."""
+    oc, plans = oracle
+    sc = ScoringContext(oc.model, oc.ctx.state_get(PREFIX), 1024, 32, 1)
+    try:
+        for plan in plans:
+            v1, ms = sc.layer1_v(plan)
+            cold = oc.cold(plan, 1)
+            cold_v1 = layer_rows(cold.state.first_stream, 1, "v")
+            assert v1.shape[0] == len(plan.tokens) - plan.prefix_len and ms > 0
+            assert np.allclose(v1[:plan.module_tokens], cold_v1, atol=1e-2 * np.abs(cold_v1).max())
+            dev = deviation(cold.state, oc.compose(plan, [], 1, want_state=True).state, plan)
+            cached = [layer_rows(oc.module(plan.tokens[s:e]).first_stream, 1, "v")
+                      for s, e in plan.modules]
+            score = scored(v1, plan, cached)
+            assert np.allclose(score, dev.layer_v(1), rtol=0.05, atol=1e-3 * score.max())
+    finally:
+        sc.close()
 
 
 def test_the_oracle_picks_the_largest_deviations():
