@@ -3,6 +3,8 @@ assembly at its two ends (every module token recomputed is the cold run bit for 
 plain compose, the cached cells as they were made), the deviation it reads, and the choices."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,9 @@ from app.engine import Template, read_rows
 from app.engine.llama.native import NativeModel, ensure_backend
 from bench.compose_oracle import PREFIX, OracleContext, deviation, layer_rows, runs_of
 from bench.compose_oracle_score import ScoringContext, scored
-from bench.compose_oracle_run import OracleConfig, plan_rows, run_compose_oracle, summarise
+from bench.compose_oracle_report import oracle_markdown, render_oracle_chart
+from bench.compose_oracle_run import (OracleConfig, merge_parts, plan_rows, run_compose_oracle,
+                                      summarise)
 from bench.compose_oracle_select import choose, first_k, recall, share_count, top_share
 
 TEMPLATE = ("<|im_start|>system\nAnswer the question with the context below; the context is "
@@ -149,7 +153,7 @@ def test_first_k_takes_each_modules_first_tokens_and_shares_round():
         choose("random", 0.1, [4], None)
 
 
-def test_the_section_runs_and_sums_up(tiny_model, files):
+def test_the_section_runs_and_sums_up(tiny_model, files, tmp_path):
     cfg = OracleConfig(rows=2, shares=(0.1, 0.3), oracle_more=(0.6,), max_tokens=3, n_ctx=1024,
                        n_batch=32, n_threads=1, model_path=str(tiny_model),
                        template_path=str(files[0]), rows_path=str(files[1]))
@@ -169,3 +173,18 @@ def test_the_section_runs_and_sums_up(tiny_model, files):
     # the summary is the rows' own figures
     again = summarise(out["rows"], cfg.shares, cfg.methods, cfg.oracle_more)
     assert again["curves"] == s["curves"]
+    # two parts of the rows make the same section as one run
+    halves = [run_compose_oracle(replace(cfg, first=i, rows=1), log=lambda m: None)
+              for i in (0, 1)]
+    merged = merge_parts(halves)
+    assert [r["number"] for r in merged["rows"]] == [r["number"] for r in out["rows"]]
+    assert merged["summary"]["full_bit_identical"] == 2
+    # (a module's cells come out in the last bits as the cells free when it was made let them)
+    assert [r["cells"]["oracle@0.3"]["kl"] for r in merged["rows"]] == pytest.approx(
+        [r["cells"]["oracle@0.3"]["kl"] for r in out["rows"]], rel=1e-3)
+    # the table and the chart
+    text = oracle_markdown(out)
+    assert "| oracle 30% |" in text and "| plain compose (0%) |" in text
+    assert "bit-identical to the cold run on 2 of 2" in text
+    png = render_oracle_chart(out, tmp_path / "c.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
