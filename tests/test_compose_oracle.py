@@ -3,6 +3,7 @@ assembly at its two ends (every module token recomputed is the cold run bit for 
 plain compose, the cached cells as they were made), the deviation it reads, and the choices."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -25,9 +26,10 @@ ROWS = ("c1,c2,c3,question\n"
         "the world of a context,hello world is the answer,you are a helpful assistant,who?\n")
 
 
-@pytest.fixture
-def files(tmp_path):
-    tpl, rows = tmp_path / "t.tmpl", tmp_path / "rows.csv"
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("oracle")
+    tpl, rows = d / "t.tmpl", d / "rows.csv"
     tpl.write_text(TEMPLATE, encoding="utf-8")
     rows.write_text(ROWS, encoding="utf-8")
     return tpl, rows
@@ -188,3 +190,30 @@ def test_the_section_runs_and_sums_up(tiny_model, files, tmp_path):
     assert "bit-identical to the cold run on 2 of 2" in text
     png = render_oracle_chart(out, tmp_path / "c.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_bench_command_runs_the_section_alone(tiny_model, files, monkeypatch, tmp_path):
+    import bench.__main__ as main
+    import bench.compose_oracle_run as run
+
+    got = {}
+    real = run.run_compose_oracle
+
+    def on_tiny(cfg, log=None, on_row=None):
+        got["cfg"] = cfg
+        return real(replace(cfg, shares=(0.2,), oracle_more=(), max_tokens=2, n_ctx=1024,
+                            n_batch=32, n_threads=1, model_path=str(tiny_model),
+                            template_path=str(files[0]), rows_path=str(files[1])),
+                    log=log, on_row=on_row)
+
+    monkeypatch.setattr(run, "run_compose_oracle", on_tiny)
+    out = tmp_path / "results.json"
+    out.write_text(json.dumps({"kept": 1, "ratios": {"other": 2.0}}))
+    code = main.main(["--only-compose-oracle", "--oracle-rows", "2", "--out", str(out),
+                      "--oracle-chart", str(tmp_path / "oracle.png")])
+    assert code == 0 and got["cfg"].rows == 2
+    res = json.loads(out.read_text())
+    assert res["kept"] == 1 and res["ratios"]["other"] == 2.0  # the other figures stay
+    assert res["compose_oracle"]["summary"]["full_bit_identical"] == 2
+    assert (tmp_path / "oracle.png").stat().st_size > 5000
+    assert main.parse_args(["--no-compose-oracle"]).no_compose_oracle
