@@ -42,15 +42,24 @@ def oracle_markdown(sec: dict, chart: str = "bench/results-compose-oracle.png") 
     out.append(_row("every module token (100%)", s["full"]))
     out += ["", f"{s['rows']} rows; full recompute bit-identical to the cold run on "
             f"{s['full_bit_identical']} of {s['rows']}. Time / prefix: the median over rows of "
-            "the run's time to the first token's logits over prefix mode's on the same row."]
+            "the run's time to the first token's logits over prefix mode's on the same row "
+            "(the layer-1 rows with their scoring pass's time added). Runs: decode calls of "
+            "recomputed tokens, median."]
+    parts = sec.get("parts") or [sec]
+    out.append("Ran " + "; ".join(
+        f"{p['date_utc']}, {p['duration_s']:,.0f} s, load average {p['loadavg_start'][0]} at "
+        f"the start and {p['loadavg_end'][0]} at the end" for p in parts)
+        + (f" ({len(parts)} processes side by side, a half of the rows each)"
+           if len(parts) > 1 else "")
+        + f"; prefix mode's two measurements on a row differed by "
+          f"{_pct(s['prefix_drift_median'])} (median).")
     if s.get("layer1_rank_corr_median") is not None:
         out.append(f"Rank correlation of the layer-1 V deviation with the oracle's, median over "
                    f"rows: {s['layer1_rank_corr_median']:.2f}.")
-    score = [r["score_vs_prefix"] for r in sec["rows"] if "score_vs_prefix" in r]
-    if score:
+    if s.get("score_vs_prefix_median") is not None:
         agree = [v for r in sec["rows"] for v in r.get("score_agrees", {}).values()]
         out.append(f"The scoring pass (layers 0-1 of every token after the prefix) took "
-                   f"{statistics.median(score):.3f} of prefix mode's time (median over rows; "
+                   f"{s['score_vs_prefix_median']:.3f} of prefix mode's time (median over rows; "
                    f"{statistics.median(r['score_ms'] for r in sec['rows']):.0f} ms); its choice "
                    f"equals the cold run's layer-1 V's on {_pct(statistics.fmean(agree))} of "
                    "the tokens chosen.")

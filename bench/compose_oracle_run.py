@@ -134,13 +134,16 @@ def _rank_corr(a: np.ndarray, b: np.ndarray) -> float | None:
 
 def summarise(rows: list[dict], shares, methods, oracle_more=()) -> dict:
     """Per share and method over the rows: greedy-equal share, top-1 mean, KL median and max,
-    time ratio median, oracle recall; plain compose and full recompute as the two ends."""
-    def stats(cells: list[dict]) -> dict:
+    time ratio median (the layer-1 signal's with its scoring pass counted), oracle recall;
+    plain compose and full recompute as the two ends."""
+    def stats(cells: list[dict], signal: bool = False) -> dict:
         kl = [c["kl"] for c in cells]
+        cost = [r.get("score_vs_prefix", 0.0) if signal else 0.0 for r in rows]
         return {"greedy_equal": sum(c["tokens_equal"] for c in cells) / len(cells),
                 "top1_mean": statistics.fmean(c["top1"] for c in cells),
                 "kl_median": statistics.median(kl), "kl_max": max(kl),
-                "time_vs_prefix": statistics.median(c["vs_prefix"] for c in cells),
+                "time_vs_prefix": statistics.median(c["vs_prefix"] + x
+                                                    for c, x in zip(cells, cost)),
                 "recomputed_share": statistics.fmean(
                     c["recomputed"] / r["module_tokens"] for c, r in zip(cells, rows)),
                 "runs_median": statistics.median(c["runs"] for c in cells),
@@ -149,11 +152,17 @@ def summarise(rows: list[dict], shares, methods, oracle_more=()) -> dict:
     out = {"rows": len(rows), "plain": stats([r["plain"] for r in rows]),
            "full": stats([r["full"] for r in rows]),
            "full_bit_identical": sum(r["full"]["bit_identical"] for r in rows),
-           "curves": {m: {f"{s:g}": stats([r["cells"][f"{m}@{s:g}"] for r in rows])
+           "curves": {m: {f"{s:g}": stats([r["cells"][f"{m}@{s:g}"] for r in rows],
+                                          m == "layer1_v")
                           for s in (*shares, *(oracle_more if m == "oracle" else ()))}
                       for m in methods}}
     corr = [r["layer1_rank_corr"] for r in rows if r["layer1_rank_corr"] is not None]
     out["layer1_rank_corr_median"] = statistics.median(corr) if corr else None
+    score = [r["score_vs_prefix"] for r in rows if "score_vs_prefix" in r]
+    out["score_vs_prefix_median"] = statistics.median(score) if score else None
+    # how much prefix mode's own time moved between its two measurements on a row (the load)
+    out["prefix_drift_median"] = statistics.median(
+        abs(a - b) / ((a + b) / 2) for a, b in (r["prefix_ms"] for r in rows))
     out["goals"] = goals_reached(out["curves"])
     return out
 
