@@ -49,7 +49,7 @@ def oracle_markdown(sec: dict, chart: str = "bench/results-compose-oracle.png") 
     out.append("Ran " + "; ".join(
         f"{p['date_utc']}, {p['duration_s']:,.0f} s, load average {p['loadavg_start'][0]} at "
         f"the start and {p['loadavg_end'][0]} at the end" for p in parts)
-        + (f" ({len(parts)} processes side by side, a half of the rows each)"
+        + (f" ({len(parts)} processes side by side, each a part of the rows)"
            if len(parts) > 1 else "")
         + f"; prefix mode's two measurements on a row differed by "
           f"{_pct(s['prefix_drift_median'])} (median).")
@@ -122,7 +122,7 @@ def _panel(p, s: dict, panel, r):
         y0, y1 = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
         y1 = max(y1, y0 + 1)
     else:
-        y0, y1 = 0.0, max(1.0, max(ys) * 1.1)
+        y0, y1 = 0.0, (1.0 if key == "greedy_equal" else math.ceil(max(ys) * 1.1 * 4) / 4)
     p.setPen(QColor("black"))
     p.drawText(QRectF(r.left(), r.top(), r.width(), 20), Qt.AlignmentFlag.AlignLeft, title)
     plot = QRectF(r.left() + 55, r.top() + 30, r.width() - 70, r.height() - 150)

@@ -232,8 +232,11 @@ def run_compose_oracle(cfg: OracleConfig, log=print, on_row=None) -> dict:
 
 def merge_parts(parts: list[dict]) -> dict:
     """One section from runs of it over parts of the rows (``first``/``rows``), in row order."""
-    out = {**parts[0], "rows": sorted((r for p in parts for r in p["rows"]),
-                                      key=lambda r: r["number"])}
+    rows = {}
+    for p in parts:  # a row two parts ran counts once, as the first part has it
+        for r in p["rows"]:
+            rows.setdefault(r["number"], r)
+    out = {**parts[0], "rows": [rows[n] for n in sorted(rows)]}
     out["parts"] = [{k: p.get(k) for k in ("date_utc", "loadavg_start", "loadavg_end",
                                            "duration_s")} | {"first": p["settings"]["first"],
                                                              "rows": len(p["rows"])}
