@@ -63,6 +63,7 @@ def oracle_markdown(sec: dict, chart: str = "bench/results-compose-oracle.png") 
                    f"{statistics.median(r['score_ms'] for r in sec['rows']):.0f} ms); its choice "
                    f"equals the cold run's layer-1 V's on {_pct(statistics.fmean(agree))} of "
                    "the tokens chosen.")
+    out += [""] + best_points(s)
     out += ["", "| goal | figure | met by |", "|---|---:|---|"]
     for key, label in (("greedy_equal", "greedy tokens equal to cold"),
                        ("kl_median", "next-token KL, median"),
@@ -75,6 +76,23 @@ def oracle_markdown(sec: dict, chart: str = "bench/results-compose-oracle.png") 
     out += ["", "All three goals at once: " + "; ".join(
         f"{m} {_pct(float(v)) if v else 'at no share measured'}" for m, v in best.items()) + "."]
     return "\n".join(out)
+
+
+def best_points(s: dict) -> list[str]:
+    """One line per way of choosing: its best greedy-equal share and its lowest KL median, with
+    the share and time they took, against plain compose's."""
+    p = s["plain"]
+    out = [f"- plain compose: greedy equal on {_pct(p['greedy_equal'])} of rows, KL median "
+           f"{p['kl_median']:.4f}, time {p['time_vs_prefix']:.2f} of prefix mode's;"]
+    for m, pts in s["curves"].items():
+        eq_share, eq = max(pts.items(), key=lambda kv: (kv[1]["greedy_equal"], -float(kv[0])))
+        kl_share, kl = min(pts.items(), key=lambda kv: (kv[1]["kl_median"], float(kv[0])))
+        out.append(f"- {m}: at best greedy equal on {_pct(eq['greedy_equal'])} of rows (at "
+                   f"{_pct(float(eq_share))}, time {eq['time_vs_prefix']:.2f}); lowest KL median "
+                   f"{kl['kl_median']:.4f} (at {_pct(float(kl_share))}, time "
+                   f"{kl['time_vs_prefix']:.2f});")
+    out[-1] = out[-1][:-1] + "."
+    return out
 
 
 # ---- the chart -----------------------------------------------------------------------------
