@@ -28,6 +28,8 @@ from app.engine.files.seq_state_layout import KvBlock, SeqState, Stream, parse
 from app.engine.llama.native import SEQ_STATE_VERSION, ContextParams, NativeContext, NativeModel
 
 PREFIX, WORK, SCRATCH, BUILD = 0, 1, 2, 3
+SHIFTED = 4  # and up: each module's cells already at the row's positions (shift_once)
+MAX_MODULES = 4
 F16 = 1  # ggml's type id of f16
 
 
@@ -74,7 +76,8 @@ class OracleContext:
         self.model = model
         self.n_batch = n_batch
         self.ctx = NativeContext(model, ContextParams(
-            n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_threads_gen=1, n_seq_max=4,
+            n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_threads_gen=1,
+            n_seq_max=SHIFTED + MAX_MODULES,
             flash_attn=flash_attn))
         self.prefix: tuple[int, ...] = ()
         self._modules: dict[tuple[int, ...], SeqState] = {}
@@ -121,25 +124,36 @@ class OracleContext:
         self._decode(WORK, plan.tokens[plan.prefix_len:], plan.prefix_len, True)
         return (time.perf_counter() - t0) * 1000
 
-    def compose(self, plan: RowPlan, positions, max_tokens: int, want_state: bool = False) -> Run:
+    def compose(self, plan: RowPlan, positions, max_tokens: int, want_state: bool = False,
+                shift_once: bool = False) -> Run:
         """The modules' cached cells, except at ``positions`` (absolute), which are evaluated
-        in context, in runs of consecutive positions, left to right."""
+        in context, in runs of consecutive positions, left to right. A placed part that moved
+        makes the next decode re-rotate K in every cell of the cache; ``shift_once`` first puts
+        every module's cells at the row's positions in sequences of their own (one re-rotation
+        for the row), then shares the parts from there."""
         self._check(plan)
         chosen = sorted(set(int(x) for x in positions))
         states = [self.module(plan.tokens[s:e]) for s, e in plan.modules]
+        if shift_once and len(states) > MAX_MODULES:
+            raise ValueError(f"shift_once takes up to {MAX_MODULES} modules")
         p = plan.prefix_len
         t0 = self._reset()
+        if shift_once:
+            for i, ((s, e), state) in enumerate(zip(plan.modules, states)):
+                self._put(state, 0, e - s, s, p, SHIFTED + i)
         n_runs = 0
-        for (s, e), state in zip(plan.modules, states):
+        for i, ((s, e), state) in enumerate(zip(plan.modules, states)):
             at = s
             for a, b in runs_of([x for x in chosen if s <= x < e]):
                 if a > at:
-                    self._place(state, at - s, a - s, at, p)
+                    self._take(state, at - s, a - s, at, p, shift_once and SHIFTED + i)
                 self._decode(WORK, plan.tokens[a:b], a, False)
                 n_runs += 1
                 at = b
             if at < e:
-                self._place(state, at - s, e - s, at, p)
+                self._take(state, at - s, e - s, at, p, shift_once and SHIFTED + i)
+        for i in range(len(states) if shift_once else 0):
+            self.ctx.seq_rm(SHIFTED + i)
         run = self._finish(plan, t0, max_tokens, want_state)
         run.runs, run.recomputed = n_runs, len(chosen)
         return run
@@ -150,21 +164,28 @@ class OracleContext:
             raise ValueError(f"row {plan.number} does not start with the primed static prefix")
 
     def _reset(self) -> float:
-        self.ctx.seq_rm(WORK)
-        self.ctx.seq_rm(SCRATCH)
+        for seq in (WORK, SCRATCH, *range(SHIFTED, SHIFTED + MAX_MODULES)):
+            self.ctx.seq_rm(seq)
         t0 = time.perf_counter()
         self.ctx.seq_cp(PREFIX, WORK)
         return t0
 
-    def _place(self, state: SeqState, i0: int, i1: int, at: int, p: int) -> None:
-        """Cells i0..i1-1 of a module (made at positions p+i0..) appended at position ``at``."""
-        part = _cells(state, i0, i1)
-        if not self.ctx.state_set(part, SCRATCH):
-            raise RuntimeError("llama.cpp refused a module's cells")
-        if at != p + i0:
-            self.ctx.seq_add(SCRATCH, p + i0, p + i1, at - (p + i0))
+    def _take(self, state: SeqState, i0: int, i1: int, at: int, p: int, shifted) -> None:
+        """Cells i0..i1-1 of a module (made at positions p+i0..) appended at position ``at``:
+        shared from sequence ``shifted`` when it holds them there already."""
+        if shifted:
+            self.ctx.seq_cp(shifted, WORK, at, at + i1 - i0)
+            return
+        self._put(state, i0, i1, at, p, SCRATCH)
         self.ctx.seq_cp(SCRATCH, WORK)
         self.ctx.seq_rm(SCRATCH)
+
+    def _put(self, state: SeqState, i0: int, i1: int, at: int, p: int, seq: int) -> None:
+        """Cells i0..i1-1 of a module into ``seq``, moved to start at position ``at``."""
+        if not self.ctx.state_set(_cells(state, i0, i1), seq):
+            raise RuntimeError("llama.cpp refused a module's cells")
+        if at != p + i0:
+            self.ctx.seq_add(seq, p + i0, p + i1, at - (p + i0))
 
     def _decode(self, seq: int, toks: list[int], pos: int, logits_last: bool) -> None:
         for i in range(0, len(toks), self.n_batch):

@@ -88,6 +88,31 @@ def test_no_token_recomputed_is_plain_compose(oracle):
             assert same_k == (s == p), (i, layer)
 
 
+def test_shifting_once_per_row_composes_the_same_cache(oracle):
+    """Modules put at the row's positions first (one K re-rotation for the row) and their parts
+    shared from there: the same cells' values as placing each part when its turn comes."""
+    oc, plans = oracle
+    plan = plans[1]
+    chosen = plan.positions(range(2, plan.module_tokens, 5))
+    each = oc.compose(plan, chosen, 3, want_state=True)
+    once = oc.compose(plan, chosen, 3, want_state=True, shift_once=True)
+    assert once.runs == each.runs and once.recomputed == each.recomputed
+    a, b = each.state.first_stream, once.state.first_stream
+    assert np.array_equal(a.positions, b.positions)
+    for layer in range(len(a.k)):
+        for w in ("k", "v"):
+            x, y = layer_rows(a, layer, w), layer_rows(b, layer, w)
+            assert np.allclose(x, y, atol=1e-2 * np.abs(x).max()), (layer, w)
+    assert once.tokens == each.tokens
+    assert oc.ctx.pos_range(4) == (-1, -1)  # the shifted modules' sequences are left empty
+    # every token recomputed: the cold run's values, though not its bits (the modules' cells
+    # took the first free cells, so the recomputed ones lie elsewhere than the cold run's)
+    full = oc.compose(plan, plan.positions(range(plan.module_tokens)), 3, shift_once=True)
+    cold = oc.cold(plan, 3)
+    assert full.tokens == cold.tokens
+    assert all(np.allclose(x, y, atol=1e-3 * np.abs(y).max()) for x, y in zip(full.logits, cold.logits))
+
+
 def test_the_deviation_is_context_only(oracle):
     """Layer 0's V depends on the token alone, so composing leaves it as the cold run has it;
     layer 1's differs where a module's context differs (all modules after the first)."""
