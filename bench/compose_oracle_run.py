@@ -11,9 +11,9 @@ prefix's cells to the first token's logits, against prefix mode's on the same ro
 before and after the row's composed runs (their mean), as a per-row ratio. Full recompute is
 run too: it must equal the cold run bit for bit (the assembly's own check).
 
-The layer-1 signal is read from the cold run's cells here; a scoring pass computes the same
-layer-1 V without the cold run's later layers, at about (1 + a layer's QKV) / n_layers of a cold
-pass over the modules and the question: its estimated cost is reported beside the ratios.
+The layer-1 signal comes from a scoring pass (compose_oracle_score.py): layers 0 and 1 of every
+token after the prefix, in a context of its own, timed like the runs and added to that method's
+time; the row also records how often its choice equals the one the cold run's layer-1 V gives.
 """
 from __future__ import annotations
 
