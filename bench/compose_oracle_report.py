@@ -64,6 +64,8 @@ def oracle_markdown(sec: dict, chart: str = "bench/results-compose-oracle.png") 
                    f"equals the cold run's layer-1 V's on {_pct(statistics.fmean(agree))} of "
                    "the tokens chosen.")
     out += [""] + best_points(s)
+    if sec.get("shift_once", {}).get("rows"):
+        out += ["", shift_once_line(sec["shift_once"])]
     out += ["", "| goal | figure | met by |", "|---|---:|---|"]
     for key, label in (("greedy_equal", "greedy tokens equal to cold"),
                        ("kl_median", "next-token KL, median"),
@@ -76,6 +78,21 @@ def oracle_markdown(sec: dict, chart: str = "bench/results-compose-oracle.png") 
     out += ["", "All three goals at once: " + "; ".join(
         f"{m} {_pct(float(v)) if v else 'at no share measured'}" for m, v in best.items()) + "."]
     return "\n".join(out)
+
+
+def shift_once_line(probe: dict) -> str:
+    """The shift-once probe (bench/compose_oracle_shift.py) in one paragraph."""
+    rows = probe["rows"]
+    cells = [c for r in rows for c in r["cells"].values()]
+    keys = sorted({k for r in rows for k in r["cells"]})
+    med = {k: (statistics.median(r["cells"][k]["each_vs_prefix"] for r in rows),
+               statistics.median(r["cells"][k]["once_vs_prefix"] for r in rows)) for k in keys}
+    same = sum(c["each_equal"] == c["once_equal"] for c in cells)
+    return (f"Shifting every module once per row (`python -m bench.compose_oracle_shift`, rows "
+            f"{', '.join(str(r['number']) for r in rows)}, {probe['date_utc']}, load average "
+            f"{probe['loadavg_start']}): time / prefix, each part shifted in turn → once: "
+            + ", ".join(f"{k.replace('@', ' ')} {a:.2f} → {b:.2f}" for k, (a, b) in med.items())
+            + f" (medians); greedy-equal the same either way on {same} of {len(cells)} runs.")
 
 
 def best_points(s: dict) -> list[str]:

@@ -242,3 +242,18 @@ def test_the_bench_command_runs_the_section_alone(tiny_model, files, monkeypatch
     assert res["compose_oracle"]["summary"]["full_bit_identical"] == 2
     assert (tmp_path / "oracle.png").stat().st_size > 5000
     assert main.parse_args(["--no-compose-oracle"]).no_compose_oracle
+
+
+def test_the_shift_once_probe_reads_as_one_paragraph():
+    from bench.compose_oracle_report import shift_once_line
+
+    cell = {"runs": 8, "each_vs_prefix": 0.76, "once_vs_prefix": 0.48, "each_equal": True,
+            "once_equal": False}
+    probe = {"date_utc": "2026-12-02 08:00 UTC", "loadavg_start": 9.5,
+             "rows": [{"number": 14, "cells": {"oracle@0.3": cell}},
+                      {"number": 38, "cells": {"oracle@0.3": {**cell, "each_vs_prefix": 0.70,
+                                                               "once_vs_prefix": 0.40,
+                                                               "once_equal": True}}}]}
+    line = shift_once_line(probe)
+    assert "rows 14, 38" in line and "oracle 0.3 0.73 → 0.44" in line
+    assert "on 1 of 2 runs" in line
