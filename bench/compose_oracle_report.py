@@ -92,7 +92,8 @@ def shift_once_line(probe: dict) -> str:
             f"{', '.join(str(r['number']) for r in rows)}, {probe['date_utc']}, load average "
             f"{probe['loadavg_start']}): time / prefix, each part shifted in turn → once: "
             + ", ".join(f"{k.replace('@', ' ')} {a:.2f} → {b:.2f}" for k, (a, b) in med.items())
-            + f" (medians); greedy-equal the same either way on {same} of {len(cells)} runs.")
+            + f" (medians; the layer-1 choice from the cold run's layer-1 V, no scoring pass "
+              f"counted); greedy-equal the same either way on {same} of {len(cells)} runs.")
 
 
 def best_points(s: dict) -> list[str]:
