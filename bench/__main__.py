@@ -1,7 +1,9 @@
 """`python -m bench` (`make bench`): run the suite, print the table, write results.json and the
 PNG chart. `--quick` is a short development run (1 row, 2 repeats, one sweep point);
 `--only-reuse` runs the reuse section alone (our modes and the peers on rag-recurring.csv);
-`--only-scale` the scale section alone (long prefixes on real-sized models, bench/scale.py)."""
+`--only-scale` the scale section alone (long prefixes on real-sized models, bench/scale.py);
+`--only-compose-oracle` the compose-oracle section alone (compose with a recomputed share of
+its tokens, bench/compose_oracle_run.py)."""
 from __future__ import annotations
 
 import argparse
@@ -76,6 +78,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "add 16384 if it fits; '' for none)")
     ap.add_argument("--scale-repeats", type=int, help="scale section: warm samples per path (3)")
     ap.add_argument("--scale-chart", type=Path, default=HERE / "results-scale.png")
+    ap.add_argument("--no-compose-oracle", action="store_true",
+                    help="skip the compose-oracle section (compose with 5-30%% of its tokens "
+                         "recomputed, chosen three ways, against the cold run, on "
+                         "rag-recurring.csv)")
+    ap.add_argument("--only-compose-oracle", action="store_true",
+                    help="run only the compose-oracle section; other figures in --out are kept")
+    ap.add_argument("--oracle-rows", type=int,
+                    help="compose-oracle section: rows of rag-recurring.csv (all 48; --quick: 2)")
+    ap.add_argument("--oracle-chart", type=Path, default=HERE / "results-compose-oracle.png")
     ap.add_argument("--out", type=Path,
                     help="results file (bench/results.json; --only-reuse: results-reuse.json)")
     ap.add_argument("--chart", type=Path, default=HERE / "results.png")
@@ -240,6 +251,31 @@ def scale_figures(results: dict, args) -> None:
     _publish(results, args, format_scale(sc), sc["ratios"], sc["goals"])
 
 
+def compose_oracle_figures(results: dict, args) -> None:
+    """The compose-oracle section (bench/compose_oracle_run.py), under "compose_oracle", with
+    its chart; results.json is written after every row."""
+    if args.no_compose_oracle:
+        return
+    from .compose_oracle_report import oracle_markdown, render_oracle_chart
+    from .compose_oracle_run import OracleConfig, run_compose_oracle
+    from .suite import _Log
+
+    cfg = OracleConfig(rows=args.oracle_rows or (2 if args.quick else 48), n_batch=args.batch,
+                       n_threads=args.threads or os.cpu_count() or 1)
+
+    def partial(sec):
+        results["compose_oracle"] = sec
+        _write(results, args.out)
+
+    sec = _section(results, "compose_oracle", "the compose-oracle section",
+                   lambda: run_compose_oracle(cfg, log=_Log(), on_row=partial))
+    if sec is None:
+        _write(results, args.out)
+        return
+    render_oracle_chart(sec, args.oracle_chart)
+    _publish(results, args, oracle_markdown(sec))
+
+
 def soak_and_stalls(results: dict, args) -> None:
     """The soak (RSS must not keep growing over 1,000 warm runs: bench/soak.py's leak rate) and the window's event-loop stalls
     while the default model primes the RAG prefix (goal: under 50 ms).
@@ -304,9 +340,12 @@ def main(argv=None) -> int:
         return peers_into(args)
     if args.only_reuse:
         return only_reuse(args)
-    if args.only_stateful or args.only_busy or args.only_scale:
+    if args.only_stateful or args.only_busy or args.only_scale or args.only_compose_oracle:
         # the other figures stay as the last run wrote them
         results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
+        if args.only_compose_oracle:
+            compose_oracle_figures(results, args)
+            return 0 if "error" not in results.get("compose_oracle", {"error": ""}) else 1
         if args.only_scale:
             scale_figures(results, args)
             sc = results.get("scale", {})
@@ -337,6 +376,7 @@ def main(argv=None) -> int:
     stateful_figures(results, args)
     busy_machine(results, args)
     scale_figures(results, args)
+    compose_oracle_figures(results, args)
     soak_and_stalls(results, args)
     print(f"\nwrote {args.out} and {args.chart}")
     return 0 if results["same_suffix_tokens"]["ok"] else 1

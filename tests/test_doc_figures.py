@@ -416,3 +416,17 @@ def test_the_readme_quotes_the_stored_scale_runs():
     cold_s = o["cold"]["ttft_ms"] / 1000
     warm_s = statistics.median(s["ttft_ms"] for s in o["samples"]["ram"]) / 1000
     assert f"({warm_s:.1f} s against {cold_s // 60:.0f} min {cold_s % 60:.0f} s)" in text
+
+
+def test_the_compose_oracle_section_is_the_stored_one():
+    """BENCHMARKS.md's compose-oracle table, notes and best points are
+    bench/compose_oracle_report.py's rendering of the stored run; the prose's figures are its."""
+    from bench.compose_oracle_report import oracle_markdown
+
+    sec = RES["compose_oracle"]
+    assert oracle_markdown(sec) in BENCHMARKS
+    s = sec["summary"]
+    section = flat(BENCHMARKS[BENCHMARKS.index("## Compose with a recomputed share"):
+                              BENCHMARKS.index("## Batch threads on a busy machine")])
+    assert f"on {s['rows']} of the 48 recurring rows" in section
+    assert f"{s['full_bit_identical']} of {s['rows']} rows bit-identical" in section
