@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from app.engine.files.seq_state_layout import KvBlock, SeqState, Stream, parse
+from app.engine.states.copied_cells import cells_state
+from app.engine.states.seq_state_layout import KvBlock, SeqState, Stream, parse
 from app.engine.llama.native import SEQ_STATE_VERSION, ContextParams, NativeContext, NativeModel
 
 PREFIX, WORK, SCRATCH, BUILD = 0, 1, 2, 3
@@ -103,7 +104,7 @@ class OracleContext:
             self.ctx.seq_rm(BUILD)
             self.ctx.seq_cp(PREFIX, BUILD)
             self._decode(BUILD, list(toks), p, False)
-            data = self.ctx.cells_state(BUILD, p, p + len(toks), SCRATCH)
+            data = cells_state(self.ctx, BUILD, p, p + len(toks), SCRATCH)
             self.ctx.seq_rm(BUILD)
             self._modules[key] = parse(data, SEQ_STATE_VERSION, "attention")
         return self._modules[key]
@@ -201,7 +202,7 @@ class OracleContext:
         ms = (time.perf_counter() - t0) * 1000
         state = None
         if want_state and plan.modules:
-            data = self.ctx.cells_state(WORK, plan.modules[0][0], tail, SCRATCH)
+            data = cells_state(self.ctx, WORK, plan.modules[0][0], tail, SCRATCH)
             state = parse(data, SEQ_STATE_VERSION, "attention")
         first = logits
         toks, seen = [], []
