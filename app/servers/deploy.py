@@ -5,9 +5,11 @@ server reuses it.
 What must agree between the file and the server is read from the server itself: before
 writing anything we have the slot hold one token, ask the server to save it, and read that
 file's header and layout (the seq-state version, how many KV streams, whether V is stored
-transposed, which is how flash attention shows, and the K/V row types and sizes). A mismatch
-is refused in one line that says what to change. llama-server checks less and answers a
-mismatched restore with "No available space in KV cache or invalid slot save file".
+transposed, which is how flash attention shows, and the K/V row types and sizes). V's layout
+is a byte transform, so a state primed with the other kernel is rewritten for the server's
+(servers usually run llama.cpp's default, flash attention on); any other mismatch is refused
+in one line that says what to change. llama-server checks less and answers a mismatched
+restore with "No available space in KV cache or invalid slot save file".
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from app.engine.errors import KvPrimerError, StateFileError
 from app.engine.files.llama_state_file import SUFFIX, read_llama_state, save_llama_state
 from app.engine.files.prefix_state import PrefixState
 from app.engine.files.seq_payload import row_layout, stream_count, v_transposed
+from app.engine.files.v_layout import for_flash_attn
 from app.engine.runs.server_results import DeployResult
 from app.engine.task_state import TaskState
 from app.engine.prompts.template import Template
@@ -76,18 +79,25 @@ def check_layout(state: PrefixState, server: ServerLayout) -> None:
         raise DeployError(
             f"the server's KV cache has {server.streams} streams (one per slot) and a state "
             "restores into one: restart it with -np 1 or with --kv-unified")
-    ours = v_transposed(state.data)
-    if None not in (ours, server.v_transposed) and ours != server.v_transposed:
-        s_on, o_on = ("off", "on") if server.v_transposed else ("on", "off")
-        raise DeployError(
-            f"the server runs flash attention {s_on} and this state was primed with it {o_on}: "
-            f"restart the server with -fa {o_on}, or prime here with flash attention {s_on}")
     rows = tuple((row_layout(state.data) or [[]])[0])
     if server.rows and rows and rows != server.rows:
         raise DeployError(
             f"the server's KV rows ({server.type_k}/{server.type_v}, {len(server.rows)} layers) "
             f"differ from this state's ({state.type_k}/{state.type_v}, {len(rows)} layers): start "
             f"it with the same model and KV types (-ctk {state.type_k} -ctv {state.type_v})")
+
+
+def for_server_kernel(state: PrefixState, server: ServerLayout) -> PrefixState:
+    """``state`` with V laid out as the server's attention kernel stores it: servers run with
+    llama.cpp's default (flash attention on, V untransposed) whatever was measured faster here."""
+    if server.v_transposed is None:
+        return state
+    try:
+        return for_flash_attn(state, not server.v_transposed)
+    except StateFileError:
+        raise DeployError(f"the server runs flash attention off, which a {state.type_v} V cache "
+                          "cannot be stored for: restart the server with -fa on (llama.cpp's "
+                          "default)") from None
 
 
 def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir: str | Path,
@@ -117,6 +127,7 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
     task.report("deploy", 1, 4)
     state = engine.prime(template, task)
     check_layout(state, layout)
+    state = for_server_kernel(state, layout)
     name = filename or f"kvprimer-{template.sha256[:12]}{SUFFIX}"
     if Path(name).name != name:
         raise DeployError(f"'{name}' is not a bare file name; the server reads slot files only "
