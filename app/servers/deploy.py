@@ -28,7 +28,9 @@ from app.engine.prompts.template import Template
 
 from .http_stream import ServerError
 from .llama_server import LlamaServer
+from .chat_server import ChatServer
 from .model_match import match_model
+from .render_check import compare
 
 
 class DeployError(KvPrimerError):
@@ -100,9 +102,32 @@ def for_server_kernel(state: PrefixState, server: ServerLayout) -> PrefixState:
                           "default)") from None
 
 
+def sample_values(template: Template) -> dict[str, str]:
+    """Values for a chat request that checks a deployment: each placeholder's own name (only
+    the static prefix before them matters)."""
+    return {name: name for name in template.placeholders}
+
+
+def check_chat_rendering(engine, template: Template, chat, client) -> None:
+    """Raise DeployError naming the first differing character and token unless the server
+    renders ``chat``'s messages as ``template`` does here."""
+    values = sample_values(template)
+    theirs = client.apply_template(chat.filled(values), chat.tools)
+    if theirs is None:
+        return
+    diff = compare(None, template.fill(values).text, theirs,
+                   lambda text: engine.model.tokenize(text, True, True),
+                   lambda t: engine.model.piece(t).decode("utf-8", "replace"))
+    if diff is not None:
+        raise DeployError(diff.describe())
+
+
 def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir: str | Path,
-           task: TaskState | None = None, filename: str = "") -> DeployResult:
-    """Prime ``template``'s static prefix, restore it into ``slot`` and check the server reuses it."""
+           task: TaskState | None = None, filename: str = "", chat=None) -> DeployResult:
+    """Prime ``template``'s static prefix, restore it into ``slot`` and check the server reuses
+    it. ``chat``: the messages ``template`` renders (``filled(values)``, ``tools``); then the
+    server's rendering is compared with ours first, and the checking request goes to its chat
+    endpoint as an application's would (no slot named)."""
     task = task or TaskState()
     slot_dir = Path(slot_dir)
     if not slot_dir.is_dir():
@@ -116,6 +141,19 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
         raise DeployError(f"the server runs {match.how}: start it with this model "
                           f"(-m {engine.info.path}), or load the server's model here")
     task.report("deploy", 0, 4)
+    client = ChatServer(server.url) if chat is not None else None
+    try:
+        return _deploy(engine, template, server, slot, slot_dir, task, filename, chat, client,
+                       props, match)
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _deploy(engine, template, server, slot, slot_dir, task, filename, chat, client, props,
+            match) -> DeployResult:
+    if chat is not None:
+        check_chat_rendering(engine, template, chat, client)
     prefix = engine.tokenize(template.prefix_prompt())
     if not prefix:
         raise DeployError("the template has no static prefix (it starts with a placeholder); "
@@ -140,7 +178,8 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
     except ServerError as e:
         raise DeployError(f"the server refused the state ({e}); check its log for the cause") from None
     task.report("deploy", 3, 4)
-    check = server.complete(list(state.tokens), 1, slot=slot)
+    check = (server.complete(list(state.tokens), 1, slot=slot) if chat is None else
+             client.complete(chat.filled(sample_values(template)), 1, tools=chat.tools))
     cached = check.cached_tokens or 0
     if cached < len(state.tokens) - 1:
         hint = ("sliding-window models reuse a restored state only with --swa-full"
@@ -158,5 +197,5 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
                         match.how)
 
 
-__all__ = ["DeployError", "DeployResult", "ServerLayout", "check_layout", "deploy",
-           "server_layout"]
+__all__ = ["DeployError", "DeployResult", "ServerLayout", "check_chat_rendering", "check_layout",
+           "deploy", "sample_values", "server_layout"]
