@@ -50,7 +50,7 @@ def test_wheel_contains_the_resources_and_both_commands(wheel):
         names = set(z.namelist())
         entry_points = next(z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     for example in sorted((ROOT / "resources" / "examples").iterdir()):
-        if example.suffix in (".tmpl", ".csv", ".jsonl"):
+        if example.suffix in (".tmpl", ".csv", ".jsonl", ".json", ".yaml"):
             assert f"app/resources/examples/{example.name}" in names
     assert "app/resources/examples/rag.tmpl" in names
     assert {"app/resources/icon.svg", "app/resources/icon.png", "app/resources_path.py"} <= names

@@ -54,9 +54,11 @@ MORE_STATEFUL_ARCHITECTURES = ("qwen35",)
 
 
 def write_tiny_model(path: Path, *, n_embd: int = 128, n_layer: int = 2, n_head: int = 4,
-                     n_head_kv: int = 2, n_ff: int = 256, n_ctx: int = 4096, seed: int = 7) -> Path:
+                     n_head_kv: int = 2, n_ff: int = 256, n_ctx: int = 4096, seed: int = 7,
+                     chat_template: str | None = None) -> Path:
     return write_arch_model(path, "llama", n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-                            n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, seed=seed)
+                            n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, seed=seed,
+                            chat_template=chat_template)
 
 
 class Weights:
@@ -115,7 +117,7 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
                      layout: str | None = None, head_dim: int | None = None,
                      rope_theta: float | None = None, delta: tuple[int, int, int] | None = None,
                      vocab=write_tiny_vocab, weights=Weights, tied_output: bool = False,
-                     name: str | None = None) -> Path:
+                     name: str | None = None, chat_template: str | None = None) -> Path:
     """A tiny random-weight model of ``arch`` (one of ARCHITECTURES).
 
     ``n_layer`` defaults to 4 for gemma3 (so its pattern S F S F shows) and 2 otherwise.
@@ -134,6 +136,8 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
     ``vocab(writer) -> n_vocab`` writes the tokenizer keys, ``weights(writer, seed,
     weight_type)`` makes the tensors (a ``Weights``), ``tied_output`` leaves output.weight out
     (llama.cpp then uses the token embeddings, as Llama 3.2 and Gemma 3 do).
+    ``chat_template``: Jinja text stored as ``tokenizer.chat_template`` (None: no template,
+    as in a GGUF converted without one).
     """
     import gguf
 
@@ -186,6 +190,8 @@ def write_arch_model(path: Path, arch: str = "llama", *, n_embd: int = 128,
             w.add_sliding_window_pattern(swa_pattern)
     w.add_layer_norm_rms_eps(1e-5 if arch != "gemma3" else 1e-6)
     n_vocab = vocab(w)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     ws = weights(w, seed, weight_type)
     t, mat = ws.t, ws.mat

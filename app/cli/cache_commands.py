@@ -39,7 +39,7 @@ def cmd_cache(args) -> int:
             "the cache is empty: each kvprimer command starts with an empty cache and removes "
             "its files when it ends (the window's Cache panel has Clear for its own)"))
         return ExitCode.OK
-    tpl = read_template(args.template)
+    tpl = read_template(args.template, args.model)
     rows = read_rows(args.rows, tpl.placeholders) if args.rows else []
     reuse = check_reuse_modes(args.reuse, one=True)[0] if args.reuse else None
     opts = session_options(args, reuse_mode=reuse)

@@ -14,6 +14,9 @@ from pathlib import Path
 from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template,
                       read_rows)
 from ..engine.llama.ggml_types import KV_TYPES
+from ..engine.llama.model_files import default_model_path
+from ..engine.prompts.chat_messages import is_chat_file
+from ..engine.prompts.chat_render import render_chat_file
 from ..engine import state_flows
 from ..engine.files.project_file import SUFFIX, ProjectFile
 from ..engine.session import Options, Session
@@ -164,10 +167,17 @@ def load_state_file(eng: Engine, path: str | None, tpl: Template):
     return state
 
 
-def read_template(path: str) -> Template:
-    """A template file, or the template of a project file (.kvproj) saved by the window."""
+def read_template(path: str, model: str | None = None) -> Template:
+    """A template file, a chat template file (.json, .yaml: messages, rendered with the chat
+    template of ``model``, the default model when None), or the template of a project file
+    (.kvproj) saved by the window."""
     if Path(path).suffix == SUFFIX:
         return read_project(path).template
+    if is_chat_file(path):
+        rendered = render_chat_file(path, model or default_model_path())
+        if rendered.note:
+            print(f"kvprimer: note: {rendered.note}", file=sys.stderr)
+        return rendered.template
     return Template.load(path)
 
 

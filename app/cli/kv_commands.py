@@ -18,7 +18,7 @@ def kv_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_kv(args) -> int:
-    tpl = read_template(args.template)
+    tpl = read_template(args.template, args.model)
     with open_engine(args) as eng:
         view = kv_flows.fork_prefix(eng, tpl, args.fork, progress_printer())
 
@@ -41,7 +41,7 @@ def cmd_kv(args) -> int:
 
 
 def cmd_bench_forked(args) -> int:
-    tpl = read_template(args.template)
+    tpl = read_template(args.template, args.model)
     rows = rows_of(args, tpl)
     gen = session_options(args, project_options(args.template)).generation()
     with open_engine(args) as eng:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .cache_commands import cache_options, cmd_cache
+from .chat_commands import cmd_render, render_options
 from .engine_options import shared_options
 from .exit_codes import ExitCode
 from .kv_commands import cmd_kv, kv_options
@@ -31,6 +32,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("prime", cmd_prime, "evaluate a template's static prefix and save its state", prime_options),
     Command("run", cmd_run, "run a filled template cold and warm", run_options),
     Command("bench", cmd_bench, "cold vs warm over rows of values", bench_options),
+    Command("render", cmd_render, "print a template's prompt as the model reads it (a chat "
+            "template in the model's own chat template) and its tokens", render_options),
     Command("kv", cmd_kv, "prime into sequence 0, fork, show the KV cells", kv_options),
     Command("cache", cmd_cache, "prime, run rows warm, list the radix cache's tiers and prompts; "
             "--clear empties it", cache_options),

@@ -154,7 +154,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_prime(args) -> int:
-    tpl = read_template(args.template)
+    tpl = read_template(args.template, args.model)
     if args.for_fa is not None and args.format != "llama":
         raise KvPrimerError("--for-fa sets V's layout in a llama.cpp state file; use it with "
                             "--format llama (a .kvstate loads only here, with this kernel)")
@@ -211,7 +211,7 @@ def _say_cold_estimates(task, hint: str):
 
 
 def cmd_run(args) -> int:
-    tpl = read_template(args.template)
+    tpl = read_template(args.template, args.model)
     opts = session_options(args, project_options(args.template), reuse_mode=_one_mode(args.reuse),
                            recompute=args.recompute, measure_noise=args.noise)
     paths = "cold" if args.cold else "warm" if args.warm else "both"
@@ -256,7 +256,7 @@ def cmd_bench(args) -> int:
         return cmd_bench_server(args)
     if args.fork:
         return cmd_bench_forked(args)
-    tpl = read_template(args.template)
+    tpl = read_template(args.template, args.model)
     rows = rows_of(args, tpl)
     check_save(args)
     modes = check_reuse_modes(args.reuse) if args.reuse else ("prefix",) if args.state else None

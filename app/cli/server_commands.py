@@ -103,7 +103,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    plan = flows.deploy_plan(read_template(args.template), flows.server_target(args.server),
+    plan = flows.deploy_plan(read_template(args.template, args.model), flows.server_target(args.server),
                              args.slot_dir, args.slot, args.name)
     check_save(args)
     with open_engine(args) as eng:
@@ -125,7 +125,7 @@ def cmd_check_server(args) -> int:
 def cmd_bench_server(args) -> int:
     target = _target(args)
     project = read_project(args.template) if Path(args.template).suffix == SUFFIX else None
-    tpl = project.template if project else read_template(args.template)
+    tpl = project.template if project else read_template(args.template, args.model)
     plan = flows.server_bench_plan(tpl, rows_of(args, tpl), target,
                                    session_options(args, project and project.options),
                                    slot=args.slot, deployed=project and project.deployed)

@@ -23,6 +23,11 @@ class TemplateSyntaxError(TemplateError):
         super().__init__(f"{source_name} line {line}, column {column}: {message}")
 
 
+class ChatTemplateError(TemplateError):
+    """A chat template file (messages) is malformed, or the model's chat template cannot render
+    it."""
+
+
 class MissingValuesError(TemplateError):
     def __init__(self, missing: list[str], unknown: list[str], row: int | None = None):
         self.missing = missing
