@@ -129,3 +129,12 @@ def test_every_row_is_compared_until_one_differs():
     assert same.same is True and same.rows == 3 and "3 rows compared" in same.describe()
     none = check_rendering(lambda v: "", lambda v: None, rows, _tokens, chr)
     assert none.same is None and "not compared" in none.describe()
+
+
+def test_text_a_server_held_back_at_an_invalid_utf8_end_is_still_the_same_output():
+    from app.engine.benchmarks.server_bench import same_text
+
+    assert same_text("r\ufffdX@", "r\ufffdX@")
+    assert same_text("r\ufffdX@\ufffd?", "r\ufffdX@")  # the bytes from the invalid one on
+    assert not same_text("abc", "ab")  # a shorter answer is another answer
+    assert not same_text("abd", "abc")

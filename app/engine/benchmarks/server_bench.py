@@ -152,10 +152,16 @@ def _compare_warm(engine, template, values, gen, warm: Completion, r: ServerRow,
     deployed one; the chat API streams text only, so texts are compared."""
     local = run_prompt(engine, template, values, reuse="prefix", cold=False, oneshot=False,
                        gen=gen, keep=False, task=task).warm
-    r.local_cold_ms = None
-    n = common_prefix(_whole_chars(local.text), _whole_chars(warm.text))
-    r.tokens_equal = _whole_chars(local.text) == _whole_chars(warm.text)
-    r.first_diff = None if r.tokens_equal else n
+    r.tokens_equal = same_text(local.text, warm.text)
+    r.first_diff = None if r.tokens_equal else common_prefix(local.text, warm.text)
+
+
+def same_text(local: str, served: str) -> bool:
+    """Whether a server streamed the text generated here. A server holds back the bytes of an
+    unfinished UTF-8 sequence until more come, so the bytes from an invalid one near the end
+    (decoded here as U+FFFD) are never sent."""
+    return local == served or (local.startswith(served)
+                               and local[len(served):].startswith("\ufffd"))
 
 
 def _compare_local(engine, tokens, gen, max_tokens, warm: Completion, r: ServerRow, task) -> None:
