@@ -138,3 +138,30 @@ def test_cli_deploy_and_bench_over_the_chat_api(llama3_model, server, tmp_path, 
                  "--api", "chat", *common]) == 2
     err = capsys.readouterr().err
     assert "chat template" in err and err.count("\n") == 1
+
+
+@pytest.mark.model
+def test_default_model_rag_chat_deployed_and_ten_rows_over_the_chat_api(default_model, examples,
+                                                                         tmp_path):
+    """The issue's check on the real model: the RAG chat template's prefix deployed, its ten
+    rows as chat requests, each reusing at least the primed prefix."""
+    from app.engine.prompts.rows import read_rows
+
+    chat = ChatTemplate.load(examples / "rag.yaml")
+    template = render_chat(read_chat_format(default_model), chat).template
+    rows = read_rows(examples / "rag-rows.csv", template.placeholders)
+    assert len(rows) == 10
+    with Engine(EngineConfig(model_path=str(default_model))) as eng, \
+            ServerProcess(settings_for(eng, str(tmp_path / "slots")),
+                          tmp_path / "server.log").start(timeout_s=120) as proc:
+        with LlamaServer(proc.url) as c:
+            res = deploy(eng, template, c, 0, proc.settings.slot_dir, chat=chat)
+        with ChatServer(proc.url) as c:
+            bench = bench_on_server(eng, template, rows, c, max_tokens=8, deployed=True,
+                                    chat=chat)
+    assert res.restored_tokens == res.prefix_tokens > 1000
+    assert bench.render["same"] is True
+    for r in bench.rows:
+        assert r.server_cached_tokens >= r.prefix_tokens == res.prefix_tokens, r
+        if r.server_cold_equal:
+            assert r.tokens_equal is True, (r.row, r.text, r.first_diff)
