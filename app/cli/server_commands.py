@@ -161,7 +161,8 @@ def _print_server_bench(res) -> None:
     for r in res.rows:
         same = "" if r.tokens_equal is None else yes_no(r.tokens_equal)
         if r.tokens_equal is False:
-            same += f" (first differs at {r.first_diff})"
+            at = f"character {r.first_diff}" if res.api == "chat" else r.first_diff
+            same += f" (first differs at {at})"
         cached = "?" if r.server_cached_tokens is None else f"{r.server_cached_tokens}"
         evald = "?" if r.server_evaluated_tokens is None else f"{r.server_evaluated_tokens}"
         print(f"{r.row:>4} {r.prompt_tokens:>6} {r.prefix_tokens:>6} {cached:>6} {evald:>5} "

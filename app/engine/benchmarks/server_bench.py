@@ -72,9 +72,6 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                               lambda text: engine.model.tokenize(text, True, True),
                               lambda t: engine.model.piece(t).decode("utf-8", "replace"))
               if is_chat else None)
-    send = ((lambda row, filled, cache: server.complete(
-                chat.filled(row.values), max_tokens, cache_prompt=cache, tools=chat.tools))
-            if is_chat else None)
     match = match_model(engine.info.path, engine.info.sha256, server.served_model())
     as_ids = server.api == "llama" and match.same is True  # else the server tokenizes text
     block = server.block_size
@@ -97,8 +94,10 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
         local = engine.tokenize(filled)
         prompt = local if as_ids else filled.text
         tokens = (None if as_ids else server_tokens(filled.text)) or local
-        if send is not None:
-            warm, cold = send(row, filled, True), send(row, filled, False)
+        if is_chat:  # as an application sends them; the server renders them
+            messages = chat.filled(row.values)
+            warm = server.complete(messages, max_tokens, tools=chat.tools)
+            cold = server.complete(messages, max_tokens, cache_prompt=False, tools=chat.tools)
         else:
             warm = server.complete(prompt, max_tokens, cache_prompt=True, slot=slot)
             cold = server.complete(prompt, max_tokens, cache_prompt=False, slot=slot)
