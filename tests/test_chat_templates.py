@@ -182,6 +182,10 @@ def test_template_errors_and_dropped_placeholders_are_one_line(family_models):
                          ChatMessage("user", "<q>")))
     with pytest.raises(ChatTemplateError, match="leaves out the message that holds <persona>"):
         render_chat(last_only, chat)
+    # a template failing in Python (adding a number to text) is reported the same way
+    broken = fmt.__class__(**{**fmt.__dict__, "source": "{{ messages[0].content + 1 }}"})
+    with pytest.raises(ChatTemplateError, match="cannot render these messages"):
+        render_chat(broken, chat)
 
 
 def test_values_stay_plain_text_in_a_rendered_chat(family_models):
@@ -255,3 +259,10 @@ def test_cli_run_takes_a_chat_template_rendered_for_the_given_model(family_model
     assert main(["run", str(tmp_path / "chat.json"), "-m", str(family_models["gemma3"]),
                  "--set", "context=c"]) == 2
     assert "missing values for <question>" in capsys.readouterr().err
+
+
+def test_placeholders_of_a_rendered_chat_know_where_they_are_in_its_text(family_models):
+    tpl = render_chat(read_chat_format(family_models["gemma3"]), CHAT).template
+    first = next(p for p in tpl.parts if hasattr(p, "name"))
+    lines = tpl.source.split("\n")
+    assert lines[first.line - 1][first.column - 1:].startswith("<context>")

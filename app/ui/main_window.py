@@ -22,7 +22,6 @@ from ..engine.files.llama_state_file import SUFFIX as LLAMA_SUFFIX
 from ..engine.files.prefix_state import SUFFIX as STATE_SUFFIX
 from ..engine.files.project_file import Autosaver, autosave_path
 from ..engine.session import Options, Session
-from ..resources_path import examples_dir
 from .bench_view import BenchView
 from .cache_panel import CachePanel
 from .engine_worker import EngineWorker, Job, JobKind
@@ -41,6 +40,7 @@ from .run_panel import RunPanel
 from .session_edits import SessionEdits, UndoActions
 from .states_library import StatesLibrary
 from .status_bar import StatusBar
+from .messages_view import MessagesView, template_tabs
 from .template_editor import TemplateEditor
 from .window_layout import DockLayout, central_widgets, size_center
 
@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
         self.engine_status = self.worker.engine_status  # what the window shows of the engine
 
         self.editor = TemplateEditor(self.worker, self.session)
+        self.messages = MessagesView(self.worker, self.session, self.edits, said=self.show_status)
         self.fillings = FillingsPanel(self.session, self.edits, folders=self.folders)
         self.run_panel = RunPanel(self.session, self.edits)
         self.bench = BenchView(self.session, self.edits, folders=self.folders, worker=self.worker)
@@ -123,8 +124,9 @@ class MainWindow(QMainWindow):
 
     # ---- layout
     def _build_layout(self) -> None:
+        self.template_tabs = template_tabs(self.editor, self.messages)
         self.center, top, self.central_tabs = central_widgets(
-            self.editor, self.fillings,
+            self.template_tabs, self.fillings,
             [(self.run_panel, "Run"), (self.bench, "Benchmark"), (self.server_view, "Server")])
         self.setCentralWidget(self.center)
         # the advanced panels in one column on the right: the radix cache (in front), model,
@@ -167,8 +169,7 @@ class MainWindow(QMainWindow):
         A(f, "Open &template…", pr.open_template_dialog, "Ctrl+T", toolbar=True)
         A(f, "Save template as…", pr.save_template_dialog)
         ex = f.addMenu("E&xamples")
-        for p in sorted(examples_dir().glob("*.tmpl")):
-            A(ex, p.stem, lambda s=p.stem: pr.open_example(s))
+        pr.add_examples(ex, A)
         A(f, "&Import rows…", self.fillings.import_dialog, "Ctrl+I")
         f.addSeparator()
         A(f, "Open &model…", self.model_panel.open_dialog, "Ctrl+M")

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QMenu
 
-from ..engine import TemplateError
+from ..engine import KvPrimerError, TemplateError
 from ..engine.files.llama_state_file import SUFFIX as LLAMA_STATE_SUFFIX
 from ..engine.files.prefix_state import SUFFIX as STATE_SUFFIX
 from ..engine.files.project_file import (SUFFIX as PROJECT_SUFFIX, Autosaver, ProjectFile,
                                          ProjectFileError)
 from ..engine.files.user_files import read_user_text
+from ..engine.prompts.chat_messages import ChatTemplate, is_chat_file
 from ..resources_path import examples_dir
 
 log = logging.getLogger("kvprimer.ui")
@@ -192,6 +193,13 @@ class ProjectActions:
         s = self.session
         if not s.dirty or not s.template_text.strip():
             return False
+        messages = self.w.messages
+        if messages.attached:  # the messages are the work; the file holds messages too
+            messages.flush()
+            try:
+                return messages.chat != ChatTemplate.load(messages.path) if messages.path else True
+            except KvPrimerError:
+                return True
         try:
             saved = Path(s.template_path).read_text(encoding="utf-8") if s.template_path else None
         except (OSError, UnicodeDecodeError):
@@ -205,14 +213,55 @@ class ProjectActions:
 
     def open_template(self, path: str | Path) -> bool:
         """Open a template file in place of the one shown: asked over unsaved edits, undoable."""
+        if is_chat_file(path):
+            return self.open_chat(path)
         text = self._read_template(path)
         if text is None or not self._may_replace_template(Path(path).name):
             return False
         had = bool(self.session.template_text.strip())
         self.w.edits.replace_template(text, str(path), f"open template {Path(path).name}")
+        self.w.template_tabs.setCurrentWidget(self.w.editor)
         if had:
             self.w.show_status(f"opened {path}; Edit ▸ Undo (Ctrl+Z) brings the previous "
                                "template back")
+        return True
+
+    def open_chat(self, path: str | Path, label: str = "") -> bool:
+        """Open a chat template (messages) in place of the template shown, as open_template
+        does; the Messages tab shows it."""
+        try:
+            chat = ChatTemplate.load(path)
+        except KvPrimerError as e:
+            self.w.show_error(str(e))
+            return False
+        if not self._may_replace_template(Path(path).name):
+            return False
+        self.w.messages.open_chat(chat, str(path), label or f"open chat template {Path(path).name}")
+        self.w.template_tabs.setCurrentWidget(self.w.messages)
+        return True
+
+    def add_examples(self, menu, action) -> None:
+        """File ▸ Examples: each text template, then each chat template (messages)."""
+        d = examples_dir()
+        for p in sorted(d.glob("*.tmpl")):
+            action(menu, p.stem, lambda s=p.stem: self.open_example(s))
+        for p in sorted([*d.glob("*.json"), *d.glob("*.yaml")]):
+            action(menu, f"{p.stem} (messages)", lambda p=p: self.open_chat_example(p))
+
+    def open_chat_example(self, path: Path) -> bool:
+        """A messages example and the rows of the text example of the same name."""
+        d = examples_dir()
+        rows = next((p for p in (d / f"{path.stem}-rows.csv", d / f"{path.stem}-rows.jsonl")
+                     if p.is_file()), None)
+        stack = self.w.edits.stack
+        stack.beginMacro(f"open example {path.name}")
+        try:
+            if not self.open_chat(path):
+                return False
+            if rows is not None:
+                self.w.fillings.import_file(str(rows))
+        finally:
+            stack.endMacro()
         return True
 
     def open_example(self, stem: str) -> bool:
@@ -237,11 +286,14 @@ class ProjectActions:
     def open_template_dialog(self) -> None:
         # the examples are in File ▸ Examples; the dialog starts where the user keeps files
         path = self.folders.open_file(self.w, "template", "Open template",
-                                      "Templates (*.tmpl *.txt);;All files (*)")
+                                      "Templates (*.tmpl *.txt *.json *.yaml *.yml);;"
+                                      "Chat templates (*.json *.yaml *.yml);;All files (*)")
         if path:
             self.open_template(path)
 
     def save_template_dialog(self) -> None:
+        if self.w.messages.attached:
+            return self._save_chat_dialog()
         name = Path(self.session.template_path).name if self.session.template_path else "prompt.tmpl"
         path, _ = self.folders.save_file(self.w, "template", "Save template", name,
                                          "Templates (*.tmpl)")
@@ -251,6 +303,24 @@ class ProjectActions:
                 self.session.set_template(self.session.template_text, path)
             except OSError as e:
                 self.w.show_error(f"cannot save {path}: {e.strerror}")
+
+    def _save_chat_dialog(self) -> None:
+        messages = self.w.messages
+        messages.flush()
+        name = Path(messages.path).name if messages.path else "chat.json"
+        path, _ = self.folders.save_file(self.w, "template", "Save chat template", name,
+                                         "Chat templates (*.json *.yaml *.yml)")
+        if not path:
+            return
+        if not is_chat_file(path):
+            path += ".json"
+        try:
+            messages.chat.save(path)
+        except KvPrimerError as e:
+            self.w.show_error(str(e))
+            return
+        messages.path = path
+        self.session.set_template(self.session.template_text, path)
 
     # ---- dropped files: models, templates, states, rows, projects
     def open_path(self, path: str) -> None:

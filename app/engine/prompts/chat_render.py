@@ -54,7 +54,8 @@ def render_messages(fmt: ChatFormat, messages: list[dict], tools: list | tuple =
     if msgs and msgs[0].get("role") == "system" and not system_role:
         first = msgs.pop(0)
         if msgs:  # the server joins the system text to the next message
-            msgs[0] = {**msgs[0], "content": f"{first.get('content', '')}\n{msgs[0].get('content', '')}"}
+            joined = f"{first.get('content', '')}\n{msgs[0].get('content', '')}"
+            msgs[0] = {**msgs[0], "content": joined}
     env = {"messages": msgs, "bos_token": fmt.bos_token, "eos_token": fmt.eos_token,
            "enable_thinking": thinking}
     if tools:
@@ -65,7 +66,7 @@ def render_messages(fmt: ChatFormat, messages: list[dict], tools: list | tuple =
         env["add_generation_prompt"] = True
     try:
         text = tmpl.render(env)
-    except JinjaError as e:
+    except Exception as e:  # noqa: BLE001 - the model's template is code we do not control
         raise ChatTemplateError(f"the model's chat template cannot render these messages "
                                 f"({_one_line(e)}); check the roles and their order") from None
     if fmt.add_bos and fmt.bos_token and text.startswith(fmt.bos_token):
@@ -107,7 +108,8 @@ def render_chat(fmt: ChatFormat, chat: ChatTemplate) -> RenderedChat:
     if lost:
         raise ChatTemplateError(f"the model's chat template leaves out the message that holds "
                                 f"<{lost[0]}>; move that placeholder into a user message")
-    return RenderedChat(Template(render_parts(parts), tuple(parts)), fmt.note)
+    # parsed back from its source (the same parts), so placeholders know their line and column
+    return RenderedChat(Template.parse(render_parts(parts)), fmt.note)
 
 
 def _server_tool(tool: dict) -> dict:
