@@ -140,3 +140,26 @@ def test_for_fa_without_the_llama_format_is_refused_before_the_model_loads(tmp_p
                  "-m", str(tmp_path / "no-such-model.gguf")]) == 2
     err = capsys.readouterr().err
     assert "--format llama" in err and err.count("\n") == 1
+
+
+def test_a_sliding_window_state_has_both_caches_rewritten(arch_models):
+    """The engine keeps flash attention on for sliding-window models; their states still
+    load in a llama.cpp context without it once rewritten (both caches: full and window)."""
+    on = _primed(arch_models["gemma3"], "on")
+    off = for_flash_attn(on, False)
+    desc = _desc(off)
+    assert len(desc.kv) == 2
+    assert [s.v_trans for b in desc.kv for s in b.streams if s.n_cells] == [True, True]
+    assert for_flash_attn(off, True).data == on.data
+    model = NativeModel(arch_models["gemma3"])
+    try:
+        ctx = NativeContext(model, ContextParams(n_ctx=1024, n_batch=32, n_threads=1,
+                                                 n_seq_max=1, flash_attn=False))
+        try:
+            assert ctx.state_set(off.data, 0)
+            ctx.clear()
+            assert not ctx.state_set(on.data, 0)  # "incompatible V transposition"
+        finally:
+            ctx.close()
+    finally:
+        model.close()
