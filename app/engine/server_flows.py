@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import KvPrimerError, RowsError
+from .prompts.chat_messages import ChatTemplate
 from .prompts.rows import Row
 from .prompts.template import Template
 from .runs.server_results import DeployResult, ServerBench
@@ -67,7 +68,7 @@ class DeployPlan:
     slot: int
     slot_dir: str  # the server's --slot-save-path, as this machine sees it
     filename: str = ""  # the state file's name ("": one made from the template's hash)
-    chat: object | None = None  # the chat template's messages, when the template renders them
+    chat: ChatTemplate | None = None  # the messages ``template`` renders, for a chat template
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,12 @@ class ServerBenchPlan:
     max_tokens: int
     slot: int | None  # None: the deployment's slot on that server, else the server chooses
     deployed: DeployResult | None  # the last deployment, if any (used when it was to this server)
-    chat: object | None = None  # the chat API: the messages the template renders
+    chat: ChatTemplate | None = None  # the chat API: the messages ``template`` renders
 
 
 def deploy_plan(template: Template, target: ServerTarget, slot_dir: str,
-                slot: int = DEPLOY_SLOT, filename: str = "", chat=None) -> DeployPlan:
+                slot: int = DEPLOY_SLOT, filename: str = "",
+                chat: ChatTemplate | None = None) -> DeployPlan:
     """A deployment of ``template``'s static prefix into ``slot``, checked. ``chat``: the
     messages of a chat template (``template`` is their rendering): the deployment is then
     checked through the server's chat endpoint."""
@@ -107,7 +109,7 @@ def session_deploy_plan(session: Session, target: ServerTarget, slot_dir: str,
 
 def server_bench_plan(template: Template, rows, target: ServerTarget, options: Options, *,
                       slot: int | None = None, deployed: DeployResult | None = None,
-                      chat=None) -> ServerBenchPlan:
+                      chat: ChatTemplate | None = None) -> ServerBenchPlan:
     """The rows on a server, checked: at least one, every one filled in, a valid token count;
     the chat API needs ``chat``, the messages of a chat template that ``template`` renders."""
     if target.api == "chat" and chat is None:
