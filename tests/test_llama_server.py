@@ -119,8 +119,8 @@ def test_a_restarted_server_without_the_slot_file_reports_the_miss(tiny_engine, 
 
 
 @pytest.mark.parametrize("extra, words", [
-    (("-fa", "off"), "flash attention off"),
     (("-np", "2", "--no-kv-unified"), "2 streams"),
+    (("-ctk", "q8_0"), "KV rows"),
 ])
 def test_a_mismatched_server_is_refused_in_one_line(tiny_engine, tmp_path, extra, words):
     tpl = Template.parse(TEMPLATE)

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..engine import KvPrimerError, Row, read_rows, report_dict
 from ..engine import session_flows as flows
 from ..engine.states.llama_state_file import FORMATS, save_state
+from ..engine.states.v_layout import FA_CHOICES, for_flash_attn, resolve_for_fa
 from ..engine.byte_sizes import size_text
 from ..engine.benchmarks.bench_export import results_dict, write_results
 from ..engine.runs.cold_reference import ColdEstimate
@@ -43,6 +44,10 @@ def prime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="kvprimer",
                    help="kvprimer (default; carries the model's identity) or llama (llama.cpp's "
                         "own sequence state, as llama_state_seq_load_file and llama-server read it)")
+    p.add_argument("--for-fa", choices=FA_CHOICES, default=None, metavar="auto|on|off",
+                   help="--format llama: store V as a context with flash attention on or off "
+                        "reads it (auto, the default: as llama.cpp's default context and "
+                        "llama-server's -fa auto pick it)")
 
 
 def run_options(p: argparse.ArgumentParser) -> None:
@@ -150,19 +155,27 @@ def cmd_info(args) -> int:
 
 def cmd_prime(args) -> int:
     tpl = read_template(args.template, args.model)
+    if args.for_fa is not None and args.format != "llama":
+        raise KvPrimerError("--for-fa sets V's layout in a llama.cpp state file; use it with "
+                            "--format llama (a .kvstate loads only here, with this kernel)")
     with open_engine(args) as eng:
         state = flows.prime(eng, tpl, progress_printer())
+        fa = None  # a .kvstate keeps the engine's own layout
+        if args.format == "llama":
+            fa = resolve_for_fa(args.for_fa or "auto", eng.model)
+            state = for_flash_attn(state, fa)
         size = save_state(state, args.output, args.format)
         raw = state.n_tokens * eng.info.kv_bytes_per_token
         rec = eng.info.traits.recurrent_state_bytes  # hybrid and recurrent models: one state
     whole = raw + rec
     data = {"path": args.output, "format": args.format, "prefix_tokens": state.n_tokens,
             "file_bytes": size, "raw_kv_bytes": raw, "recurrent_state_bytes": rec,
-            "ratio": size / whole if whole else None}
+            "ratio": size / whole if whole else None, "for_flash_attn": fa}
+    reader = "" if fa is None else f"; for contexts with flash attention {'on' if fa else 'off'}"
     emit(args, data, lambda: print(
         f"primed {state.n_tokens} prefix tokens -> {args.output} ({size:,} bytes; "
         f"raw KV {raw:,} bytes" + (f" + recurrent state {rec:,} bytes" if rec else "")
-        + (f", ratio {size / whole:.4f})" if whole else ")")))
+        + (f", ratio {size / whole:.4f}" if whole else "") + reader + ")"))
     return ExitCode.OK
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..engine import KvPrimerError
 from ..engine import server_flows as flows
 from ..engine.project.project_file import SUFFIX
+from ..engine.prompts.chat_messages import ChatTemplate, is_chat_file
 from ..optional_extras import require_server_clients
 from .engine_options import (check_save, open_engine, progress_printer, read_project,
                              read_template, rows_of, save_results, session_options)
@@ -27,9 +28,11 @@ def _interrupt(*_) -> None:
 def _target_options(p: argparse.ArgumentParser, server_help: str) -> None:
     g = p.add_argument_group("server target")
     g.add_argument("--server", metavar="URL", help=server_help)
-    g.add_argument("--api", default="llama", choices=("llama", "openai"),
+    g.add_argument("--api", default="llama", choices=("llama", "openai", "chat"),
                    help="llama: llama-server's own API (token-id prompts, slots); openai: any "
-                        "OpenAI-compatible /v1/completions (llama-server, vLLM, SGLang) (llama)")
+                        "OpenAI-compatible /v1/completions (llama-server, vLLM, SGLang); chat: "
+                        "their /v1/chat/completions, each row as the chat template's messages "
+                        "(llama)")
     g.add_argument("--flavor", default="auto", choices=("auto", "llama", "vllm", "sglang"),
                    help="openai API: whose server it is, for how to run cold (auto: ask it)")
     g.add_argument("--api-key", default="", help="openai API: a bearer token, if the server wants one")
@@ -102,9 +105,16 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _chat(path: str):
+    """A chat template file's messages (None for a text template or a project): the chat API
+    sends them, and deploy checks through it."""
+    return ChatTemplate.load(path) if is_chat_file(path) else None
+
+
 def cmd_deploy(args) -> int:
-    plan = flows.deploy_plan(read_template(args.template, args.model), flows.server_target(args.server),
-                             args.slot_dir, args.slot, args.name)
+    plan = flows.deploy_plan(read_template(args.template, args.model),
+                             flows.server_target(args.server), args.slot_dir, args.slot,
+                             args.name, _chat(args.template))
     check_save(args)
     with open_engine(args) as eng:
         res = flows.deploy(eng, plan, progress_printer())
@@ -128,7 +138,8 @@ def cmd_bench_server(args) -> int:
     tpl = project.template if project else read_template(args.template, args.model)
     plan = flows.server_bench_plan(tpl, rows_of(args, tpl), target,
                                    session_options(args, project and project.options),
-                                   slot=args.slot, deployed=project and project.deployed)
+                                   slot=args.slot, deployed=project and project.deployed,
+                                   chat=None if project else _chat(args.template))
     check_save(args)
     with open_engine(args) as eng:
         res = flows.bench_on_server(eng, plan, progress_printer())
@@ -141,12 +152,17 @@ def cmd_bench_server(args) -> int:
 
 def _print_server_bench(res) -> None:
     print(f"server {res.url} ({res.api} API, {res.flavor}); it runs {res.model}")
+    if res.render is not None:
+        print(f"rendering: {res.render['describe']}")
+    # the chat API streams text: its outputs are compared as text
+    what = "output" if res.api == "chat" else "tokens"
     print(f"{'row':>4} {'prompt':>6} {'prefix':>6} {'cached':>6} {'eval':>5} {'cold ms':>9} "
-          f"{'warm ms':>8} {'speedup':>7}  same tokens as local cold")
+          f"{'warm ms':>8} {'speedup':>7}  same {what} as local {res.reference}")
     for r in res.rows:
         same = "" if r.tokens_equal is None else yes_no(r.tokens_equal)
         if r.tokens_equal is False:
-            same += f" (first differs at {r.first_diff})"
+            at = f"character {r.first_diff}" if res.api == "chat" else r.first_diff
+            same += f" (first differs at {at})"
         cached = "?" if r.server_cached_tokens is None else f"{r.server_cached_tokens}"
         evald = "?" if r.server_evaluated_tokens is None else f"{r.server_evaluated_tokens}"
         print(f"{r.row:>4} {r.prompt_tokens:>6} {r.prefix_tokens:>6} {cached:>6} {evald:>5} "

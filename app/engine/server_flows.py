@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import KvPrimerError, RowsError
+from .prompts.chat_messages import ChatTemplate
 from .prompts.rows import Row
 from .prompts.template import Template
 from .runs.server_results import DeployResult, ServerBench
@@ -34,8 +35,9 @@ DEPLOY_SLOT = 0  # llama-server's first slot: the only one of a server `kvprimer
 
 @dataclass(frozen=True)
 class ServerTarget:
-    """A server to talk to: its URL, which API (llama-server's own, or OpenAI-compatible),
-    whose server an OpenAI one is (auto: ask it) and a bearer token if it wants one."""
+    """A server to talk to: its URL, which API (llama-server's own, OpenAI-compatible
+    completions, or OpenAI-compatible chat: messages rendered by the server), whose server an
+    OpenAI one is (auto: ask it) and a bearer token if it wants one."""
     url: str
     api: str = "llama"
     flavor: str = "auto"
@@ -66,6 +68,7 @@ class DeployPlan:
     slot: int
     slot_dir: str  # the server's --slot-save-path, as this machine sees it
     filename: str = ""  # the state file's name ("": one made from the template's hash)
+    chat: ChatTemplate | None = None  # the messages ``template`` renders, for a chat template
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,15 @@ class ServerBenchPlan:
     max_tokens: int
     slot: int | None  # None: the deployment's slot on that server, else the server chooses
     deployed: DeployResult | None  # the last deployment, if any (used when it was to this server)
+    chat: ChatTemplate | None = None  # the chat API: the messages ``template`` renders
 
 
 def deploy_plan(template: Template, target: ServerTarget, slot_dir: str,
-                slot: int = DEPLOY_SLOT, filename: str = "") -> DeployPlan:
-    """A deployment of ``template``'s static prefix into ``slot``, checked."""
+                slot: int = DEPLOY_SLOT, filename: str = "",
+                chat: ChatTemplate | None = None) -> DeployPlan:
+    """A deployment of ``template``'s static prefix into ``slot``, checked. ``chat``: the
+    messages of a chat template (``template`` is their rendering): the deployment is then
+    checked through the server's chat endpoint."""
     if target.api != "llama":
         raise KvPrimerError("deploying restores a llama-server slot, which only llama-server's "
                             "own API can do; choose the llama API")
@@ -92,7 +99,7 @@ def deploy_plan(template: Template, target: ServerTarget, slot_dir: str,
                             "files) to deploy into")
     if slot < 0:
         raise KvPrimerError(f"a slot is numbered from 0, not {slot}")
-    return DeployPlan(template, target, slot, slot_dir.strip(), filename)
+    return DeployPlan(template, target, slot, slot_dir.strip(), filename, chat)
 
 
 def session_deploy_plan(session: Session, target: ServerTarget, slot_dir: str,
@@ -101,9 +108,13 @@ def session_deploy_plan(session: Session, target: ServerTarget, slot_dir: str,
 
 
 def server_bench_plan(template: Template, rows, target: ServerTarget, options: Options, *,
-                      slot: int | None = None,
-                      deployed: DeployResult | None = None) -> ServerBenchPlan:
-    """The rows on a server, checked: at least one, every one filled in, a valid token count."""
+                      slot: int | None = None, deployed: DeployResult | None = None,
+                      chat: ChatTemplate | None = None) -> ServerBenchPlan:
+    """The rows on a server, checked: at least one, every one filled in, a valid token count;
+    the chat API needs ``chat``, the messages of a chat template that ``template`` renders."""
+    if target.api == "chat" and chat is None:
+        raise KvPrimerError("the chat API sends each row as chat messages: give a chat template "
+                            "(.json or .yaml), or choose the llama or openai API")
     rows = tuple(rows)
     if not rows:
         raise RowsError("there are no rows to run on the server; import or add rows first")
@@ -112,7 +123,7 @@ def server_bench_plan(template: Template, rows, target: ServerTarget, options: O
     if slot is not None and target.api != "llama":
         raise KvPrimerError("only llama-server's own API chooses a slot; leave the slot out "
                             "with the OpenAI API")
-    return ServerBenchPlan(template, rows, target, options.max_tokens, slot, deployed)
+    return ServerBenchPlan(template, rows, target, options.max_tokens, slot, deployed, chat)
 
 
 def session_server_bench_plan(session: Session, target: ServerTarget,
@@ -143,7 +154,7 @@ def deploy(engine, plan: DeployPlan, task: TaskState | None = None) -> DeployRes
     from ..servers.deploy import deploy as deploy_prefix
     with plan.target.connect() as server:
         return deploy_prefix(engine, plan.template, server, plan.slot, plan.slot_dir, task,
-                             plan.filename)
+                             plan.filename, plan.chat)
 
 
 def bench_on_server(engine, plan: ServerBenchPlan, task: TaskState | None = None) -> ServerBench:
@@ -158,4 +169,5 @@ def bench_on_server(engine, plan: ServerBenchPlan, task: TaskState | None = None
             slot = here.slot
         return run_rows(engine, plan.template, list(plan.rows), server,
                         max_tokens=plan.max_tokens, slot=slot,
-                        deployed=here is not None and slot in (None, here.slot), task=task)
+                        deployed=here is not None and slot in (None, here.slot), task=task,
+                        chat=plan.chat)

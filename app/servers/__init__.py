@@ -2,6 +2,8 @@
 
 - ``llama_server``: llama-server's own API (token-id prompts, /tokenize, /props, /slots, SSE);
 - ``openai_server``: any OpenAI-compatible ``/v1/completions`` (llama-server, vLLM, SGLang);
+- ``chat_server``: their ``/v1/chat/completions``, sent chat messages as applications send them;
+- ``render_check``: our rendering of a chat template's rows against the server's;
 - ``deploy``: a primed prefix into a llama-server slot, checked against the server's layout;
 - ``server_bench``: a template's rows on a server, warm and cold, with the reuse explained;
 - ``llama_server_process``: start and stop a llama-server that matches KV Primer's states.
@@ -9,8 +11,9 @@
 from .http_stream import Completion, ServerError
 from .llama_server import LlamaServer
 from .openai_server import OpenAIServer
+from .chat_server import ChatServer
 
-API_KINDS = ("llama", "openai")
+API_KINDS = ("llama", "openai", "chat")
 
 
 def connect(url: str, api: str = "llama", flavor: str = "auto", model: str = "",
@@ -20,7 +23,9 @@ def connect(url: str, api: str = "llama", flavor: str = "auto", model: str = "",
         return LlamaServer(url)
     if api == "openai":
         return OpenAIServer(url, flavor=flavor, model=model, api_key=api_key)
+    if api == "chat":
+        return ChatServer(url, flavor=flavor, model=model, api_key=api_key)
     raise ServerError(f"unknown API kind '{api}'; use one of {', '.join(API_KINDS)}")
 
 
-__all__ = ["API_KINDS", "Completion", "LlamaServer", "OpenAIServer", "ServerError", "connect"]
+__all__ = ["API_KINDS", "ChatServer", "Completion", "LlamaServer", "OpenAIServer", "ServerError", "connect"]

@@ -5,9 +5,11 @@ server reuses it.
 What must agree between the file and the server is read from the server itself: before
 writing anything we have the slot hold one token, ask the server to save it, and read that
 file's header and layout (the seq-state version, how many KV streams, whether V is stored
-transposed, which is how flash attention shows, and the K/V row types and sizes). A mismatch
-is refused in one line that says what to change. llama-server checks less and answers a
-mismatched restore with "No available space in KV cache or invalid slot save file".
+transposed, which is how flash attention shows, and the K/V row types and sizes). V's layout
+is a byte transform, so a state primed with the other kernel is rewritten for the server's
+(servers usually run llama.cpp's default, flash attention on); any other mismatch is refused
+in one line that says what to change. llama-server checks less and answers a mismatched
+restore with "No available space in KV cache or invalid slot save file".
 """
 from __future__ import annotations
 
@@ -19,13 +21,16 @@ from app.engine.errors import KvPrimerError, StateFileError
 from app.engine.states.llama_state_file import SUFFIX, read_llama_state, save_llama_state
 from app.engine.states.prefix_state import PrefixState
 from app.engine.states.seq_payload import row_layout, stream_count, v_transposed
+from app.engine.states.v_layout import for_flash_attn
 from app.engine.runs.server_results import DeployResult
 from app.engine.task_state import TaskState
 from app.engine.prompts.template import Template
 
 from .http_stream import ServerError
 from .llama_server import LlamaServer
+from .chat_server import ChatServer
 from .model_match import match_model
+from .render_check import compare
 
 
 class DeployError(KvPrimerError):
@@ -76,12 +81,6 @@ def check_layout(state: PrefixState, server: ServerLayout) -> None:
         raise DeployError(
             f"the server's KV cache has {server.streams} streams (one per slot) and a state "
             "restores into one: restart it with -np 1 or with --kv-unified")
-    ours = v_transposed(state.data)
-    if None not in (ours, server.v_transposed) and ours != server.v_transposed:
-        s_on, o_on = ("off", "on") if server.v_transposed else ("on", "off")
-        raise DeployError(
-            f"the server runs flash attention {s_on} and this state was primed with it {o_on}: "
-            f"restart the server with -fa {o_on}, or prime here with flash attention {s_on}")
     rows = tuple((row_layout(state.data) or [[]])[0])
     if server.rows and rows and rows != server.rows:
         raise DeployError(
@@ -90,9 +89,45 @@ def check_layout(state: PrefixState, server: ServerLayout) -> None:
             f"it with the same model and KV types (-ctk {state.type_k} -ctv {state.type_v})")
 
 
+def for_server_kernel(state: PrefixState, server: ServerLayout) -> PrefixState:
+    """``state`` with V laid out as the server's attention kernel stores it: servers run with
+    llama.cpp's default (flash attention on, V untransposed) whatever was measured faster here."""
+    if server.v_transposed is None:
+        return state
+    try:
+        return for_flash_attn(state, not server.v_transposed)
+    except StateFileError:
+        raise DeployError(f"the server runs flash attention off, which a {state.type_v} V cache "
+                          "cannot be stored for: restart the server with -fa on (llama.cpp's "
+                          "default)") from None
+
+
+def sample_values(template: Template) -> dict[str, str]:
+    """Values for a chat request that checks a deployment: each placeholder's own name (only
+    the static prefix before them matters)."""
+    return {name: name for name in template.placeholders}
+
+
+def check_chat_rendering(engine, template: Template, chat, client) -> None:
+    """Raise DeployError naming the first differing character and token unless the server
+    renders ``chat``'s messages as ``template`` does here."""
+    values = sample_values(template)
+    theirs = client.apply_template(chat.filled(values), chat.tools)
+    if theirs is None:
+        return
+    diff = compare(None, template.fill(values).text, theirs,
+                   lambda text: engine.model.tokenize(text, True, True),
+                   lambda t: engine.model.piece(t).decode("utf-8", "replace"))
+    if diff is not None:
+        raise DeployError(diff.describe())
+
+
 def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir: str | Path,
-           task: TaskState | None = None, filename: str = "") -> DeployResult:
-    """Prime ``template``'s static prefix, restore it into ``slot`` and check the server reuses it."""
+           task: TaskState | None = None, filename: str = "", chat=None) -> DeployResult:
+    """Prime ``template``'s static prefix, restore it into ``slot`` and check the server reuses
+    it. ``chat``: the messages ``template`` renders (``filled(values)``, ``tools``); then the
+    server's rendering is compared with ours first, and the checking request goes to its chat
+    endpoint as an application's would (no slot named)."""
     task = task or TaskState()
     slot_dir = Path(slot_dir)
     if not slot_dir.is_dir():
@@ -106,6 +141,19 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
         raise DeployError(f"the server runs {match.how}: start it with this model "
                           f"(-m {engine.info.path}), or load the server's model here")
     task.report("deploy", 0, 4)
+    client = ChatServer(server.url) if chat is not None else None
+    try:
+        return _deploy(engine, template, server, slot, slot_dir, task, filename, chat, client,
+                       props, match)
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _deploy(engine, template, server, slot, slot_dir, task, filename, chat, client, props,
+            match) -> DeployResult:
+    if chat is not None:
+        check_chat_rendering(engine, template, chat, client)
     prefix = engine.tokenize(template.prefix_prompt())
     if not prefix:
         raise DeployError("the template has no static prefix (it starts with a placeholder); "
@@ -117,6 +165,7 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
     task.report("deploy", 1, 4)
     state = engine.prime(template, task)
     check_layout(state, layout)
+    state = for_server_kernel(state, layout)
     name = filename or f"kvprimer-{template.sha256[:12]}{SUFFIX}"
     if Path(name).name != name:
         raise DeployError(f"'{name}' is not a bare file name; the server reads slot files only "
@@ -129,7 +178,8 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
     except ServerError as e:
         raise DeployError(f"the server refused the state ({e}); check its log for the cause") from None
     task.report("deploy", 3, 4)
-    check = server.complete(list(state.tokens), 1, slot=slot)
+    check = (server.complete(list(state.tokens), 1, slot=slot) if chat is None else
+             client.complete(chat.filled(sample_values(template)), 1, tools=chat.tools))
     cached = check.cached_tokens or 0
     if cached < len(state.tokens) - 1:
         hint = ("sliding-window models reuse a restored state only with --swa-full"
@@ -147,5 +197,5 @@ def deploy(engine, template: Template, server: LlamaServer, slot: int, slot_dir:
                         match.how)
 
 
-__all__ = ["DeployError", "DeployResult", "ServerLayout", "check_layout", "deploy",
-           "server_layout"]
+__all__ = ["DeployError", "DeployResult", "ServerLayout", "check_chat_rendering", "check_layout",
+           "deploy", "sample_values", "server_layout"]

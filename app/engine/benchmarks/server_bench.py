@@ -10,7 +10,9 @@ where it stopped and why.
 """
 from __future__ import annotations
 
+from ..errors import KvPrimerError
 from ..runs.generation import GenerationConfig
+from ..runs.prompt_runs import run_prompt
 from ..runs.server_results import ServerBench, ServerRow
 from ..prompts.prompt_tokens import common_prefix
 from ..prompts.rows import Row
@@ -19,6 +21,7 @@ from ..prompts.template import Template
 
 from ...servers.http_stream import Completion
 from ...servers.model_match import match_model
+from ...servers.render_check import check_rendering
 
 
 def expected_reuse(prefix_tokens: int, block: int) -> int:
@@ -51,11 +54,24 @@ def miss_reason(cached: int | None, prefix: int, block: int, tokens: list[int],
 
 def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                     max_tokens: int = 16, compare: bool = True, slot: int | None = None,
-                    deployed: bool = False, task: TaskState | None = None) -> ServerBench:
-    """Run ``rows`` on ``server`` (a LlamaServer or OpenAIServer). ``engine`` tokenizes, finds
-    the static prefix and, when ``compare`` and the server runs its model, runs each row cold
-    locally to compare outputs. ``deployed``: the prefix was restored into the slot before."""
+                    deployed: bool = False, task: TaskState | None = None,
+                    chat=None) -> ServerBench:
+    """Run ``rows`` on ``server`` (a LlamaServer, OpenAIServer or ChatServer). ``engine``
+    tokenizes, finds the static prefix and, when ``compare`` and the server runs its model,
+    runs each row locally to compare outputs: cold, or for the chat API warm from the primed
+    prefix, as the deployment's reuse. ``deployed``: the prefix was restored into the slot
+    before. ``chat``: the chat API's messages (``filled(values)`` gives a row's, ``tools``),
+    whose rendering ``template`` is; each row goes as its messages, after our rendering of
+    every row is compared with the server's."""
     task = task or TaskState()
+    is_chat = server.api == "chat"
+    if is_chat and chat is None:
+        raise KvPrimerError("the chat API sends messages: give a chat template (.json or .yaml)")
+    render = (check_rendering(lambda v: template.fill(v).text,
+                              lambda v: server.apply_template(chat.filled(v), chat.tools), rows,
+                              lambda text: engine.model.tokenize(text, True, True),
+                              lambda t: engine.model.piece(t).decode("utf-8", "replace"))
+              if is_chat else None)
     match = match_model(engine.info.path, engine.info.sha256, server.served_model())
     as_ids = server.api == "llama" and match.same is True  # else the server tokenizes text
     block = server.block_size
@@ -78,8 +94,13 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
         local = engine.tokenize(filled)
         prompt = local if as_ids else filled.text
         tokens = (None if as_ids else server_tokens(filled.text)) or local
-        warm = server.complete(prompt, max_tokens, cache_prompt=True, slot=slot)
-        cold = server.complete(prompt, max_tokens, cache_prompt=False, slot=slot)
+        if is_chat:  # as an application sends them; the server renders them
+            messages = chat.filled(row.values)
+            warm = server.complete(messages, max_tokens, tools=chat.tools)
+            cold = server.complete(messages, max_tokens, cache_prompt=False, tools=chat.tools)
+        else:
+            warm = server.complete(prompt, max_tokens, cache_prompt=True, slot=slot)
+            cold = server.complete(prompt, max_tokens, cache_prompt=False, slot=slot)
         r = ServerRow(row=row.number, prompt_tokens=len(tokens),
                       prefix_tokens=prefix, cold_ms=cold.ttft_ms, warm_ms=warm.ttft_ms,
                       server_cached_tokens=warm.cached_tokens,
@@ -89,14 +110,18 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                       miss_reason=miss_reason(warm.cached_tokens, prefix, block, tokens, before, hint))
         r.server_cold_equal = _same_output(warm, cold)
         if compare and match.same:
-            _compare_local(engine, local, gen, max_tokens, warm, r, task)
+            if is_chat:
+                _compare_warm(engine, template, row.values, gen, warm, r, task)
+            else:
+                _compare_local(engine, local, gen, max_tokens, warm, r, task)
             r.output_note = output_note(r)
         before = tokens
         out.append(r)
         task.end_item()
         task.partial(r)
     return ServerBench(server.url, server.api, server.flavor, match.how,
-                       match.same, out)
+                       match.same, out, "warm" if is_chat else "cold",
+                       render.as_dict() if render else None)
 
 
 def _whole_chars(text: str) -> str:
@@ -119,6 +144,23 @@ def output_note(r: ServerRow) -> str:
         return ("the server's own cold run gives the same output: it computes otherwise than "
                 "this machine's engine (batch sizes, threads, build), not its cache")
     return "the server's warm output differs from its own cold run: its cache changed the result"
+
+
+def _compare_warm(engine, template, values, gen, warm: Completion, r: ServerRow, task) -> None:
+    """The row run here warm from the primed static prefix, as the server runs it from the
+    deployed one; the chat API streams text only, so texts are compared."""
+    local = run_prompt(engine, template, values, reuse="prefix", cold=False, oneshot=False,
+                       gen=gen, keep=False, task=task).warm
+    r.tokens_equal = same_text(local.text, warm.text)
+    r.first_diff = None if r.tokens_equal else common_prefix(local.text, warm.text)
+
+
+def same_text(local: str, served: str) -> bool:
+    """Whether a server streamed the text generated here. A server holds back the bytes of an
+    unfinished UTF-8 sequence until more come, so the bytes from an invalid one near the end
+    (decoded here as U+FFFD) are never sent."""
+    return local == served or (local.startswith(served)
+                               and local[len(served):].startswith("\ufffd"))
 
 
 def _compare_local(engine, tokens, gen, max_tokens, warm: Completion, r: ServerRow, task) -> None:

@@ -133,7 +133,8 @@ def server_from_dict(d: dict) -> ServerBench:
     return ServerBench(url=str(d.get("server", "")), api=str(d.get("api", "")),
                        flavor=str(d.get("flavor", "")), model=str(d.get("model", "")),
                        same_model=d.get("same_model"),
-                       rows=[_build(ServerRow, r) for r in d["rows"]])
+                       rows=[_build(ServerRow, r) for r in d["rows"]],
+                       reference=str(d.get("reference", "cold")), render=d.get("render"))
 
 
 @dataclass

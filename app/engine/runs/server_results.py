@@ -23,7 +23,9 @@ class ServerRow:
     cold_cached_tokens: int | None  # what the cold request reused: 0 when the bypass worked
     text: str
     tokens: list[int] = field(default_factory=list)
-    tokens_equal: bool | None = None  # against KV Primer's local cold run (None: not compared)
+    # against KV Primer's local run (the bench's ``reference``: cold, or warm from the primed
+    # prefix); None: not compared
+    tokens_equal: bool | None = None
     first_diff: int | None = None  # first generated position that differs
     server_cold_equal: bool | None = None  # the server's warm output equals its own cold one
     output_note: str = ""  # why the output differs from the local cold run, when it does
@@ -46,6 +48,8 @@ class ServerBench:
     model: str  # how we know whether the server runs the local model
     same_model: bool | None
     rows: list[ServerRow]
+    reference: str = "cold"  # the local run each row's output is compared with: cold or warm
+    render: dict | None = None  # chat API: our rendering against the server's (RenderCheck)
 
     def summary(self) -> dict:
         rs = self.rows
@@ -64,16 +68,19 @@ class ServerBench:
         s = self.summary()
         if not s["rows"]:
             return f"no rows run on {self.url}"
-        same = (f"; {s['tokens_equal']} of {s['compared']} rows gave the local cold run's tokens"
-                if s["compared"] else "")
+        same = (f"; {s['tokens_equal']} of {s['compared']} rows gave the local "
+                f"{self.reference} run's tokens" if s["compared"] else "")
         return (f"{s['rows']} rows on {self.url}: median warm {s['median_warm_ms']:.1f} ms, cold "
                 f"{s['median_cold_ms']:.1f} ms (speedup {s['median_speedup']:.1f}x); "
                 f"{s['misses']} of {s['rows']} rows missed the static prefix{same}")
 
     def as_dict(self) -> dict:
-        return {"server": self.url, "api": self.api, "flavor": self.flavor,
-                "model": self.model, "same_model": self.same_model,
-                "summary": self.summary(), "rows": [r.as_dict() for r in self.rows]}
+        out = {"server": self.url, "api": self.api, "flavor": self.flavor,
+               "model": self.model, "same_model": self.same_model, "reference": self.reference,
+               "summary": self.summary(), "rows": [r.as_dict() for r in self.rows]}
+        if self.render is not None:
+            out["render"] = self.render
+        return out
 
 
 @dataclass(frozen=True)
