@@ -132,7 +132,7 @@ def test_every_row_is_compared_until_one_differs():
 
 
 def test_text_a_server_held_back_at_an_invalid_utf8_end_is_still_the_same_output():
-    from app.engine.benchmarks.server_bench import same_text
+    from app.servers.server_bench import same_text
 
     assert same_text("r\ufffdX@", "r\ufffdX@")
     assert same_text("r\ufffdX@\ufffd?", "r\ufffdX@")  # the bytes from the invalid one on

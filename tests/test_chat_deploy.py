@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import Engine, EngineConfig
-from app.engine.benchmarks.server_bench import bench_on_server
+from app.servers.server_bench import bench_on_server
 from app.engine.prompts.chat_format import CHATML_SOURCE, read_chat_format
 from app.engine.prompts.chat_messages import ChatMessage, ChatTemplate
 from app.engine.prompts.chat_render import render_chat

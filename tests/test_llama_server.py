@@ -18,7 +18,7 @@ from app.engine.prompts.rows import Row
 from app.servers import LlamaServer, OpenAIServer
 from app.servers.deploy import DeployError, check_layout, deploy, server_layout
 from app.servers.llama_server_process import ServerProcess, find_binary, settings_for
-from app.engine.benchmarks.server_bench import bench_on_server, expected_reuse
+from app.servers.server_bench import bench_on_server, expected_reuse
 
 TEMPLATE = ("You are a careful assistant. Answer from the passage only, in one sentence. "
             "The passage follows. <passage>\nQuestion: <question>\nAnswer:")

@@ -11,7 +11,7 @@ import pytest
 
 from app.servers import LlamaServer, OpenAIServer, ServerError
 from app.servers.http_stream import normalise_url
-from app.engine.benchmarks.server_bench import expected_reuse, miss_reason
+from app.servers.server_bench import expected_reuse, miss_reason
 
 
 def sse(*frames) -> bytes:

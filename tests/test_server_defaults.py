@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import Engine, EngineConfig, Template
-from app.engine.benchmarks.server_bench import bench_on_server
+from app.servers.server_bench import bench_on_server
 from app.engine.states.llama_state_file import read_any_state
 from app.engine.states.v_layout import v_layout_of
 from app.engine.states.seq_state_layout import parse

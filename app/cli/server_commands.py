@@ -1,6 +1,6 @@
 """`kvprimer serve`, `deploy`, `bench --server` and `info --server`: the same templates and
 rows on llama-server and OpenAI-compatible servers. `serve` starts a server (app/servers); the
-others make their flow's plan (app/engine/server_flows.py, the flows the window's Server tab
+others make their flow's plan (app/servers/server_flows.py, the flows the window's Server tab
 runs, with the same defaults and refusals) before the model loads, then run the flow's body."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..engine import KvPrimerError
-from ..engine import server_flows as flows
+from ..servers import server_flows as flows
 from ..engine.project.project_file import SUFFIX
 from ..engine.prompts.chat_messages import ChatTemplate, is_chat_file
 from ..optional_extras import require_server_clients

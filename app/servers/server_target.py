@@ -1,6 +1,6 @@
 """What a server target is, in one line for people: health, kind, model (and whether it is the
 one loaded here), slots, context and build: the window's Check and `kvprimer info --server`
-(through app/engine/server_flows.py's check_target)."""
+(through app/servers/server_flows.py's check_target)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

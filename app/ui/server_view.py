@@ -3,7 +3,7 @@ and slots; Deploy the template's prefix into a llama-server slot; run the sessio
 the server and compare them with KV Primer's local cold runs (charts: time to first token, and
 the tokens the server reused per row).
 
-It only shows and forwards: each button makes its flow's plan (app/engine/server_flows.py, the
+It only shows and forwards: each button makes its flow's plan (app/servers/server_flows.py, the
 flows `kvprimer info --server`, `deploy` and `bench --server` run, with the same defaults and
 refusals) and runs the flow's body on the engine worker (it primes, tokenizes and runs the local
 cold reference). The results are the session's (``session.server``, ``session.deployed``),
@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from ..engine import KvPrimerError
-from ..engine import server_flows as flows
+from ..servers import server_flows as flows
 from ..engine.session import Session
 from .charts import COLD, WARM, BarSeries, TtftChart
 from .engine_worker import EngineWorker, JobKind

@@ -10,18 +10,17 @@ where it stopped and why.
 """
 from __future__ import annotations
 
-from ..errors import KvPrimerError
-from ..runs.generation import GenerationConfig
-from ..runs.prompt_runs import run_prompt
-from ..runs.server_results import ServerBench, ServerRow
-from ..prompts.prompt_tokens import common_prefix
-from ..prompts.rows import Row
-from ..task_state import TaskState
-from ..prompts.template import Template
-
-from ...servers.http_stream import Completion
-from ...servers.model_match import match_model
-from ...servers.render_check import check_rendering
+from ..engine.errors import KvPrimerError
+from ..engine.prompts.prompt_tokens import common_prefix
+from ..engine.prompts.rows import Row
+from ..engine.prompts.template import Template
+from ..engine.runs.generation import GenerationConfig
+from ..engine.runs.prompt_runs import run_prompt
+from ..engine.runs.server_results import ServerBench, ServerRow
+from ..engine.task_state import TaskState
+from .http_stream import Completion
+from .model_match import match_model
+from .render_check import check_rendering
 
 
 def expected_reuse(prefix_tokens: int, block: int) -> int:

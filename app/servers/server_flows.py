@@ -14,21 +14,22 @@ KvPrimerError before any model or server work, and freezes the defaults decided 
   the same server, else wherever the server puts them.
 Its body ``(engine, plan, task)`` runs where engine work runs (the window's worker, the CLI's
 main thread) and returns typed results (runs/server_results.py) that the caller keeps in the
-session, saved in the project. app.servers is the transport: its HTTP clients are an optional
-extra, imported only once ``server_target`` has checked that they are installed.
+session, saved in the project. They live beside the transport, above the engine (which imports
+nothing of app.servers); the HTTP clients are an optional extra, imported only once
+``server_target`` has checked that they are installed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import KvPrimerError, RowsError
-from .prompts.chat_messages import ChatTemplate
-from .prompts.rows import Row
-from .prompts.template import Template
-from .runs.server_results import DeployResult, ServerBench
-from .session import Options, Session
-from .session_flows import check_filled, check_options, session_template
-from .task_state import TaskState
+from ..engine.errors import KvPrimerError, RowsError
+from ..engine.prompts.chat_messages import ChatTemplate
+from ..engine.prompts.rows import Row
+from ..engine.prompts.template import Template
+from ..engine.runs.server_results import DeployResult, ServerBench
+from ..engine.session import Options, Session
+from ..engine.session_flows import check_filled, check_options, session_template
+from ..engine.task_state import TaskState
 
 DEPLOY_SLOT = 0  # llama-server's first slot: the only one of a server `kvprimer serve` starts
 
@@ -54,7 +55,7 @@ def server_target(url: str, api: str = "llama", flavor: str = "auto",
     ('localhost:8080' is http://localhost:8080)."""
     from ..optional_extras import require_server_clients
     require_server_clients()
-    from ..servers.http_stream import normalise_url
+    from .http_stream import normalise_url
     return ServerTarget(normalise_url(url), api, flavor, api_key)
 
 
@@ -144,14 +145,14 @@ def started(plan: ServerBenchPlan) -> ServerBench:
 def check_target(engine, target: ServerTarget, task: TaskState | None = None):
     """The target's health, kind, model (and whether it is the one ``engine`` runs), slots,
     context and build: a ``TargetFacts``, whose ``describe()`` is one line."""
-    from ..servers.server_target import target_facts
+    from .server_target import target_facts
     with target.connect() as server:
         return target_facts(server, engine)
 
 
 def deploy(engine, plan: DeployPlan, task: TaskState | None = None) -> DeployResult:
     """Prime the static prefix, restore it into the slot, check the server reuses it."""
-    from ..servers.deploy import deploy as deploy_prefix
+    from .deploy import deploy as deploy_prefix
     with plan.target.connect() as server:
         return deploy_prefix(engine, plan.template, server, plan.slot, plan.slot_dir, task,
                              plan.filename, plan.chat)
@@ -160,7 +161,7 @@ def deploy(engine, plan: DeployPlan, task: TaskState | None = None) -> DeployRes
 def bench_on_server(engine, plan: ServerBenchPlan, task: TaskState | None = None) -> ServerBench:
     """Run the plan's rows on the server, warm then cold, each compared with a local cold run;
     each ServerRow goes out as a partial result as it finishes."""
-    from .benchmarks.server_bench import bench_on_server as run_rows
+    from .server_bench import bench_on_server as run_rows
     with plan.target.connect() as server:
         d = plan.deployed
         here = d if d is not None and d.url == server.url else None
