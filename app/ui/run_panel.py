@@ -6,7 +6,8 @@ reused, where its time went (copy, evaluation, first token; and when chain's bat
 than it saves), and a chart of cold vs warm time to first token. A warm-only run shows "not yet
 verified" until Verify makes its cold run (between jobs); a verdict judged against a cold run
 kept from an earlier run says so. The streamed text, the row being run and a long cold run's
-estimate are transient and come from the jobs. The max-tokens, reuse-mode, recompute and
+estimate are transient and come from the jobs. A composed run's line also says what it
+recomputed and how close it came (same tokens, top-1 agreement, KL). The max-tokens, reuse-mode, recompute and
 "always measure noise" boxes are the session's options, changed through SessionEdits (undoable).
 """
 from __future__ import annotations
@@ -20,11 +21,13 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QHe
 from ..engine import REUSE_MODES, RunReport, TextDelta, Verdict
 from ..engine.session import Options, RunRecord, Session
 from .charts import TtftBar, TtftChart
+from .compose_columns import accuracy_texts, recompute_box  # noqa: F401 (the bench view's too)
 from .narrow_widgets import FlowRow
 from .session_edits import SessionEdits
 
 COLUMNS = ["row", "path", "reuse", "reused (tokens)", "evaluated (tokens)", "first token (ms)",
-           "speedup", "verdict", "fork (ms)", "tokens/s"]
+           "speedup", "verdict", "recomputed", "same tokens", "top-1 agree", "KL (nats)",
+           "fork (ms)", "tokens/s"]
 # the verdict's word, coloured: exact, as close as the model's own noise, different
 VERDICT_COLORS = {"bit-identical": "#2e7d32", "within-noise": "#b26a00", "diverged": "#c62828"}
 MODE_TIPS = {
@@ -69,28 +72,6 @@ def reuse_mode_box(session: Session, edits: SessionEdits, parent: QWidget | None
                                                                 text="set the reuse mode"))
     session.events.options.connect(show)
     return box
-
-
-def recompute_box(session: Session, edits: SessionEdits, parent: QWidget | None = None,
-                  bench: bool = False) -> QSpinBox:
-    """Compose mode's recompute k, bound to the session's options; enabled when runs (or, with
-    ``bench``, benchmarks) use compose."""
-    k = QSpinBox(parent)
-    k.setObjectName("recompute")
-    k.setRange(0, 32)
-    k.setPrefix("recompute k: ")
-    k.setToolTip("Compose mode: evaluate the first k tokens of each module again in context "
-                 "(more accurate, a little slower)")
-
-    def show(o: Options) -> None:
-        if k.value() != o.recompute:
-            k.setValue(o.recompute)
-        k.setEnabled("compose" in o.bench_modes if bench else o.reuse_mode == "compose")
-
-    show(session.options)
-    k.valueChanged.connect(lambda v: edits.set_option("recompute", v, merge=True))
-    session.events.options.connect(show)
-    return k
 
 
 def noise_box(session: Session, edits: SessionEdits, parent: QWidget | None = None) -> QCheckBox:
@@ -277,7 +258,8 @@ class RunPanel(QWidget):
         for r in reversed(range(self.table.rowCount())):  # its warm line gets the verdict
             if [self.table.item(r, c).text() for c in (0, 1)] == [str(record.row), "warm"]:
                 for col, text in (("speedup", f"×{rep.speedup:.1f}" if rep.speedup else "—"),
-                                  ("verdict", v.equivalence if v else "")):
+                                  ("verdict", v.equivalence if v else ""),
+                                  *zip(COLUMNS[8:12], accuracy_texts(rep, True))):
                     self.table.item(r, COLUMNS.index(col)).setText(text)
                 if v:
                     self.table.item(r, COLUMNS.index("verdict")).setForeground(verdict_color(v))
@@ -332,7 +314,8 @@ class RunPanel(QWidget):
         if report.warm:
             tier = f"{report.reuse} mode" + (f", {report.build_ms:,.0f} ms building modules"
                                              if report.build_ms else "")
-            self.reuse.setText(f"Reused ({tier}): {report.reuse_text()}")
+            recomputed = f" · {report.recompute.describe()}" if report.recompute else ""
+            self.reuse.setText(f"Reused ({tier}): {report.reuse_text()}{recomputed}")
         self.breakdown.setText(breakdown_text(report))
         self._shown = report
         self._update_verify()
@@ -354,6 +337,7 @@ class RunPanel(QWidget):
         cells = [str(number), path.mode, report.reuse if warm else "—",
                  f"{path.reused_tokens:,}", f"{path.evaluated_tokens:,}", f"{path.ttft_ms:.1f}",
                  f"×{speed:.1f}" if speed and warm else "—", v.equivalence if v and warm else "",
+                 *accuracy_texts(report, warm),
                  f"{path.restore_ms:.1f}" if warm else "—", f"{path.tokens_per_s:.1f}"]
         tip = (f"{report.reuse_text()}\n{v.describe()}" if v else report.reuse_text()) if warm else ""
         r = self.table.rowCount()
