@@ -173,4 +173,4 @@ def test_the_cli_takes_a_share_or_a_count(cli_files, capsys, given, setting, sig
 def test_the_cli_refuses_a_bad_share_in_one_line(cli_files, capsys, bad):
     assert main([*cli_files, "--recompute", bad]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "recompute" in err[0] and "Traceback" not in err[0]
+    assert len(err) == 1 and "(--recompute)" in err[0] and "Traceback" not in err[0]
