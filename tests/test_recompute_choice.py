@@ -11,8 +11,8 @@ import pytest
 from app.cli import main
 from app.engine import GenerationConfig, KvPrimerError, Template, run_prompt
 from app.engine.runs import module_compose
-from app.engine.runs.recompute_choice import (Recompute, choose_runs, module_runs,
-                                              parse_recompute)
+from app.engine.runs.recompute_choice import (Recompute, choose_runs, default_recompute,
+                                              module_runs, parse_recompute)
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 3
@@ -167,6 +167,15 @@ def test_the_cli_takes_a_share_or_a_count(cli_files, capsys, given, setting, sig
     assert c["text"].startswith(f"recomputed {c['tokens']} of {c['module_tokens']} module tokens")
     assert main([*cli_files, "--recompute", given]) == 0
     assert c["text"] in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_the_help_shows_the_default_setting(capsys, command):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--recompute K|P%" in text and f"({default_recompute()})" in text
 
 
 @pytest.mark.parametrize("bad", ["150%", "-3", "abc"])

@@ -70,8 +70,8 @@ def reuse_options(p: argparse.ArgumentParser, default: str) -> None:
                         "cached prompt: exact), compose (cached modules per slot: approximate); "
                         f"{default}")
     p.add_argument("--recompute", default=None, metavar="K|P%",
-                   help=f"compose: evaluate tokens of each module again in context, the first K "
-                        f"(8) or a share P%% (15%%) chosen as the first ones ({_O.recompute})")
+                   help="compose: evaluate each module's first K tokens, or its first P%%, "
+                        f"again in context ({str(_O.recompute).replace('%', '%%')})")
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:
