@@ -11,8 +11,8 @@ import pytest
 from app.cli import main
 from app.engine import GenerationConfig, KvPrimerError, Template, run_prompt
 from app.engine.runs import module_compose
-from app.engine.runs.recompute_choice import (Recompute, choose_runs, default_recompute,
-                                              module_runs, parse_recompute)
+from app.engine.runs.recompute_choice import (Recompute, RecomputeChoice, choose_runs,
+                                              default_recompute, module_runs, parse_recompute)
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 3
@@ -183,3 +183,15 @@ def test_the_cli_refuses_a_bad_share_in_one_line(cli_files, capsys, bad):
     assert main([*cli_files, "--recompute", bad]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "(--recompute)" in err[0] and "Traceback" not in err[0]
+
+
+def test_a_saved_run_keeps_what_it_recomputed(engine):
+    """A project file stores the run as report_dict gives it and reads it back."""
+    from app.engine.files.project_file import report_from_dict
+    from app.engine.runs.prompt_runs import report_dict
+
+    rep = compose(engine, "30%")
+    back = report_from_dict(json.loads(json.dumps(report_dict(rep))))
+    assert back.recompute == rep.recompute and back.recompute.describe() == rep.recompute.describe()
+    assert report_from_dict(json.loads(json.dumps(report_dict(compose(engine, 0))))).recompute \
+        == RecomputeChoice("0", 0, rep.recompute.module_tokens, 0)
