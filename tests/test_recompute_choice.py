@@ -119,6 +119,8 @@ def test_a_share_recomputes_its_part_of_each_module_and_says_why(engine):
     assert c.describe() == (f"recomputed {sum(want)} of {sum(sizes)} module tokens "
                             f"({c.share:.0%}) in context: the first 30% of each module "
                             "(signal first_k)")
+    assert rep.verdict.note == ("composed modules never attended to each other (but the "
+                                f"{sum(want)} tokens recomputed in context)")
     # closer to the cold run than plain compose: <c2>'s first cells now saw <c1>
     assert rep.verdict.kl_divergence < plain.verdict.kl_divergence
 

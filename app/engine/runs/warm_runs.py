@@ -114,6 +114,8 @@ def run_in_slot(slot: Slot, cache: RadixCache, model, req: WarmRequest, hit: Cac
         with cache.busy(hit.node):
             c = compose(slot, cache, plan, tokens, req.recompute, task)
         reused, sources, recomputed, choice = c.reused, c.sources, c.recomputed, c.choice
+        if recomputed and not hit.approx:
+            note = f"{COMPOSED} (but the {recomputed:,} tokens recomputed in context)"
     t1 = time.perf_counter()
     marks = slot.marks([s.start for s in req.segments], reused, len(tokens), storing)
     nodes = [NodeEnd(s.end, s.label, req.template.sha256, hit.approx)
