@@ -32,7 +32,7 @@ def test_bench_every_reuse_mode_writes_one_entry_per_row_and_mode(files, capsys)
     d, m = files
     out = d / "out.json"
     rc = main(["bench", str(d / "t.tmpl"), *m, "--rows", str(d / "rows.csv"), "--max-tokens", "3",
-               "--reuse", "prefix,chain,compose", "--json-out", str(out)])
+               "--reuse", "prefix,chain,compose", "--recompute", "0", "--json-out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     res = json.loads(out.read_text())

@@ -157,13 +157,19 @@ def test_bench_summary_says_each_modes_figures_and_verdicts():
                      equivalence=v, reused_tokens=40 + r, max_logit_diff=d)
             for m, w, v, d in (("prefix", 10.0, "bit-identical", 0.0), ("compose", 3.0, "diverged", 0.25))
             for r in (1, 2)]
-    res = BenchResult(model={}, rows=rows, modes=("prefix", "compose", "chain"), cancelled=True)
-    # one formatter: the CLI prints these lines, the window joins them
+    for r, (same, kl) in zip(rows[2:], ((True, 0.002), (False, 0.004))):  # compose's
+        r.tokens_equal, r.kl_divergence, r.top1_agree, r.recompute_share = same, kl, 0.75, 0.15
+    res = BenchResult(model={}, rows=rows, modes=("prefix", "compose", "chain"), cancelled=True,
+                      recompute="15%")
+    # one formatter: the CLI prints these lines, the window joins them; compose's says its
+    # trade: what it recomputed, how close to the cold run it came (its time against prefix's
+    # comes from rows measured side by side: these were not)
     assert res.mode_lines() == [
         "prefix: median warm 10.0 ms, cold 90.0 ms, ×9.0; reused 42 tokens; 2 bit-identical; "
         "max |Δlogit| 0",
         "compose: median warm 3.0 ms, cold 90.0 ms, ×30.0; reused 42 tokens; 2 diverged; "
-        "max |Δlogit| 0.25",
+        "max |Δlogit| 0.25; recomputed 15% of module tokens (setting 15%), greedy tokens equal "
+        "on 1 of 2 rows, top-1 agreement 75%, KL median 0.003",
         "chain: no row finished", "cancelled before every row ran"]
     assert bench_summary(res) == " · ".join(res.mode_lines())
 

@@ -116,7 +116,9 @@ def test_every_label_can_be_read_at_1366x768_with_every_panel_open(qtbot, busy_w
     w.central_tabs.setCurrentWidget(w.bench)
     legend = w.bench.chart.legend_row
     qtbot.waitUntil(lambda: legend.isVisible() and legend.height() > 0, timeout=5000)
-    assert legend.names() == ["cold", "warm: prefix", "warm: chain", "warm: compose"]
+    names = legend.names()  # and the whiskers' entry when repeats spread
+    assert names[:4] == ["cold", "warm: prefix", "warm: chain", "warm: compose"]
+    assert names[4:] in ([], ["min–max"])
     assert legend_cut(legend) == []
     w.central_tabs.setCurrentWidget(w.run_panel)
     qtbot.waitUntil(lambda: w.run_panel.chart.legend_row.isVisible(), timeout=5000)

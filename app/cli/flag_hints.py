@@ -19,6 +19,8 @@ HINTS: tuple[tuple[str, str], ...] = (
     ("repeat count", "--repeat"),
     ("new tokens", "-n/--n-predict"),
     ("recompute k", "--recompute"),
+    ("recompute share", "--recompute"),
+    ("recompute takes", "--recompute"),
     ("rows per batch", "--fork K"),
     ("forks of the static prefix", "--fork K"),
 )

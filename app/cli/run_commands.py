@@ -74,9 +74,9 @@ def reuse_options(p: argparse.ArgumentParser, default: str) -> None:
                    help="what a warm run reuses: prefix (the static prefix), chain (the deepest "
                         "cached prompt: exact), compose (cached modules per slot: approximate); "
                         f"{default}")
-    p.add_argument("--recompute", type=int, default=None, metavar="K",
-                   help=f"compose: evaluate the first K tokens of each module in context "
-                        f"({_O.recompute})")
+    p.add_argument("--recompute", default=None, metavar="K|P%",
+                   help="compose: evaluate each module's first K tokens, or its first P%%, "
+                        f"again in context ({str(_O.recompute).replace('%', '%%')})")
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:
@@ -227,6 +227,8 @@ def cmd_run(args) -> int:
     def words():
         print(f"prompt {rep.prompt_tokens} tokens; reused {rep.reuse_text()} "
               f"(tokenize {rep.tokenize_ms:.1f} ms)")
+        if rep.recompute:
+            print(rep.recompute.describe())
         for path in (rep.cold, rep.warm):
             if path:
                 kept = " (kept from an earlier run)" if path is rep.cold and rep.cold_kept else ""
@@ -279,7 +281,8 @@ def cmd_bench(args) -> int:
                 continue
             print(f"{r.row:>4} {r.reuse:<8} {r.prefix_tokens + r.suffix_tokens:>6} "
                   f"{r.reused_tokens:>6} {r.evaluated_tokens:>5} {r.cold_ms:>9.1f} "
-                  f"{r.warm_ms:>8.1f} {r.speedup:>6.1f}x  {r.verdict().describe()}")
+                  f"{r.warm_ms:>8.1f} {r.speedup:>6.1f}x  {r.verdict().describe()}"
+                  + (f" · recomputed {r.recompute_share:.0%}" if r.recompute_share else ""))
         for line in res.mode_lines():
             print(line)
 

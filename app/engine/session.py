@@ -25,6 +25,8 @@ from .benchmarks.prefix_sweep import SweepPoint
 from .project.project_file import ProjectFile, SavedResults, read_results, result_dicts
 from .runs.prompt_runs import REUSE_MODES, RunReport, check_reuse_modes
 from .runs.result_origin import ResultOrigin
+from .runs.recompute_choice import default_recompute
+from .runs.reuse_modes import check_recompute
 from .runs.server_results import DeployResult, ServerBench, ServerRow
 from .prompts.rows import Row
 from .prompts.template import Template
@@ -62,7 +64,9 @@ class Options:
     max_tokens: int = _GEN.max_tokens  # tokens generated per run at most
     repeat: int = 3  # benchmark repeats per row
     reuse_mode: str = "chain"  # how a warm run reuses the cache (one of REUSE_MODES)
-    recompute: int = 0  # compose mode: tokens of each module recomputed in context
+    # compose mode: tokens of each module recomputed in context, a count of first tokens (8)
+    # or a share of each module ("15%"; recompute_choice.py)
+    recompute: int | str = default_recompute()
     # the reuse modes a benchmark compares: the exact ones, so that a default benchmark's
     # verdicts all read bit-identical; compose (approximate by design) is one tick away
     bench_modes: tuple[str, ...] = ("prefix", "chain")
@@ -352,9 +356,12 @@ class Session:
         s = project.settings
         opts = {}
         try:
-            for key in ("max_tokens", "repeat", "recompute", "seed"):
+            for key in ("max_tokens", "repeat", "seed"):
                 if key in s:
                     opts[key] = int(s[key])
+            if "recompute" in s:
+                opts["recompute"] = s["recompute"]
+                check_recompute(s["recompute"])
             for key in ("temperature", "top_p"):
                 if key in s:
                     opts[key] = float(s[key])

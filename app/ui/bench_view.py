@@ -6,7 +6,7 @@ mode (charts from app.ui.charts), each mode's accuracy (verdict counts, KL diver
 agreement), a table with readable headers; and exports them. Jobs are started by the window;
 while one of its jobs runs, a line above the results says where the whole job is (the status
 bar's words, app.engine.task_state.progress_line).
-The repeats, the modes compared and compose's recompute k are the session's options, changed
+The repeats, the modes compared and compose's recompute share are the session's options, changed
 through SessionEdits (undoable).
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ from .model_events import follow
 from .narrow_widgets import ElidedLabel
 from .result_marks import EarlierNote
 from .status_bar import one_line
-from .run_panel import MODE_TIPS, VERDICT_COLORS, recompute_box
+from .compose_columns import recompute_box
+from .run_panel import MODE_TIPS, VERDICT_COLORS
 from .session_edits import SessionEdits
 
 # (BenchRow field, header, tooltip)
@@ -56,11 +57,16 @@ BENCH_COLUMNS = [
     ("max_logit_diff", "max |Δlogit|", "Largest logit difference over the compared tokens; "
                                        "0 means bit-identical"),
     ("kl_divergence", "KL (nats)", "Largest next-token KL divergence, cold ‖ warm"),
+    ("top1_agree", "top-1 agree", "Generated positions where warm and cold rank the same token "
+                                  "first"),
+    ("recompute_share", "recomputed", "Compose: the share of the modules' tokens evaluated "
+                                      "again in context (the recompute setting)"),
     ("error", "error", "Why the row could not run"),
 ]
 UNDER_LOAD_COLOR = "#b35c00"  # a row measured while other programs used the cores
-ACCURACY_COLUMNS = ["mode", "rows", "bit-identical", "within-noise", "diverged", "max KL (nats)",
-                    "top-1 agree", "max |Δlogit|", "median warm (ms)"]
+ACCURACY_COLUMNS = ["mode", "rows", "bit-identical", "within-noise", "diverged", "same tokens",
+                    "median KL (nats)", "max KL (nats)", "top-1 agree", "max |Δlogit|",
+                    "recomputed", "median warm (ms)", "warm ÷ prefix"]
 
 
 def cell_text(key: str, value) -> str:
@@ -70,6 +76,8 @@ def cell_text(key: str, value) -> str:
         return "yes" if value else "NO"
     if key in ("max_logit_diff", "kl_divergence"):
         return f"{value:.3g}"
+    if key in ("top1_agree", "recompute_share"):
+        return f"{value:.0%}"
     if key == "speedup":
         return f"×{value:.1f}"
     if key == "vs_prefix":
@@ -327,6 +335,9 @@ class BenchView(QWidget):
     def _show_accuracy(self, result: BenchResult | None) -> None:
         modes = list(result.modes) if result else []
         summary = result.summary() if result else {}
+        paired = {f.mode: f.ratio for f in result.paired()} if result else {}
+        if any(r is not None for r in paired.values()):
+            paired["prefix"] = 1.0  # the base of the pairs
         table = []
         for m in modes:
             s = summary.get(m) or {}
@@ -335,10 +346,16 @@ class BenchView(QWidget):
             def num(v, fmt):
                 return "—" if v is None else format(v, fmt)
 
+            # compose's trade beside the exact modes: greedy-equal rows, KL, what it recomputed
+            # and its time against prefix mode's, from the rows measured side by side
             cells = [m, str(s.get("rows", 0)),
                      *(str(counts.get(w, 0)) for w in ("bit-identical", "within-noise", "diverged")),
+                     f"{s.get('tokens_equal_rows', 0)} of {s.get('rows', 0)}",
+                     num(s.get("kl_divergence_median"), ".3g"),
                      num(s.get("kl_divergence_max"), ".3g"), num(s.get("top1_agree_mean"), ".0%"),
-                     num(s.get("max_logit_diff"), ".3g"), num(s.get("warm_ms_median"), ",.1f")]
+                     num(s.get("max_logit_diff"), ".3g"),
+                     num(s.get("recompute_share_median"), ".0%") if m == "compose" else "—",
+                     num(s.get("warm_ms_median"), ",.1f"), num(paired.get(m), ".2f")]
             table.append([Cell(text, c > 0, VERDICT_COLORS[ACCURACY_COLUMNS[c]]
                                if ACCURACY_COLUMNS[c] in VERDICT_COLORS and text != "0" else "")
                           for c, text in enumerate(cells)])

@@ -1,9 +1,10 @@
-"""The options of runs and benchmarks as boxes bound to the session's options: the reuse mode,
-compose's recompute k and "always measure noise" (changed through SessionEdits: undoable)."""
+"""The options of runs and benchmarks as boxes bound to the session's options: the reuse mode
+and "always measure noise", changed through SessionEdits (undoable). Compose's recompute
+setting has its box beside compose's columns (compose_columns.py)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QCheckBox, QComboBox, QSpinBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QWidget
 
 from ..engine import REUSE_MODES
 from ..engine.session import Options, Session
@@ -37,28 +38,6 @@ def reuse_mode_box(session: Session, edits: SessionEdits, parent: QWidget | None
                                                                 text="set the reuse mode"))
     session.events.options.connect(show)
     return box
-
-
-def recompute_box(session: Session, edits: SessionEdits, parent: QWidget | None = None,
-                  bench: bool = False) -> QSpinBox:
-    """Compose mode's recompute k, bound to the session's options; enabled when runs (or, with
-    ``bench``, benchmarks) use compose."""
-    k = QSpinBox(parent)
-    k.setObjectName("recompute")
-    k.setRange(0, 32)
-    k.setPrefix("recompute k: ")
-    k.setToolTip("Compose mode: evaluate the first k tokens of each module again in context "
-                 "(more accurate, a little slower)")
-
-    def show(o: Options) -> None:
-        if k.value() != o.recompute:
-            k.setValue(o.recompute)
-        k.setEnabled("compose" in o.bench_modes if bench else o.reuse_mode == "compose")
-
-    show(session.options)
-    k.valueChanged.connect(lambda v: edits.set_option("recompute", v, merge=True))
-    session.events.options.connect(show)
-    return k
 
 
 def noise_box(session: Session, edits: SessionEdits, parent: QWidget | None = None) -> QCheckBox:

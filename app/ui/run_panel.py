@@ -6,7 +6,8 @@ reused, where its time went (copy, evaluation, first token; and when chain's bat
 than it saves), and a chart of cold vs warm time to first token. A warm-only run shows "not yet
 verified" until Verify makes its cold run (between jobs); a verdict judged against a cold run
 kept from an earlier run says so. The streamed text, the row being run and a long cold run's
-estimate are transient and come from the jobs. The max-tokens, reuse-mode, recompute and
+estimate are transient and come from the jobs. A composed run's line also says what it
+recomputed and how close it came (same tokens, top-1 agreement, KL). The max-tokens, reuse-mode, recompute and
 "always measure noise" boxes are the session's options, changed through SessionEdits (undoable).
 """
 from __future__ import annotations
@@ -20,14 +21,16 @@ from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPla
 from ..engine import RunReport, TextDelta, Verdict
 from ..engine.session import RunRecord, Session
 from .charts import TtftBar, TtftChart
+from .compose_columns import accuracy_texts, recompute_box
 from .narrow_widgets import FlowRow
 from .result_marks import EarlierNote, changes, grey_rows
-# MODE_TIPS and recompute_box serve the Benchmark view too, which imports them from here
-from .run_options import MODE_TIPS, noise_box, recompute_box, reuse_mode_box
+# MODE_TIPS serves the Benchmark view too, which imports it from here
+from .run_options import MODE_TIPS, noise_box, reuse_mode_box
 from .session_edits import SessionEdits
 
 COLUMNS = ["row", "path", "reuse", "reused (tokens)", "evaluated (tokens)", "first token (ms)",
-           "speedup", "verdict", "fork (ms)", "tokens/s", "model"]
+           "speedup", "verdict", "recomputed", "same tokens", "top-1 agree", "KL (nats)",
+           "fork (ms)", "tokens/s", "model"]
 # the verdict's word, coloured: exact, as close as the model's own noise, different
 VERDICT_COLORS = {"bit-identical": "#2e7d32", "within-noise": "#b26a00", "diverged": "#c62828"}
 
@@ -243,7 +246,8 @@ class RunPanel(QWidget):
         for r in reversed(range(self.table.rowCount())):  # its warm line gets the verdict
             if [self.table.item(r, c).text() for c in (0, 1)] == [str(record.row), "warm"]:
                 for col, text in (("speedup", f"×{rep.speedup:.1f}" if rep.speedup else "—"),
-                                  ("verdict", v.equivalence if v else "")):
+                                  ("verdict", v.equivalence if v else ""),
+                                  *zip(COLUMNS[8:12], accuracy_texts(rep, True))):
                     self.table.item(r, COLUMNS.index(col)).setText(text)
                 if v:
                     self.table.item(r, COLUMNS.index("verdict")).setForeground(verdict_color(v))
@@ -300,7 +304,8 @@ class RunPanel(QWidget):
         if report.warm:
             tier = f"{report.reuse} mode" + (f", {report.build_ms:,.0f} ms building modules"
                                              if report.build_ms else "")
-            self.reuse.setText(f"Reused ({tier}): {report.reuse_text()}")
+            recomputed = f" · {report.recompute.describe()}" if report.recompute else ""
+            self.reuse.setText(f"Reused ({tier}): {report.reuse_text()}{recomputed}")
         self.breakdown.setText(breakdown_text(report))
         self._shown = report
         self._update_verify()
@@ -322,6 +327,7 @@ class RunPanel(QWidget):
         cells = [str(number), path.mode, report.reuse if warm else "—",
                  f"{path.reused_tokens:,}", f"{path.evaluated_tokens:,}", f"{path.ttft_ms:,.1f}",
                  f"×{speed:.1f}" if speed and warm else "—", v.equivalence if v and warm else "",
+                 *accuracy_texts(report, warm),
                  f"{path.restore_ms:,.1f}" if warm else "—", f"{path.tokens_per_s:,.1f}",
                  origin.model if origin else ""]
         tip = (f"{report.reuse_text()}\n{v.describe()}" if v else report.reuse_text()) if warm else ""

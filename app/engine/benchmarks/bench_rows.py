@@ -76,6 +76,11 @@ class BenchRow:
     vs_prefix: float | None = None  # warm time against prefix mode's, side by side (median)
     load: float | None = None  # other programs' share of the cores, the busiest of its calls
     under_load: bool = False  # measured while other programs used the cores: less sure
+    # compose: module tokens recomputed in context, their share of the modules' tokens, and
+    # the signal that chose them (recompute_choice.py)
+    recomputed_tokens: int = 0
+    recompute_share: float | None = None
+    recompute_signal: str = ""
 
     def verdict(self) -> Verdict | None:
         """The first repeat's verdict (None for a row that failed): its words come from it."""
@@ -92,7 +97,7 @@ class BenchResult:
     rows: list[BenchRow] = field(default_factory=list)
     repeat: int = 1
     modes: tuple[str, ...] = ("prefix",)
-    recompute: int = 0
+    recompute: int | str = 0  # compose: the recompute setting, a count (8) or a share ("15%")
     cancelled: bool = False
     origin: ResultOrigin | None = None  # the template, model and settings that made it
 
@@ -116,6 +121,10 @@ class BenchResult:
                 "max_logit_diff": max((r.max_logit_diff for r in ok), default=None),
                 "kl_divergence_max": max((r.kl_divergence for r in ok), default=None),
                 "top1_agree_mean": (statistics.fmean(r.top1_agree for r in ok) if ok else None),
+                "tokens_equal_rows": sum(1 for r in ok if r.tokens_equal),
+                "kl_divergence_median": med([r.kl_divergence for r in ok]),
+                "recompute_share_median": med([r.recompute_share for r in ok
+                                               if r.recompute_share is not None]),
                 "equivalence": {w: sum(1 for r in ok if r.equivalence == w)
                                 for w in ("bit-identical", "within-noise", "diverged")},
             }
@@ -155,6 +164,7 @@ class BenchResult:
                      f"{m['cold_ms_median']:,.1f} ms, ×{m['speedup_median']:.1f}",
                      f"reused {m['reused_tokens_median']:,.0f} tokens", verdicts,
                      f"max |Δlogit| {m['max_logit_diff']:.3g}",
+                     self._compose_words(s, m) if mode == "compose" else "",
                      f"modules built in {m['build_ms_total']:,.0f} ms" if m["build_ms_total"] else ""]
             lines.append("; ".join(x for x in parts if x))
         lines.extend(f.text() for f in self.paired())
@@ -166,6 +176,18 @@ class BenchResult:
         if self.cancelled:
             lines.append("cancelled before every row ran")
         return lines
+
+
+    def _compose_words(self, s: dict, m: dict) -> str:
+        """Compose's trade in words: what it recomputed and how close to the cold run it came
+        (its time against prefix mode's is the paired line below, ``paired``)."""
+        share = m["recompute_share_median"]
+        words = [f"recomputed {share:.0%} of module tokens (setting {self.recompute})"
+                 if share else "nothing recomputed",
+                 f"greedy tokens equal on {m['tokens_equal_rows']} of {m['rows']} rows",
+                 f"top-1 agreement {m['top1_agree_mean']:.0%}",
+                 f"KL median {m['kl_divergence_median']:.3g}"]
+        return ", ".join(words)
 
 
 def bench_summary(result: BenchResult) -> str:
@@ -180,7 +202,7 @@ def check_repeat(repeat: int) -> None:
 
 
 def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
-               modes: tuple[str, ...] | list[str] = ("prefix",), recompute: int = 0,
+               modes: tuple[str, ...] | list[str] = ("prefix",), recompute: int | str = 0,
                state: PrefixState | None = None,
                gen: GenerationConfig = GenerationConfig(),
                task: TaskState | None = None, noise: bool = False,
@@ -316,6 +338,10 @@ def _bench_row(row: Row, mode: str, got: _RowRuns, colds: dict, state) -> BenchR
                                                              v.top1_agree)
     out.noise_max_logit_diff, out.noise_kl_divergence = v.noise_max_logit_diff, v.noise_kl_divergence
     out.positions = v.positions
+    if first.recompute is not None:
+        c = first.recompute
+        out.recomputed_tokens, out.recompute_share, out.recompute_signal = (c.tokens, c.share,
+                                                                            c.signal)
     # the run whose time is the median (the lower one of an even count)
     out.breakdown = sorted(reports, key=lambda r: r.warm.ttft_ms)[(len(reports) - 1) // 2].breakdown
     return out

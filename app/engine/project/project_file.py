@@ -124,7 +124,7 @@ def bench_from_dict(d: dict) -> BenchResult:
     rows = [_build(BenchRow, row) for row in d["rows"]]
     modes = tuple(s.get("modes") or dict.fromkeys(r.reuse for r in rows) or ("prefix",))
     return BenchResult(model=d.get("model", {}), repeat=s["repeat"], rows=rows, modes=modes,
-                       recompute=int(s.get("recompute", 0)),
+                       recompute=s.get("recompute", 0),
                        cancelled=bool(s.get("cancelled", False)),
                        origin=ResultOrigin.from_dict(d.get("origin")))
 

@@ -9,8 +9,8 @@ llama.cpp's seq_add (the next decode re-rotates their K) — and evaluates only 
 
 The module's tokens attended to the static prefix only, never to the modules before them, so
 the result differs from a cold run: the verdict measures by how much. ``recompute`` evaluates
-the first k tokens of each module in context instead of copying them (EPIC's idea), trading
-time for accuracy.
+some tokens of each module in context instead of copying them (a count of first tokens, as
+EPIC does, or a share chosen by a signal: recompute_choice.py), trading time for accuracy.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ..prompts.prompt_segments import Segment
 from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
 from ..slot.run_slot import NodeEnd, Slot
+from .recompute_choice import Recompute, RecomputeChoice, module_runs
 from .run_parts import RunParts
 
 
@@ -38,6 +39,7 @@ class Composition:
     reused: int
     sources: tuple[tuple[str, int], ...]
     recomputed: int = 0  # tokens of modules evaluated in context, within ``reused``'s range
+    choice: RecomputeChoice | None = None  # what was recomputed and why
 
 
 def plan_modules(parts: RunParts, tokens: list[int], segments: list[Segment], hit: CacheHit,
@@ -77,27 +79,44 @@ def plan_modules(parts: RunParts, tokens: list[int], segments: list[Segment], hi
     return ModulePlan(hit, prefix, tuple(modules), build_s * 1000)
 
 
-def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int], recompute: int,
-            task) -> Composition:
-    """Fill the slot with the exact part, then for each module its first ``recompute`` tokens
-    evaluated in context and the rest placed from its cached cells (moved to their positions in
-    this prompt), ready to evaluate the last segment."""
+def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int],
+            recompute: Recompute, task) -> Composition:
+    """Fill the slot with the exact part, then each module left to right: its cached cells
+    (moved to their positions in this prompt) up to the next run of tokens chosen for
+    recompute (recompute_choice.py), that run evaluated in context, and so on, ready to
+    evaluate the last segment. llama.cpp takes a sequence's batch only at its end, so a
+    sequence is built in this order: every recomputed run sees all cells before it."""
     slot.bring(plan.hit, tokens)
     cur = plan.hit.reused
     sources = list(plan.hit.sources)
     p = plan.prefix.depth
-    recomputed = 0
+    recomputed = runs = module_tokens = 0
     for seg, node in plan.modules:
         n = seg.end - seg.start
-        k = min(recompute, n)
+        module_tokens += n
+        at = 0  # module tokens in the slot so far
+        k = 0
+        for a, b in module_runs(n, recompute):
+            if a > at:
+                _place(slot, cache, node, p, at, a, cur, tokens, seg.start)
+            slot.evaluate(tokens[seg.start + a:seg.start + b],
+                          slot.batching.module(slot.held, cur + b, windowed=slot.windowed),
+                          task, stage="recompute", want_logits=False)
+            k += b - a
+            runs += 1
+            at = b
+        if at < n:
+            _place(slot, cache, node, p, at, n, cur, tokens, seg.start)
         recomputed += k
-        if k:
-            slot.evaluate(tokens[seg.start:seg.start + k], slot.starts(cur + k), task,
-                          stage="recompute", want_logits=False)
-        if k < n:
-            with cache.busy(node):
-                slot.place(cache.materialise(node), p + k, p + n, cur + k,
-                           tokens[seg.start + k:seg.end])
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
         cur += n
-    return Composition(cur, tuple(sources), recomputed)
+    choice = RecomputeChoice(recompute.text, recomputed, module_tokens, runs)
+    return Composition(cur, tuple(sources), recomputed, choice)
+
+
+def _place(slot: Slot, cache: RadixCache, node: RadixNode, p: int, i0: int, i1: int, cur: int,
+           tokens: list[int], start: int) -> None:
+    """A module's cached cells i0..i1-1 (made at positions p+i0..) appended at ``cur + i0``."""
+    with cache.busy(node):
+        slot.place(cache.materialise(node), p + i0, p + i1, cur + i0,
+                   tokens[start + i0:start + i1])

@@ -32,6 +32,7 @@ from ..prompts.prompt_segments import prompt_segments
 from ..task_state import TaskState
 from ..prompts.template import Template
 from .late_verify import verify_run
+from .recompute_choice import Recompute, RecomputeChoice
 from .verdict import Verdict
 from .warm_cost import WarmBreakdown, run_breakdown
 from .run_parts import RunParts
@@ -64,6 +65,7 @@ class RunReport:
     copied_tokens: int = 0  # reused tokens copied from the cache (the rest were in place)
     plan: list[int] = field(default_factory=list, repr=False)  # the warm history's batch starts
     breakdown: WarmBreakdown | None = None  # where the warm time to first token went
+    recompute: RecomputeChoice | None = None  # compose: what was recomputed in context and why
     cold_kept: bool = False  # the cold run judged against was kept from an earlier run
     # what a verification later needs (late_verify.py): the prompt's tokens, and the key of the
     # cold run that is the warm run's reference (None: no warm run)
@@ -115,7 +117,8 @@ def report_dict(rep: RunReport) -> dict:
             "cold": path(rep.cold), "warm": path(rep.warm), "oneshot": path(rep.oneshot),
             "verdict": None if v is None else {**asdict(v), "text": v.describe()},
             "cold_kept": rep.cold_kept, "verified": rep.verified,
-            "breakdown": None if rep.breakdown is None else asdict(rep.breakdown)}
+            "breakdown": None if rep.breakdown is None else asdict(rep.breakdown),
+            "recompute": None if rep.recompute is None else rep.recompute.as_dict()}
 
 
 def _one_generation_count(run):
@@ -132,14 +135,16 @@ def _one_generation_count(run):
 def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str = "chain",
                state: PrefixState | None = None, cold: bool = True, warm: bool = True,
                oneshot: bool | None = None, gen: GenerationConfig = GenerationConfig(),
-               recompute: int = 0, keep: bool = True, task: TaskState | None = None,
+               recompute: int | str | Recompute = 0, keep: bool = True,
+               task: TaskState | None = None,
                cold_cache: dict | None = None, reuse_before: int | None = None) -> RunReport:
     """Run one filled prompt on the chosen paths (see the module docstring).
 
     ``state``: a saved prefix state to reuse (restored once into the cache). ``keep``: cache
     the prompt's segments for later runs (chain). ``recompute``: compose mode evaluates the
-    first k tokens of each module in context. ``cold_cache``: cold runs already made for this
-    prompt, by batch starts (a benchmark's row: its cold times, shared by its modes). Cold
+    first k tokens of each module in context (8), or a share of them (``"15%"``:
+    recompute_choice.py). ``cold_cache``: cold runs already made for this prompt, by batch
+    starts (a benchmark's row: its cold times, shared by its modes). Cold
     runs kept by ``engine.cold`` from earlier runs stand in for new ones with the same key
     (``report.cold_kept``). ``reuse_before``: reuse only cache nodes older than this cache
     generation (a benchmark's repeats must not reuse what the row's own first run cached).
@@ -149,7 +154,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     reuse, = check_reuse_modes(reuse, one=True)
     if not (cold or warm):
         raise KvPrimerError("choose cold, warm or both")
-    check_recompute(recompute)
+    setting = check_recompute(recompute)
     task = task or TaskState()
     t0 = time.perf_counter()
     tokens = engine.tokenize(template.fill(values))
@@ -162,7 +167,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     report = RunReport(len(tokens), segments[0].end, reuse, 0, len(tokens), tokenize_ms,
                        state_bytes=state.nbytes if state else 0)
     if warm:
-        req = WarmRequest(template, tokens, segments, reuse, gen, max_new, state, recompute, keep,
+        req = WarmRequest(template, tokens, segments, reuse, gen, max_new, state, setting, keep,
                           reuse_before)
         report.warm = _reported(report, _warm(engine, req, task))
         task.partial(report)
@@ -196,4 +201,5 @@ def _reported(report: RunReport, warm: WarmOutcome) -> PathResult:
     report.sources, report.hit_tier, report.note = warm.sources, warm.tier, warm.note
     report.copied_tokens, report.build_ms = warm.copied, warm.build_ms
     report.reuse = warm.reuse or report.reuse
+    report.recompute = warm.recompute
     return r

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import KvPrimerError
 from ..llama.layer_kinds import read_layer_kinds
+from .recompute_choice import Recompute, parse_recompute
 
 REUSE_MODES = ("prefix", "chain", "compose")
 EXACT_REUSE_MODES = ("prefix", "chain")  # compose is approximate by design
@@ -42,9 +43,9 @@ def refuse_compose_on_file(path) -> None:
                             "shifted into place or composed from modules; use prefix or chain")
 
 
-def check_recompute(recompute: int) -> None:
-    if recompute < 0:
-        raise KvPrimerError(f"recompute k must be 0 or more tokens, not {recompute}")
+def check_recompute(recompute) -> Recompute:
+    """Compose's recompute setting, checked: a count of first tokens (8) or a share (15%)."""
+    return parse_recompute(recompute)
 
 
 def refuse_compose(engine) -> None:

@@ -27,6 +27,7 @@ from ..task_state import TaskState
 from .cold_reference import PathResult
 from .generation import GenerationConfig, generate
 from .module_compose import ModulePlan, compose, plan_modules
+from .recompute_choice import Recompute, RecomputeChoice
 from .run_parts import RunParts
 
 KEEP_LOGITS = 16  # generated positions whose logits the verdict compares
@@ -43,7 +44,7 @@ class WarmRequest:
     gen: GenerationConfig
     max_new: int
     state: PrefixState | None = None  # a saved prefix state to reuse instead of the cache's
-    recompute: int = 0  # compose: the first k tokens of each module evaluated in context
+    recompute: Recompute = Recompute()  # compose: tokens of each module evaluated in context
     keep: bool = True  # chain: store each segment's end as a node
     before: int | None = None  # reuse only cache nodes older than this cache generation
 
@@ -58,6 +59,7 @@ class WarmOutcome:
     copied: int = 0  # reused tokens copied from the cache (the rest were in place)
     build_ms: float = 0.0  # compose: evaluating modules seen for the first time
     reuse: str = ""  # the mode it ran as, when not the one asked (a saved state: prefix)
+    recompute: RecomputeChoice | None = None  # compose: what was recomputed and why
 
 
 def run_warm(parts: RunParts, req: WarmRequest, task: TaskState) -> WarmOutcome:
@@ -99,7 +101,7 @@ def run_in_slot(slot: Slot, cache: RadixCache, model, req: WarmRequest, hit: Cac
     chain gives each segment's end back to the cache. Times are from ``t0``."""
     tokens = req.tokens
     storing = req.keep and req.reuse == "chain"
-    recomputed, copied = 0, 0
+    recomputed, copied, choice = 0, 0, None
     if plan is None:
         hit = slot.whole(hit)
         note = hit.approx
@@ -110,7 +112,9 @@ def run_in_slot(slot: Slot, cache: RadixCache, model, req: WarmRequest, hit: Cac
         note = hit.approx or COMPOSED
         with cache.busy(hit.node):
             c = compose(slot, cache, plan, tokens, req.recompute, task)
-        reused, sources, recomputed = c.reused, c.sources, c.recomputed
+        reused, sources, recomputed, choice = c.reused, c.sources, c.recomputed, c.choice
+        if recomputed and not hit.approx:
+            note = f"{COMPOSED} (but the {recomputed:,} tokens recomputed in context)"
     t1 = time.perf_counter()
     marks = slot.marks([s.start for s in req.segments], reused, len(tokens), storing)
     nodes = [NodeEnd(s.end, s.label, req.template.sha256, hit.approx)
@@ -127,7 +131,7 @@ def run_in_slot(slot: Slot, cache: RadixCache, model, req: WarmRequest, hit: Cac
     result.reused_tokens = reused - recomputed
     result.evaluated_tokens = len(tokens) - result.reused_tokens
     return WarmOutcome(result, sources, hit.tier, note, copied,
-                       plan.build_ms if plan is not None else 0.0)
+                       plan.build_ms if plan is not None else 0.0, recompute=choice)
 
 
 def from_saved_state(engine, req: WarmRequest, task: TaskState) -> WarmOutcome:
