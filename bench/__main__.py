@@ -127,6 +127,19 @@ def _section(results: dict, key: str, what: str, fn):
         return None
 
 
+def _section_in_steps(results: dict, args, key: str, what: str, fn):
+    """A long section whose runner hands over its figures after each step (``fn(partial)``):
+    results.json is written at every step, so a run stopped early keeps what it measured."""
+    def partial(figures):
+        results[key] = figures
+        _write(results, args.out)
+
+    figures = _section(results, key, what, lambda: fn(partial))
+    if figures is None:
+        _write(results, args.out)
+    return figures
+
+
 def _publish(results: dict, args, text: str, ratios: dict | None = None,
              goals: dict | None = None) -> None:
     """A section's ratios and goals join the others; the file is written, the text printed."""
@@ -237,14 +250,9 @@ def scale_figures(results: dict, args) -> None:
                       n_threads=args.threads or os.cpu_count() or 1,
                       llamacpp=not args.no_llamacpp, server=not args.no_server_peer)
 
-    def partial(sc):
-        results["scale"] = sc
-        _write(results, args.out)
-
-    sc = _section(results, "scale", "the scale section",
-                  lambda: run_scale(cfg, log=_Log(), on_run=partial))
+    sc = _section_in_steps(results, args, "scale", "the scale section",
+                           lambda partial: run_scale(cfg, log=_Log(), on_run=partial))
     if sc is None:
-        _write(results, args.out)
         return
     if any("error" not in r for r in sc["runs"]):
         render_scale_chart(sc, args.scale_chart)
@@ -263,14 +271,9 @@ def compose_oracle_figures(results: dict, args) -> None:
     cfg = OracleConfig(rows=args.oracle_rows or (2 if args.quick else 48), n_batch=args.batch,
                        n_threads=args.threads or os.cpu_count() or 1)
 
-    def partial(sec):
-        results["compose_oracle"] = sec
-        _write(results, args.out)
-
-    sec = _section(results, "compose_oracle", "the compose-oracle section",
-                   lambda: run_compose_oracle(cfg, log=_Log(), on_row=partial))
+    sec = _section_in_steps(results, args, "compose_oracle", "the compose-oracle section",
+                            lambda partial: run_compose_oracle(cfg, log=_Log(), on_row=partial))
     if sec is None:
-        _write(results, args.out)
         return
     render_oracle_chart(sec, args.oracle_chart)
     _publish(results, args, oracle_markdown(sec))

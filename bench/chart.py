@@ -5,6 +5,7 @@ when the reuse section ran: warm time to first token per row in each reuse mode.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from .report import LABELS
@@ -31,31 +32,42 @@ def _app():
     return QApplication.instance() or QApplication([])
 
 
-def render_chart(res: dict, path: Path) -> Path:
+@contextmanager
+def titled_picture(path: Path, width: int, height: int, title: str):
+    """A white picture with ``title`` on its first line: the block paints on the painter it
+    gets, and the picture is written to ``path`` after it."""
     app = _app()  # noqa: F841 - fonts need a GUI application object
     from PySide6.QtCore import QRectF, Qt
     from PySide6.QtGui import QColor, QFont, QImage, QPainter
 
-    rz = res.get("reuse") if isinstance(res.get("reuse"), dict) and res["reuse"].get("rows") else None
-    img = QImage(W, H + (H_REUSE if rz else 0), QImage.Format.Format_ARGB32)
+    img = QImage(width, height, QImage.Format.Format_ARGB32)
     img.fill(QColor("white"))
     p = QPainter(img)
     p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    font = QFont("DejaVu Sans", 10)
-    p.setFont(font)
+    p.setFont(QFont("DejaVu Sans", 10))
+    p.drawText(QRectF(20, 8, width - 40, 24), Qt.AlignmentFlag.AlignLeft, title)
+    try:
+        yield p
+    finally:
+        p.end()
+    if not img.save(str(path)):
+        raise OSError(f"could not write {path}")
+
+
+def render_chart(res: dict, path: Path) -> Path:
+    from PySide6.QtCore import QRectF
+
+    rz = res.get("reuse") if isinstance(res.get("reuse"), dict) and res["reuse"].get("rows") else None
     m = res["machine"]
     n = res["workload"]["prefix_tokens"]
     title = (f"KV Primer bench: {res['model']['name']}, RAG example ({n}-token prefix), "
              f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}")
-    p.drawText(QRectF(20, 8, W - 40, 24), Qt.AlignmentFlag.AlignLeft, title)
-    _bars(p, res, QRectF(20, 50, 780, H - 70))
-    if res.get("sweep"):
-        _sweep(p, res["sweep"], QRectF(860, 50, W - 880, H - 70))
-    if rz:
-        _reuse(p, rz, QRectF(20, H + 10, W - 40, H_REUSE - 30))
-    p.end()
-    if not img.save(str(path)):
-        raise OSError(f"could not write {path}")
+    with titled_picture(path, W, H + (H_REUSE if rz else 0), title) as p:
+        _bars(p, res, QRectF(20, 50, 780, H - 70))
+        if res.get("sweep"):
+            _sweep(p, res["sweep"], QRectF(860, 50, W - 880, H - 70))
+        if rz:
+            _reuse(p, rz, QRectF(20, H + 10, W - 40, H_REUSE - 30))
     return path
 
 

@@ -8,7 +8,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .chart import _app
+from .chart import titled_picture
 from .compose_oracle_run import GOALS
 
 NAMES = {"oracle": "oracle (true K/V deviation, all layers)",
@@ -122,25 +122,15 @@ PANELS = (("greedy_equal", "greedy tokens equal to cold (share of rows)", False)
 
 
 def render_oracle_chart(sec: dict, path: Path) -> Path:
-    app = _app()  # noqa: F841 - fonts need a GUI application object
-    from PySide6.QtCore import QRectF, Qt
-    from PySide6.QtGui import QColor, QFont, QImage, QPainter
+    from PySide6.QtCore import QRectF
 
-    img = QImage(W, H, QImage.Format.Format_ARGB32)
-    img.fill(QColor("white"))
-    p = QPainter(img)
-    p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    p.setFont(QFont("DejaVu Sans", 10))
     s = sec["summary"]
-    p.drawText(QRectF(20, 8, W - 40, 24), Qt.AlignmentFlag.AlignLeft,
-               f"KV Primer compose with a recomputed share: {s['rows']} recurring rows, "
-               f"{sec['date_utc']}; plain compose at 0%, goals dashed")
-    width = (W - 40) / len(PANELS)
-    for i, panel in enumerate(PANELS):
-        _panel(p, s, panel, QRectF(20 + i * width, 40, width - 20, H - 60))
-    p.end()
-    if not img.save(str(path)):
-        raise OSError(f"could not write {path}")
+    title = (f"KV Primer compose with a recomputed share: {s['rows']} recurring rows, "
+             f"{sec['date_utc']}; plain compose at 0%, goals dashed")
+    with titled_picture(path, W, H, title) as p:
+        width = (W - 40) / len(PANELS)
+        for i, panel in enumerate(PANELS):
+            _panel(p, s, panel, QRectF(20 + i * width, 40, width - 20, H - 60))
     return path
 
 

@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .chart import _app
+from .chart import titled_picture
 
 # (label, colour, dashed, the run's median ms or None)
 SERIES = (
@@ -29,28 +29,18 @@ def _med(samples):
 
 
 def render_scale_chart(sc: dict, path: Path) -> Path:
-    app = _app()  # noqa: F841 - fonts need a GUI application object
-    from PySide6.QtCore import QRectF, Qt
-    from PySide6.QtGui import QColor, QFont, QImage, QPainter
+    from PySide6.QtCore import QRectF
 
     runs = [r for r in sc["runs"] if "error" not in r]
     models = list(dict.fromkeys(r["model"] for r in runs))
-    img = QImage(W, 60 + PANEL_H, QImage.Format.Format_ARGB32)
-    img.fill(QColor("white"))
-    p = QPainter(img)
-    p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    p.setFont(QFont("DejaVu Sans", 10))
     m = sc["machine"]
-    p.drawText(QRectF(20, 8, W - 40, 24), Qt.AlignmentFlag.AlignLeft,
-               f"KV Primer scale section: time to first token against prefix length (log-log), "
-               f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}")
-    width = (W - 40) / max(len(models), 1)
-    for i, model in enumerate(models):
-        _panel(p, model, [r for r in runs if r["model"] == model],
-               QRectF(20 + i * width, 40, width - 20, PANEL_H))
-    p.end()
-    if not img.save(str(path)):
-        raise OSError(f"could not write {path}")
+    title = (f"KV Primer scale section: time to first token against prefix length (log-log), "
+             f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}")
+    with titled_picture(path, W, 60 + PANEL_H, title) as p:
+        width = (W - 40) / max(len(models), 1)
+        for i, model in enumerate(models):
+            _panel(p, model, [r for r in runs if r["model"] == model],
+                   QRectF(20 + i * width, 40, width - 20, PANEL_H))
     return path
 
 
