@@ -18,7 +18,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 #   (_tile_loadconfig is declared as an 8-byte read, so the 64-byte config is never stored) and
 #   every ubatch of 2+ tokens crashes on Sapphire Rapids and later (llama.cpp issue 20824).
 # packaging/llama_cpu_variants.py keeps only these levels in the unpacked source (llama.cpp
-# builds fourteen). Other architectures build llama.cpp's own list. tests/test_llama_build.py
+# builds fourteen). Other architectures build llama.cpp's own list. tests/engine/llama/test_llama_build.py
 # checks the libraries this produces; packaging/README.md names the CPUs they run on.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 CPU_VARIANTS ?= haswell alderlake skylakex cascadelake icelake zen4

@@ -1,5 +1,5 @@
 """The compose-oracle section's table (BENCHMARKS.md renders it from results.json's
-"compose_oracle", pinned by tests/test_doc_figures.py) and its chart (PNG, QPainter offscreen
+"compose_oracle", pinned by tests/docs/test_doc_figures.py) and its chart (PNG, QPainter offscreen
 like bench/chart.py): greedy tokens equal to cold, next-token KL median and warm time against
 prefix mode's, each against the recomputed share, one line per way of choosing."""
 from __future__ import annotations

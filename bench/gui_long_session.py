@@ -7,7 +7,7 @@ prefix, chain and compose mode on the default model, through the window's own ac
 It prints, every few rows and at the end, the reference counts of None, True and False and the
 process's RSS, and exits 1 if the benchmark fails or a count fell by more than --max-drop (the
 PySide6 6.12.0 bug that aborted the window: a count that falls reaches zero and Python aborts).
-tests/test_gui_soak.py runs the same kind of session on the tiny model in every `make test`;
+tests/ui/test_gui_soak.py runs the same kind of session on the tiny model in every `make test`;
 this is its full-size version, for a machine with a display server.
 """
 from __future__ import annotations

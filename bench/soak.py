@@ -3,7 +3,7 @@
 A leaked llama batch, context, sampler or state copy per run shows as RSS that keeps growing;
 a flat line means every native object a run makes is freed. `python -m bench.soak` runs 1,000
 warm runs and prints RSS at the start (after a short warm-up) and at the end; the test suite
-runs a short version (tests/test_robust_soak.py).
+runs a short version (tests/bench/test_robust_soak.py).
 
 How much RSS grows in all depends on the machine: glibc makes more arenas on more cores, other
 allocators keep other caches, and RSS moves in pages of 4 to 64 KiB. What does not is the

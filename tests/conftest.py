@@ -15,6 +15,24 @@ os.environ["KVPRIMER_FLASH_ATTN"] = "on"
 
 from tests.tiny_model import ARCHITECTURES, write_arch_model, write_tiny_model  # noqa: E402
 
+TESTS = Path(__file__).resolve().parent
+# fixtures that load a model in llama.cpp: a test using any of them is a native test
+NATIVE_FIXTURES = {"tiny_model", "other_tiny_model", "arch_models", "engine", "default_model",
+                   "make_window"}
+
+
+def pytest_collection_modifyitems(items):
+    """Markers from where a test lives and what it uses, so `-m "not gui"`, `-m docs` or
+    `-m "not native"` pick a part of the suite (tests mirror the code's folders)."""
+    for item in items:
+        folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        if folder == "ui" or "qtbot" in item.fixturenames:
+            item.add_marker(pytest.mark.gui)
+        if folder == "docs":
+            item.add_marker(pytest.mark.docs)
+        if NATIVE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("model"):
+            item.add_marker(pytest.mark.native)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_dirs(tmp_path_factory):

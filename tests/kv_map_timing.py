@@ -25,7 +25,7 @@ def main() -> int:
     from app.engine.kv_flows import SeqNode
     from app.ui.engine_worker import EngineWorker
     from app.ui.kv_dock import KvCacheDock
-    from tests.test_kv_map_blocks import USED, big_view
+    from tests.engine.kv.test_kv_map_blocks import USED, big_view
 
     app = QApplication.instance() or QApplication(sys.argv)
     worker = EngineWorker()

@@ -7,7 +7,7 @@ llama.cpp's cells.
 shift, divide, moving cells between sequences, restoring states, and the radix cache's own
 moves (holding an evicted node's cells, laying the cache out again). Nothing else calls the
 cache context's seq_* / state_set / clear / decode or changes ``seq_tokens``
-(tests/test_architecture.py checks it). The radix cache learns which nodes lost cells from its
+(tests/project/test_architecture.py checks it). The radix cache learns which nodes lost cells from its
 own callers (``Engine.clear_all``, ``Engine.keep_only``).
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ logits and a compute buffer for the biggest batch. All but the compute buffer fo
 model's shape; the compute buffer is llama.cpp's own figure: it creates each context on a copy
 of the model loaded with ``no_alloc`` (metadata only: it plans every buffer and allocates none)
 and logs the sizes it would allocate. Checked against what llama.cpp allocates for real in
-tests/test_memory_budget.py.
+tests/engine/llama/test_memory_budget.py.
 
 ``check_budget`` refuses, in one line, a set-up whose sum exceeds the memory available
 (MemAvailable on Linux), naming the context size or KV types that fit, instead of letting the

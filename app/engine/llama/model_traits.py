@@ -5,7 +5,7 @@ recurrent or hybrid layers, the RoPE kind (multi-axis RoPE cannot be shifted), a
 llama.cpp can shift positions in this context. ``notes()`` says what follows for the user in
 one line each.
 
-What the notes claim was measured on this llama.cpp build (tests/test_model_arches.py checks it
+What the notes claim was measured on this llama.cpp build (tests/engine/llama/test_model_arches.py checks it
 on tiny models of each kind):
 - a resident prefix forked with seq_cp, or kept and trimmed back with seq_rm, then a suffix:
   bit-identical to a cold run with the same batch boundaries, on every architecture;
@@ -20,7 +20,7 @@ on tiny models of each kind):
   be shifted into place; llama.cpp saves and restores the state exactly, so the radix cache keeps
   it at every point a run may resume from. Its size is measured (recurrent_state.py), the
   attention layers' KV bytes per token computed (checked against a saved state's growth in
-  tests/test_stateful_info.py); layer_kinds.py says which layers are which.
+  tests/engine/llama/test_stateful_info.py); layer_kinds.py says which layers are which.
 """
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def with_context(traits: ModelTraits, ctx) -> ModelTraits:
     traits = replace(traits, can_shift=bool(L.llama_memory_can_shift(ctx.mem)))
     if traits.recurrent or traits.hybrid:
         # K and V rows of the attention layers only (a saved state grows by that plus each
-        # cell's record per token: tests/test_stateful_info.py)
+        # cell's record per token: tests/engine/llama/test_stateful_info.py)
         per_token = kv_bytes_per_token(ctx.model.facts(), ctx.params.type_k, ctx.params.type_v)
         traits = replace(traits, attention_bytes_per_token=per_token,
                          recurrent_state_bytes=measure_recurrent_bytes(ctx.model, ctx.params))

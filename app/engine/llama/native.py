@@ -64,7 +64,7 @@ class ContextParams:
     # threads for one-token decodes, i.e. generation (llama.cpp's -t); 0: as n_threads. With
     # flash attention a one-token decode over 512 cells or more splits the cache by thread count,
     # so it is exact against a cold run only where the cells and the cache's extent are the cold
-    # run's: the work context's (tests/test_generation_threads.py), and only on the same count:
+    # run's: the work context's (tests/engine/llama/test_generation_threads.py), and only on the same count:
     # with auto batch threads the count is taken when a run starts and held (ThreadFit.pinned).
     # Sliding-window models generate in the cache's shared cells: EngineConfig.for_model gives
     # them one thread

@@ -16,7 +16,7 @@ estimate errs towards more threads; it falls back as soon as they show up.
 Exactness does not depend on it: a batch of two or more tokens computes every output element in
 one thread whatever the thread count (matrix rows, softmax and flash attention rows are
 split between threads whole), and llama.cpp decodes a single token with the generation threads
-(``n_threads``), which stay fixed. tests/test_thread_fit.py checks it bit for bit.
+(``n_threads``), which stay fixed. tests/engine/llama/test_thread_fit.py checks it bit for bit.
 """
 from __future__ import annotations
 

@@ -1,0 +1,140 @@
+"""Where batches start (app/engine/llama/batch_policy.py): each entry point on its own, and
+that no other module computes a batch boundary or calls llama_decode outside the one loop."""
+import ast
+from pathlib import Path
+
+import pytest
+
+from app.engine.llama.batch_policy import (EXACT_CHUNK, SMALL_UBATCH, BatchPolicy, batch_starts,
+                                          batches, chain_marks, fork_marks, node_reuse)
+from tests.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
+ENGINE = ROOT / "app" / "engine"
+POLICY = ENGINE / "llama" / "batch_policy.py"
+
+
+def test_plain_batches_are_n_batch_long_and_also_start_at_marks():
+    p = BatchPolicy(32)
+    assert p.plain(0, 70) == [0, 32, 64]
+    assert p.plain(5, 70, marks=[20, 90, 3]) == [5, 20, 52]  # marks outside the span ignored
+    assert p.plain(7, 7) == []
+
+
+def test_chunked_is_capped_by_n_batch():
+    assert BatchPolicy(16).chunked(0, 40, chunk=100) == [0, 16, 32]
+    assert BatchPolicy(256).chunked(10, 50, chunk=16, marks=[30]) == [10, 26, 30, 46]
+    assert BatchPolicy(256).chunked(0, 300) == [0, 256]
+
+
+def test_the_shared_context_evaluates_in_small_batches():
+    p = BatchPolicy(256)
+    assert p.exact_chunks(0, 130) == [0, 63, 126]
+    assert BatchPolicy(20).exact_chunks(0, 50) == [0, 20, 40]  # n_batch still caps them
+    assert p.warm(0, 130, [100], windowed=True) == [0, 63, 100]
+    assert p.warm(0, 130, [100], windowed=True) == batch_starts(0, 130, EXACT_CHUNK, [100])
+    assert p.warm(0, 300, [100], windowed=False) == [0, 100]
+    assert p.module(4, 200, windowed=True) == [4, 67, 130, 193]
+    assert p.module(4, 200, windowed=False) == [4]
+
+
+def test_a_prefix_is_primed_plainly_unless_it_lands_among_other_cells():
+    p = BatchPolicy(64)
+    assert p.prime(0, 150, windowed=False, cache_empty=False) == [0, 64, 128]
+    assert p.prime(0, 150, windowed=True, cache_empty=True) == [0, 64, 128]
+    assert p.prime(10, 150, windowed=True, cache_empty=False) == [10, 73, 136]
+
+
+def test_the_cold_reference_replays_the_warm_history_from_zero():
+    p = BatchPolicy(50)
+    assert p.replay(120, None) == [0, 50, 100]
+    assert p.replay(120, []) == [0, 50, 100]
+    assert p.replay(120, [30, 40]) == [0, 30, 40, 90]
+    assert p.saved_state(120) == [0, 50, 100] and p.saved_state(0) == []
+
+
+def test_a_composed_row_shares_one_reference():
+    p = BatchPolicy(512)
+    plan = p.composed_reference([0, 40, 80, 120], 100, 260, [100, 150, 170])
+    # the prefix's own batches before it ends, then each segment in chunks under 64 tokens
+    assert plan == [0, 40, 80, 100, 150, 170, 233]
+
+
+def test_chain_cuts_at_segment_starts_only_when_it_stores_and_batches_matter():
+    starts = [0, 12, 30, 55]
+    assert chain_marks(starts, 12, storing=True, grouping_exact=False) == [30, 55]
+    assert chain_marks(starts, 12, storing=False, grouping_exact=False) == []
+    assert chain_marks(starts, 12, storing=True, grouping_exact=True) == []
+    assert fork_marks(starts, 12, 80) == [30, 55, 80]
+
+
+def test_a_node_is_reused_in_whole_batches_or_clear_of_a_lone_token():
+    cuts = [0, 32, 64]
+    assert node_reuse(cuts, 90, 70, grouping_exact=False) == 64
+    assert node_reuse(cuts, 90, 90, grouping_exact=False) == 90  # its end is a batch end
+    assert node_reuse(cuts, 90, 65, grouping_exact=True) == 64  # [64, 65) alone: one back
+    assert node_reuse(cuts, 90, 70, grouping_exact=True) == 70
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_forked_rows_are_cut_as_their_one_by_one_runs_and_packed_under_the_cap(exact):
+    p = BatchPolicy(256)
+    rows = [("a", 10, 150, [10, 100]), ("b", 10, 40, [10]), ("c", 10, 30, [10, 20])]
+    groups = p.forked_decodes(rows, exact)
+    pieces = [piece for g in groups for piece in g]
+    for key, reused, end, marks in rows:
+        mine = [(a, b) for k, a, b in pieces if k == key]
+        assert mine == batches(batch_starts(reused, end, EXACT_CHUNK, marks), end)
+    cap = SMALL_UBATCH - 1 if exact else 256
+    assert all(sum(b - a for _k, a, b in g) <= cap for g in groups)
+    # exact: a's pieces (63, 27, 50 tokens) do not fit two to a decode; b and c's all fit one
+    assert len(groups) == (4 if exact else 1)
+
+
+# ---- nobody else decides ----------------------------------------------------------------------
+
+# modules that size a context or a kernel measurement's probes with n_batch: no run's batches
+SIZING = {"llama/native.py", "llama/memory_budget.py", "llama/kernel_passes.py",
+          "llama/kernel_measure.py"}
+BOUNDARY_NAMES = {"n_batch", "EXACT_CHUNK", "SMALL_UBATCH"}
+PRIMITIVES = {"batch_starts", "_pack"}
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _boundary_arithmetic(src: Path) -> list[str]:
+    """Arithmetic on n_batch or the chunk constants (operators, min/max, range), and imports
+    of the raw batch-start primitives: a batch boundary computed here."""
+    out = []
+    for node in ast.walk(ast.parse(src.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) or (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("min", "max", "range")):
+            if _names(node) & BOUNDARY_NAMES:
+                out.append(f"{src.relative_to(ROOT)}:{node.lineno}")
+        elif isinstance(node, ast.ImportFrom) and {a.name for a in node.names} & PRIMITIVES:
+            out.append(f"{src.relative_to(ROOT)}:{node.lineno} imports a primitive")
+    return out
+
+
+def test_the_scan_sees_boundary_arithmetic(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from x import batch_starts\n"
+                   "def f(e, n):\n    return list(range(0, n, e.config.n_batch))\n"
+                   "def g(n):\n    return min(n, EXACT_CHUNK)\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert len(_boundary_arithmetic(bad)) == 3
+    finally:
+        ROOT = saved
+
+
+def test_no_other_module_computes_a_batch_boundary():
+    offenders = [hit for src in sorted(ENGINE.rglob("*.py"))
+                 if src != POLICY and str(src.relative_to(ENGINE)) not in SIZING
+                 for hit in _boundary_arithmetic(src)]
+    assert offenders == []

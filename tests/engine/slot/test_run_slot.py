@@ -1,0 +1,68 @@
+"""The run's slot (app/engine/slot/): the work context's and the forked sequence's behind one
+interface, each bringing a cache hit in, evaluating planned batches and giving nodes back."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from app.engine import Engine, EngineConfig, Template
+from app.engine.slot.forked_slot import ForkedSlot
+from app.engine.slot.run_slot import NodeEnd
+from app.engine.slot.work_slot import WorkSlot
+from tests.cache_checks import assert_tree_consistent
+from tests.paths import REPO_ROOT
+
+ENGINE = REPO_ROOT / "app" / "engine"
+TPL = Template.parse("<|im_start|>system\nanswer from the context. " * 4 + "\n<q><|im_end|>\n")
+
+
+# a sliding-window model (gemma3) runs in a sequence of the cache's own context
+@pytest.fixture(params=[("llama", WorkSlot), ("gemma3", ForkedSlot)], ids=["work", "forked"])
+def engine(request, arch_models):
+    arch, kind = request.param
+    with Engine(EngineConfig(model_path=str(arch_models[arch]), n_ctx=1024, n_batch=32,
+                             n_threads=1)) as eng:
+        yield eng, kind
+
+
+def test_a_slot_brings_a_hit_evaluates_and_gives_the_segment_ends_back(engine):
+    e, kind = engine
+    prefix = e.prime_node(TPL)
+    tokens = e.tokenize(TPL.fill({"q": "hello world, the answer of the question"}))
+    mid, end = prefix.depth + 5, len(tokens)
+    hit = e.cache.lookup(tokens, limit=prefix.depth)
+    with e.slot(end - hit.reused, promote=(hit.node,)) as slot:
+        assert type(slot) is kind
+        hit = slot.whole(hit)
+        slot.bring(hit, tokens)
+        assert slot.held == hit.reused == prefix.depth
+        starts = slot.starts(end, [mid])
+        assert mid in starts and starts[0] == hit.reused
+        logits = slot.evaluate(tokens[hit.reused:], starts, stage="warm",
+                               nodes=[NodeEnd(mid, "first"), NodeEnd(end, "second")])
+        assert logits is not None and slot.held == end
+        # the history a cold run replays: the prefix's batches, then the ones just planned
+        assert slot.history(end) == [c for c in prefix.all_cuts()] + starts
+        slot.step(int(logits.argmax()))
+        assert slot.held == end + 1
+        nodes = slot.flush()
+        assert [(n.label, n.depth) for n in nodes] == [("first", mid), ("second", end)]
+        assert slot.flush() == []  # given back once
+    again = e.cache.lookup(tokens)
+    assert again.node is nodes[-1] and again.reused == end
+    assert_tree_consistent(e)
+
+
+def test_the_cache_reads_nothing_of_a_slot():
+    """The cache hands cells out and takes them back: no module of cache/ imports the slot's
+    package or the runs', nor reads a work context."""
+    for src in (ENGINE / "cache").glob("*.py"):
+        tree = ast.parse(src.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert not module.startswith(("slot", "runs")), (src.name, module)
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in ("work", "snapshots"), (src.name, node.lineno)
