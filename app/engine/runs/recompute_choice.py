@@ -22,10 +22,10 @@ import numpy as np
 
 from ..errors import KvPrimerError
 
-# compose's default share of each module recomputed in context: the point on the
-# compose-oracle curves in BENCHMARKS.md (greedy-equal rows, KL and warm time against prefix
-# mode, per share) that best trades accuracy for time
-DEFAULT_SHARE = 0.15
+# compose's default share of each module recomputed in context: on the compose-oracle curves in
+# BENCHMARKS.md no share reaches the accuracy goals, so it is the most accurate point (lowest KL
+# median) of those within half of prefix mode's warm time: first tokens, 30%
+DEFAULT_SHARE = 0.30
 SIGNAL = "first_k"  # the selection signal in use (see the module docstring)
 _SHARE = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*%\s*$")
 
