@@ -12,8 +12,6 @@ rendering is compared with the server's before any row runs (render_check.py).
 """
 from __future__ import annotations
 
-import secrets
-
 from .http_stream import Completion, ServerError, request_json, stream_frames
 from .openai_server import OpenAIServer
 
@@ -43,12 +41,7 @@ class ChatServer(OpenAIServer):
                               ".yaml), not a text template")
         body = self.request_body(prompt, n_predict, tools=tools, seed=seed)
         if not cache_prompt:
-            if self.flavor == "llama":
-                body["cache_prompt"] = False
-            elif self.flavor == "vllm":
-                body["cache_salt"] = secrets.token_hex(8)
-            else:
-                self.flush()
+            self.bypass_cache(body)
         frames, ttft, total = stream_frames(self.http, "/v1/chat/completions", body,
                                             "chat completion on the OpenAI API", _has_content)
         text = "".join(_delta_text(f) for f in frames)

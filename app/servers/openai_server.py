@@ -94,18 +94,23 @@ class OpenAIServer(ServerClient):
         raise ServerError("SGLang refused /flush_cache while requests ran; run the bench when "
                           "the server is idle")
 
+    def bypass_cache(self, body: dict) -> None:
+        """Make ``body`` a cold request: each kind of server skips its prompt cache its own way
+        (llama-server a field, vLLM a fresh cache salt, others only a flush of the cache)."""
+        if self.flavor == "llama":
+            body["cache_prompt"] = False
+        elif self.flavor == "vllm":
+            body["cache_salt"] = secrets.token_hex(8)
+        else:
+            self.flush()
+
     def complete(self, prompt: str | list[int], n_predict: int, *, cache_prompt: bool = True,
                  slot: int | None = None, seed: int = 0) -> Completion:
         body: dict = {"model": self.model, "prompt": prompt, "max_tokens": n_predict,
                       "temperature": 0.0, "seed": seed, "stream": True,
                       "stream_options": {"include_usage": True}}
         if not cache_prompt:
-            if self.flavor == "llama":
-                body["cache_prompt"] = False
-            elif self.flavor == "vllm":
-                body["cache_salt"] = secrets.token_hex(8)
-            else:
-                self.flush()
+            self.bypass_cache(body)
         frames, ttft, total = stream_frames(
             self.http, "/v1/completions", body, "completion on the OpenAI API",
             lambda f: any(c.get("text") for c in f.get("choices") or ()))
