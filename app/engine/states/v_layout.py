@@ -80,12 +80,13 @@ def default_flash_attn(model) -> bool:
     """What llama.cpp's default (auto) flash-attention setting resolves to for ``model`` (a
     NativeModel) on this machine: a small context with llama.cpp's default evaluates one
     token, and the layout of its V says."""
+    from ..llama.batch_feed import feed_token
     from ..llama.native import ContextParams, NativeContext
 
     ctx = NativeContext(model, ContextParams(n_ctx=256, n_batch=32, n_threads=1, n_seq_max=1,
                                              flash_attn=None))
     try:
-        ctx.decode([(0, 0, (0,), True)])  # any token: only the layout is read
+        feed_token(ctx.decode, 0, 0)  # any token: only the layout is read
         data = ctx.state_get(0)
     finally:
         ctx.close()
