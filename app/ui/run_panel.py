@@ -31,6 +31,7 @@ from .session_edits import SessionEdits
 COLUMNS = ["row", "path", "reuse", "reused (tokens)", "evaluated (tokens)", "first token (ms)",
            "speedup", "verdict", "recomputed", "same tokens", "top-1 agree", "KL (nats)",
            "fork (ms)", "tokens/s", "model"]
+COMPOSE_COLUMNS = ("recomputed", "same tokens", "top-1 agree", "KL (nats)")
 # the verdict's word, coloured: exact, as close as the model's own noise, different
 VERDICT_COLORS = {"bit-identical": "#2e7d32", "within-noise": "#b26a00", "diverged": "#c62828"}
 
@@ -196,6 +197,15 @@ class RunPanel(QWidget):
         self.max_tokens.setValue(o.max_tokens)
         # chain reuses cells in place or copies them; it forks nothing
         self.table.setColumnHidden(COLUMNS.index("fork (ms)"), o.reuse_mode == "chain")
+        self._show_compose_columns()
+
+    def _show_compose_columns(self) -> None:
+        """Compose's accuracy columns, while runs compose or a composed run is listed: exact
+        runs say all of it in their verdict, and the table fits a small screen without them."""
+        shown = self.session.options.reuse_mode == "compose" or any(
+            r.report.reuse == "compose" for r in self.session.runs)
+        for name in COMPOSE_COLUMNS:
+            self.table.setColumnHidden(COLUMNS.index(name), not shown)
 
     def refresh_marks(self) -> None:
         """Mark the runs of an earlier template, model or settings (kept, greyed)."""
@@ -247,7 +257,7 @@ class RunPanel(QWidget):
             if [self.table.item(r, c).text() for c in (0, 1)] == [str(record.row), "warm"]:
                 for col, text in (("speedup", f"×{rep.speedup:.1f}" if rep.speedup else "—"),
                                   ("verdict", v.equivalence if v else ""),
-                                  *zip(COLUMNS[8:12], accuracy_texts(rep, True))):
+                                  *zip(COMPOSE_COLUMNS, accuracy_texts(rep, True))):
                     self.table.item(r, COLUMNS.index(col)).setText(text)
                 if v:
                     self.table.item(r, COLUMNS.index("verdict")).setForeground(verdict_color(v))
@@ -291,6 +301,7 @@ class RunPanel(QWidget):
             if t.toPlainText() != path.text:  # the streamed pieces lack a last partial character
                 t.setPlainText(path.text)
             self._add_line(number, report, path, record.origin)
+        self._show_compose_columns()
         self.show_verdict(report)
         self._refresh_chart()
         self.refresh_marks()
