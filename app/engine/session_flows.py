@@ -20,7 +20,7 @@ from .errors import KvPrimerError, MissingValuesError, RowsError
 from .states.prefix_state import PrefixState
 from .benchmarks.prefix_sweep import SweepPoint, prefix_sweep
 from .runs.late_verify import verify_later
-from .runs.prompt_runs import check_recompute, check_reuse_modes, run_prompt
+from .runs.prompt_runs import check_recompute, check_reuse_modes, job_reusable_depths, run_prompt
 from .prompts.prompt_tokens import common_prefix
 from .prompts.rows import Row
 from .session import Options, RunRecord, Session
@@ -211,6 +211,11 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
     task = task or TaskState()
     o = plan.options
     records = []
+    # several rows known: chain cuts a batch only where another of them can reuse the segment
+    # (batch_policy.chain_marks); a single row cuts at every segment, for later runs
+    reusable = [None] * len(plan.rows)
+    if len(plan.rows) > 1 and o.reuse_mode == "chain" and plan.paths != "cold":
+        reusable = job_reusable_depths(engine, plan.template, [r.values for r in plan.rows])
     task.begin_job("run", len(plan.rows))
     for i, row in enumerate(plan.rows):
         task.check()
@@ -220,7 +225,7 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
         rep = run_prompt(engine, plan.template, row.values, reuse=o.reuse_mode,
                          state=plan.restore, recompute=o.recompute, cold=plan.paths != "warm",
                          warm=plan.paths != "cold", oneshot=plan.oneshot, gen=o.generation(),
-                         task=task)
+                         task=task, reusable=reusable[i])
         records.append(RunRecord(row.number, rep))
         engine.note_run(rep.warm)  # runs far off the kernel measurement make it measure again
         task.end_item()

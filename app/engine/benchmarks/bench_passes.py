@@ -7,11 +7,13 @@ per call, what it will evaluate (progress_plan.PlannedPass):
 - the warm run: the row's tokens after what the mode reuses — prefix mode the static prefix,
   chain the longest start shared with an earlier row's prompt (chain cached it), compose all
   but the last segment — and the tokens it generates;
-- a module for each of compose's segments not seen before;
+- a module for each of compose's segments not seen before (chain's node after the prefix, where
+  it stores one, is one);
 - a cold run for each different warm history of the row (the batches after what was reused:
   n_batch batches, or, for compose and for chain on a kernel whose results depend on the
-  batches, batches that also start at each segment), unless an earlier row had the same
-  prompt and history (the cold run is kept): it runs in the first call that needs it;
+  batches, batches that also start at each segment — chain only where another row can reuse
+  it, as batch_policy.chain_marks says), unless an earlier row had the same prompt and history
+  (the cold run is kept): it runs in the first call that needs it;
 - the noise run (one-shot cold), once per row: on every row when asked, else where compose
   places two modules or more (its warm run then differs from the cold one).
 
@@ -21,6 +23,7 @@ the plan (progress_plan.JobPlan) learns its rates from them.
 from __future__ import annotations
 
 from ..errors import KvPrimerError
+from ..llama.batch_policy import chain_marks, chain_node_ends, fork_marks, reusable_depths
 from ..prompts.prompt_segments import prompt_segments
 from ..prompts.prompt_tokens import common_prefix
 from ..progress_plan import JobPlan, PlannedPass, PlanStep, StepPasses, work_units
@@ -48,14 +51,24 @@ def _row_tokens(engine, template, row):
     return tokens, prompt_segments(engine.tokenize, template, row.values, tokens)
 
 
-def _history(engine, mode: str, start: int, n: int, segs) -> tuple:
+def _marks(engine, mode: str, start: int, n: int, segs, reusable: int) -> list[int]:
+    """Where the warm run's batches also start, as its slot asks the policy: chain at the
+    segment starts another row can reuse (``reusable``: chain_marks), at every one on a
+    sliding-window model (fork_marks)."""
+    starts = [x.start for x in segs]
+    if mode == "chain" and engine.n_swa > 0:
+        return fork_marks(starts, start, n)
+    return chain_marks(starts, start, storing=mode == "chain",
+                       grouping_exact=engine.grouping_exact, reusable=reusable)
+
+
+def _history(engine, mode: str, start: int, n: int, segs, marks) -> tuple:
     """Where the warm run's batches start after the static prefix: what its cold run replays."""
     policy, windowed = engine.batching, engine.n_swa > 0
     if mode == "compose" and len(segs) > 1:
         return tuple(c for seg in segs[1:-1]
                      for c in policy.module(seg.start, seg.end, windowed=windowed)) + \
             tuple(policy.warm(segs[-1].start, n, windowed=windowed))
-    marks = [x.start for x in segs] if mode == "chain" and not engine.grouping_exact else ()
     return tuple(policy.warm(start, n, marks, windowed=windowed))
 
 
@@ -84,6 +97,7 @@ def plan_bench(engine, template, rows, order: list[Step], *, max_tokens: int, st
         prime_from = engine.cache.lookup(prefix).reused
     n_ctx = engine.ctx.n_ctx
     info = [_row_tokens(engine, template, r) for r in rows]
+    reusable = reusable_depths([got[0] if got else None for got in info])
     chained: list[tuple] = []  # prompts chain cached (rows before the current one), their cuts
     chain_history: dict[int, tuple] = {}
     modules: set[tuple[int, ...]] = set()
@@ -116,11 +130,14 @@ def plan_bench(engine, template, rows, order: list[Step], *, max_tokens: int, st
                     if key not in modules:
                         modules.add(key)
                         passes.append(PlannedPass("module", p, p + seg.end - seg.start))
-            if s.mode == "chain" and len(segs) > 1:  # its node after the prefix is a module
-                modules.add(tuple(tokens[segs[1].start:segs[1].end]))
             start = min(start, n - 1)
+            marks = _marks(engine, s.mode, start, n, segs, reusable[s.row])
+            # its node after the prefix, where chain stores one, is a module
+            if s.mode == "chain" and len(segs) > 1 and (segs[1].end <= start or chain_node_ends(
+                    [segs[1].end], start, n, marks, grouping_exact=engine.grouping_exact)):
+                modules.add(tuple(tokens[segs[1].start:segs[1].end]))
             passes.append(PlannedPass("warm", start, n, gen))
-            history = head + _history(engine, s.mode, start, n, segs)
+            history = head + _history(engine, s.mode, start, n, segs, marks)
             if s.mode == "chain":
                 chain_history[s.row] = (tokens, history)
             key = (tuple(tokens), history)

@@ -6,7 +6,8 @@ The rows run in file order, and each row runs every mode side by side before the
 an order that balances (mode_pairs.py: ABBA for two modes), each repeat a round of its own:
 timed minutes apart, the modes would compare the machine's load as much as themselves. Every
 call of a row sees the cache as the rows before it left it (what this row's own calls store is
-not reused by its later calls), so chain and compose still reuse what earlier rows cached. One
+not reused by its later calls), so chain and compose still reuse what earlier rows cached
+(chain cuts a batch at a segment only where another row can reuse it: batch_policy.py). One
 cold run per row serves every mode whose warm history used the same batch starts; the one-shot
 cold run, which measures the model's own batch-grouping noise, runs at most once per row: only
 when a mode's warm run differs from its cold run, or on every row when asked (``noise``).
@@ -29,7 +30,7 @@ from ..llama.machine_load import LoadMeter, MachineLoad
 from ..progress_plan import DonePass
 from ..runs.generation import GenerationConfig
 from ..states.prefix_state import PrefixState
-from ..runs.prompt_runs import check_reuse_modes, refuse_compose, run_prompt
+from ..runs.prompt_runs import check_reuse_modes, job_reusable_depths, refuse_compose, run_prompt
 from ..runs.result_origin import ResultOrigin
 from ..prompts.rows import Row
 from ..task_state import TaskState
@@ -223,6 +224,9 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
     runs: dict[tuple[int, str], _RowRuns] = {}
     colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by the modes
     before: dict[int, int] = {}  # per row: the cache generation its calls reuse nodes before
+    # chain cuts a batch only where another row of the benchmark can reuse the segment
+    reusable = (job_reusable_depths(engine, template, [r.values for r in rows])
+                if "chain" in modes else [None] * len(rows))
     try:
         for s_i, step in enumerate(order):
             row = rows[step.row]
@@ -241,7 +245,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                 meter = load_meter()
                 with meter:
                     got.run(engine, template, row, step.mode, state, recompute, gen, task,
-                            rows_colds, before[step.row], True if noise else None)
+                            rows_colds, before[step.row], True if noise else None,
+                            reusable[step.row])
                 got.loads.append(meter.result())
                 if len(got.reports) > ran:
                     passes += done_passes(engine, got.reports[-1], keys, rows_colds, made,
@@ -275,7 +280,7 @@ class _RowRuns:
     error: str | None = None
 
     def run(self, engine, template, row, mode, state, recompute, gen, task, colds, before,
-            oneshot) -> None:
+            oneshot, reusable) -> None:
         try:
             blank = template.blank(row.values)
             if blank:  # a row not filled in yet fails alone, as a row too long for the context
@@ -284,7 +289,7 @@ class _RowRuns:
             self.reports.append(run_prompt(engine, template, row.values, reuse=mode,
                                            state=state, gen=gen, recompute=recompute, task=task,
                                            cold_cache=colds, reuse_before=before,
-                                           oneshot=oneshot))
+                                           oneshot=oneshot, reusable=reusable))
         except Cancelled:
             raise
         except KvPrimerError as e:

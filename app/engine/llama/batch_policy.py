@@ -118,14 +118,57 @@ def node_reuse(cuts, depth: int, reused: int, grouping_exact: bool) -> int:
 
 
 def chain_marks(segment_starts: Iterable[int], reused: int, *, storing: bool,
-                grouping_exact: bool) -> list[int]:
-    """Where a run in the work context also starts a batch: at every segment start after the
-    reused part when it stores segment ends as nodes (a node must end where a batch ends, so a
-    later run reusing it replays whole batches); none on a grouping-exact kernel, where any
-    position will do and chain batches as prefix mode does."""
+                grouping_exact: bool, reusable: int | None = None) -> list[int]:
+    """Where a run in the work context also starts a batch when it stores segment ends as
+    nodes: a node must end where a batch ends, so a later run reusing it replays whole batches.
+    A mark costs a batch (small batches are slower per token), so it is made only where it can
+    pay: at a segment start after the reused part and no deeper than ``reusable``, the most
+    another row of the job could reuse of this prompt (``reusable_depths``); the segments past
+    it are evaluated in the batches prefix mode uses. ``reusable`` None: the job's rows are not
+    known (a single run), so every segment start after the reused part is marked: chain is
+    there for later calls it cannot see, and a segment end left inside a batch is lost to all
+    of them (each would evaluate the segment again, which costs more than this run's extra
+    batches). None on a grouping-exact kernel, where any position will do."""
     if not storing or grouping_exact:
         return []
-    return [s for s in segment_starts if s > reused]
+    return [s for s in segment_starts if s > reused and (reusable is None or s <= reusable)]
+
+
+def chain_node_ends(segment_ends: Iterable[int], reused: int, end: int, marks: Iterable[int],
+                    *, grouping_exact: bool) -> list[int]:
+    """The segment ends after the reused part a run stores as nodes: where a batch of its
+    history ends (a mark, or its end), so reusing a node is reusing whole batches and a
+    stateful model has its recurrent state there; every one on a grouping-exact kernel. (Fewer
+    marks only mean fewer nodes: ``node_reuse`` never shares past a batch end.)"""
+    ends = set(marks) | {end}
+    return [e for e in segment_ends if e > reused and (grouping_exact or e in ends)]
+
+
+def reusable_depths(prompts: Sequence[Sequence[int] | None]) -> list[int]:
+    """For each prompt of a job whose rows are all known (None: a row that will not run), the
+    most another prompt of the job could reuse of it: their shared start, short of the other's
+    last token (a run evaluates one token at least); 0 when no other prompt runs."""
+    live = sorted((tuple(p), i) for i, p in enumerate(prompts) if p)
+    out = [0] * len(prompts)
+    for k, (p, i) in enumerate(live):
+        best = 0
+        for step in (-1, 1):  # sorted, the shared start only shrinks away from a prompt
+            shared, j = len(p), k + step
+            while 0 <= j < len(live) and shared > best:
+                other = live[j][0]
+                shared = min(shared, _common(live[j - step][0], other))
+                best = max(best, min(shared, len(other) - 1))
+                j += step
+        out[i] = best
+    return out
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    limit = min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def fork_marks(segment_starts: Iterable[int], reused: int, end: int) -> list[int]:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from .cold_reference import ColdKey, PathResult
 from ..errors import KvPrimerError
+from ..llama.batch_policy import reusable_depths
 from ..llama.thread_fit import shared_fit
 from .generation import GenerationConfig, TextDelta
 from .reuse_modes import (EXACT_REUSE_MODES, REUSE_MODES, check_recompute, check_reuse_modes,
@@ -40,8 +41,8 @@ from .warm_runs import (KEEP_LOGITS, WarmOutcome, WarmRequest, from_saved_state,
                         state_hit, warm_in_work_context)
 
 __all__ = ["EXACT_REUSE_MODES", "KEEP_LOGITS", "GenerationConfig", "PathResult", "REUSE_MODES",
-           "RunReport", "TextDelta", "WarmBreakdown", "check_reuse_modes", "refuse_compose",
-           "refuse_compose_on_file", "report_dict", "run_prompt", "state_hit",
+           "RunReport", "TextDelta", "WarmBreakdown", "check_reuse_modes", "job_reusable_depths",
+           "refuse_compose", "refuse_compose_on_file", "report_dict", "run_prompt", "state_hit",
            "warm_in_work_context"]
 
 
@@ -137,7 +138,8 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
                oneshot: bool | None = None, gen: GenerationConfig = GenerationConfig(),
                recompute: int | str | Recompute = 0, keep: bool = True,
                task: TaskState | None = None,
-               cold_cache: dict | None = None, reuse_before: int | None = None) -> RunReport:
+               cold_cache: dict | None = None, reuse_before: int | None = None,
+               reusable: int | None = None) -> RunReport:
     """Run one filled prompt on the chosen paths (see the module docstring).
 
     ``state``: a saved prefix state to reuse (restored once into the cache). ``keep``: cache
@@ -149,7 +151,10 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     (``report.cold_kept``). ``reuse_before``: reuse only cache nodes older than this cache
     generation (a benchmark's repeats must not reuse what the row's own first run cached).
     ``oneshot``: the noise run, None (the default) only when warm and cold differ, True
-    always, False never.
+    always, False never. ``reusable`` (chain, a job whose rows are all known:
+    ``job_reusable_depths``): the most another row of the job could reuse of this prompt;
+    chain cuts a batch only at segment starts up to there (batch_policy.chain_marks). None
+    (a single run): at every segment start, for the later runs it cannot see.
     """
     reuse, = check_reuse_modes(reuse, one=True)
     if not (cold or warm):
@@ -168,7 +173,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
                        state_bytes=state.nbytes if state else 0)
     if warm:
         req = WarmRequest(template, tokens, segments, reuse, gen, max_new, state, setting, keep,
-                          reuse_before)
+                          before=reuse_before, reusable=reusable)
         report.warm = _reported(report, _warm(engine, req, task))
         task.partial(report)
     keep_n = min(max_new, KEEP_LOGITS)
@@ -181,6 +186,23 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
         report.breakdown = run_breakdown(engine, report, len(tokens), segments)
     task.partial(report)
     return report
+
+
+def job_reusable_depths(engine, template: Template, rows: list[dict[str, str]]) -> list[int]:
+    """For each row (its values) of a job whose rows are all known, the most another row of
+    the job could reuse of its prompt (batch_policy.reusable_depths): chain's ``reusable``. A
+    row that will not run (blank, too long) shares nothing."""
+    prompts = []
+    for values in rows:
+        tokens = None
+        if not template.blank(values):
+            try:
+                tokens = engine.tokenize(template.fill(values))
+                engine.check_fits(len(tokens))
+            except KvPrimerError:
+                tokens = None
+        prompts.append(tokens)
+    return reusable_depths(prompts)
 
 
 def _warm(engine, req: WarmRequest, task: TaskState) -> WarmOutcome:

@@ -5,8 +5,9 @@ bringing the reused cells in (kept in place, copied from the radix cache or rest
 state), evaluating the rest of the prompt in batches, and reading the last logits to sample the
 first token. ``WarmBreakdown`` holds them, with the tokens and batches behind each.
 
-On a kernel that is not grouping-exact (kernel_measure.py), chain mode starts a batch at every
-segment after the reused part, so that each segment's end can be stored for later rows; prefix
+On a kernel that is not grouping-exact (kernel_measure.py), chain mode starts a batch at each
+segment after the reused part that another row of the job can reuse (every one in a single
+run: batch_policy.chain_marks), so that the segment's end can be stored for later rows; prefix
 mode evaluates the same tokens in as few batches as n_batch allows (and so does chain on a
 grouping-exact kernel: then there is nothing to note). Small batches cost more per token (flash attention runs batches under 64 tokens on its
 slower path), so the cuts pay off only when later rows reuse the stored segments.

@@ -5,9 +5,9 @@ One path serves every reuse mode and both slots: the request says what to run an
 (``WarmRequest``); ``find_reuse`` primes or adopts what the mode reuses and looks the prompt up;
 compose builds the modules it places (module_compose.py); ``run_in_slot`` brings the hit in (or
 composes), evaluates the rest in the batches the policy gives (batch_policy.py: chain also cuts
-at segment starts, so each segment's end can be stored as a node), generates, and gives the
-segment ends back to the cache after the first token. A saved state on a model that runs in the
-work context goes straight into it (``from_saved_state``).
+at segment starts another row of the job can reuse, so those segments' ends can be stored as
+nodes), generates, and gives the segment ends back to the cache after the first token. A saved
+state on a model that runs in the work context goes straight into it (``from_saved_state``).
 """
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ class WarmRequest:
     recompute: Recompute = Recompute()  # compose: tokens of each module evaluated in context
     keep: bool = True  # chain: store each segment's end as a node
     before: int | None = None  # reuse only cache nodes older than this cache generation
+    # chain: the most another row of the job could reuse of this prompt (batch_policy.py,
+    # reusable_depths); None: the job's rows are not known, so every segment is cut and stored
+    reusable: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,9 +119,11 @@ def run_in_slot(slot: Slot, cache: RadixCache, model, req: WarmRequest, hit: Cac
         if recomputed and not hit.approx:
             note = f"{COMPOSED} (but the {recomputed:,} tokens recomputed in context)"
     t1 = time.perf_counter()
-    marks = slot.marks([s.start for s in req.segments], reused, len(tokens), storing)
+    marks = slot.marks([s.start for s in req.segments], reused, len(tokens), storing,
+                       req.reusable)
+    ends = set(slot.node_ends([s.end for s in req.segments], reused, len(tokens), marks))
     nodes = [NodeEnd(s.end, s.label, req.template.sha256, hit.approx)
-             for s in req.segments if s.end > reused] if storing else []
+             for s in req.segments if s.end in ends] if storing else []
     result = evaluate_and_generate(slot, model, tokens, reused, marks, req.gen, req.max_new, task,
                                    t0, t1, KEEP_LOGITS, nodes)
     if plan is not None and slot.windowed:

@@ -60,7 +60,7 @@ class ForkedSlot(Slot):
         self._seqs.place_cells(src, p0, p1, self.seq, at - p0, self.cache.scratch, tokens)
 
     def marks(self, segment_starts: Sequence[int], reused: int, end: int,
-              storing: bool) -> list[int]:
+              storing: bool, reusable: int | None = None) -> list[int]:
         return fork_marks(segment_starts, reused, end)
 
     def prime_starts(self, end: int) -> list[int]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
-from ..llama.batch_policy import BatchPolicy
+from ..llama.batch_policy import BatchPolicy, chain_node_ends
 from ..llama.native import NativeContext
 from ..task_state import TaskState
 
@@ -77,8 +77,15 @@ class Slot(ABC):
     # ---- planning and evaluating
     @abstractmethod
     def marks(self, segment_starts: Sequence[int], reused: int, end: int,
-              storing: bool) -> list[int]:
-        """Where the run's batches also start (batch_policy.py: chain or fork marks)."""
+              storing: bool, reusable: int | None = None) -> list[int]:
+        """Where the run's batches also start (batch_policy.py: chain or fork marks;
+        ``reusable``: the most another row of the job could reuse of the prompt, None when the
+        job's rows are not known)."""
+
+    def node_ends(self, segment_ends: Sequence[int], reused: int, end: int,
+                  marks: Sequence[int]) -> list[int]:
+        """The segment ends the run stores as nodes: where its batches end (batch_policy.py)."""
+        return chain_node_ends(segment_ends, reused, end, marks, grouping_exact=False)
 
     def starts(self, end: int, marks: Sequence[int] = ()) -> list[int]:
         """The batch starts to evaluate up to ``end`` after what the slot holds: a warm run's,

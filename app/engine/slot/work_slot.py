@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
 from ..kv.sequence_ops import SequenceOps
-from ..llama.batch_policy import BatchPolicy, chain_marks
+from ..llama.batch_policy import BatchPolicy, chain_marks, chain_node_ends
 from ..llama.native import NativeContext
 from ..task_state import TaskState
 from .run_slot import NodeEnd, Slot
@@ -71,9 +71,14 @@ class WorkSlot(Slot):
                                [at], shift=at - p0)
 
     def marks(self, segment_starts: Sequence[int], reused: int, end: int,
-              storing: bool) -> list[int]:
+              storing: bool, reusable: int | None = None) -> list[int]:
         return chain_marks(segment_starts, reused, storing=storing,
-                           grouping_exact=self.work.grouping_exact())
+                           grouping_exact=self.work.grouping_exact(), reusable=reusable)
+
+    def node_ends(self, segment_ends: Sequence[int], reused: int, end: int,
+                  marks: Sequence[int]) -> list[int]:
+        return chain_node_ends(segment_ends, reused, end, marks,
+                               grouping_exact=self.work.grouping_exact())
 
     def prime_starts(self, end: int) -> list[int]:
         return self.batching.prime(self.held, end, windowed=False, cache_empty=False)

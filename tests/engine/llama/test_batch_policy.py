@@ -1,12 +1,14 @@
 """Where batches start (app/engine/llama/batch_policy.py): each entry point on its own, and
 that no other module computes a batch boundary or calls llama_decode outside the one loop."""
 import ast
+import random
 from pathlib import Path
 
 import pytest
 
 from app.engine.llama.batch_policy import (EXACT_CHUNK, SMALL_UBATCH, BatchPolicy, batch_starts,
-                                          batches, chain_marks, fork_marks, node_reuse)
+                                          batches, chain_marks, chain_node_ends, fork_marks,
+                                          node_reuse, reusable_depths)
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -66,6 +68,76 @@ def test_chain_cuts_at_segment_starts_only_when_it_stores_and_batches_matter():
     assert chain_marks(starts, 12, storing=False, grouping_exact=False) == []
     assert chain_marks(starts, 12, storing=True, grouping_exact=True) == []
     assert fork_marks(starts, 12, 80) == [30, 55, 80]
+
+
+def test_chain_cuts_only_where_another_row_of_the_job_can_reuse():
+    starts = [0, 12, 30, 55]
+    # another row shares up to 40: the segment starting at 30 ends a node it can reuse whole
+    assert chain_marks(starts, 12, storing=True, grouping_exact=False, reusable=40) == [30]
+    assert chain_marks(starts, 12, storing=True, grouping_exact=False, reusable=55) == [30, 55]
+    # rows that share only the static prefix (ends at 12): batched as prefix mode batches them
+    assert chain_marks(starts, 12, storing=True, grouping_exact=False, reusable=12) == []
+    assert chain_marks(starts, 12, storing=True, grouping_exact=False, reusable=0) == []
+    # no rows known (a single run): every segment start, for later runs it cannot see
+    assert chain_marks(starts, 12, storing=True, grouping_exact=False, reusable=None) == [30, 55]
+    assert chain_marks(starts, 12, storing=True, grouping_exact=True, reusable=55) == []
+
+
+def test_chain_stores_nodes_only_where_a_batch_ends():
+    ends = [12, 30, 55, 80]
+    assert chain_node_ends(ends, 12, 80, [30], grouping_exact=False) == [30, 80]
+    assert chain_node_ends(ends, 12, 80, [], grouping_exact=False) == [80]
+    assert chain_node_ends(ends, 12, 80, [], grouping_exact=True) == [30, 55, 80]
+    assert chain_node_ends(ends, 30, 80, [30, 55], grouping_exact=False) == [55, 80]
+
+
+def test_reusable_depths_are_what_another_prompt_shares():
+    a, b, c = [1, 2, 3, 4, 5], [1, 2, 3, 9, 9, 9], [1, 2, 7]
+    assert reusable_depths([a, b, c]) == [3, 3, 2]
+    assert reusable_depths([a]) == [0] and reusable_depths([]) == []
+    # a row that will not run shares nothing, and nothing with it counts
+    assert reusable_depths([a, None, [1, 2, 3, 4, 8]]) == [4, 0, 4]
+    # an identical prompt: up to the other's last token (a run evaluates one at least)
+    assert reusable_depths([a, list(a)]) == [4, 4]
+    # a prompt that is the start of another: the longer one can reuse all but its last token
+    assert reusable_depths([[1, 2, 3], [1, 2, 3, 4]]) == [3, 2]
+
+
+def test_reusable_depths_match_every_pair_compared():
+    rng = random.Random(7)
+    for _ in range(200):
+        prompts = [[rng.randrange(3) for _ in range(rng.randrange(1, 7))]
+                   for _ in range(rng.randrange(1, 7))]
+
+        def shared(x, y):
+            n = 0
+            while n < min(len(x), len(y)) and x[n] == y[n]:
+                n += 1
+            return min(n, len(y) - 1)
+        want = [max([shared(p, q) for j, q in enumerate(prompts) if j != i], default=0)
+                for i, p in enumerate(prompts)]
+        assert reusable_depths(prompts) == want, prompts
+
+
+def test_fewer_marks_only_reduce_reuse_never_split_a_batch():
+    """A node is reused in whole batches of its history, whatever marks made them: a segment
+    end that was marked is reused up to it; one that was not, only up to an earlier batch
+    boundary. Dropping marks can cost reuse, never make it inexact."""
+    rng = random.Random(3)
+    policy = BatchPolicy(16)
+    for _ in range(300):
+        end = rng.randrange(20, 90)
+        starts = sorted(rng.sample(range(13, end), rng.randrange(0, 5)))
+        kept = [s for s in starts if rng.random() < 0.5]
+        full, fewer = policy.plain(0, end, starts), policy.plain(0, end, kept)
+        for cuts in (full, fewer):
+            reused = rng.randrange(1, end + 1)
+            got = node_reuse(cuts, end, reused, grouping_exact=False)
+            assert got in set(cuts) | {0, end} and got <= reused
+        for s in starts:
+            assert node_reuse(full, end, s, grouping_exact=False) == s
+            got = node_reuse(fewer, end, s, grouping_exact=False)
+            assert got == s if s in fewer else got < s
 
 
 def test_a_node_is_reused_in_whole_batches_or_clear_of_a_lone_token():
