@@ -168,9 +168,13 @@ def done_passes(engine, rep, colds_before: set, colds: dict, evaluations_before:
         out.add("warm", w.reused_tokens, n, len(w.tokens), w.prompt_ms,
                 max(w.ttft_ms - w.restore_ms - w.prompt_ms, 0.0) + w.gen_ms)
     if rep.build_ms > 0:
-        mods = [p for p in planned if p.kind == "module"]
-        span = sum(p.end - p.start for p in mods) or max(rep.reused_tokens - rep.prefix_tokens, 1)
-        out.add("module", rep.prefix_tokens, rep.prefix_tokens + span, 0, rep.build_ms)
+        mods = [p for p in planned if p.kind == "module" and p.end > p.start]
+        span = sum(p.end - p.start for p in mods)
+        for m in mods:  # one pass per module built, the build's time shared by their tokens
+            out.add("module", m.start, m.end, 0, rep.build_ms * (m.end - m.start) / span)
+        if not mods:
+            span = max(rep.reused_tokens - rep.prefix_tokens, 1)
+            out.add("module", rep.prefix_tokens, rep.prefix_tokens + span, 0, rep.build_ms)
     made = engine.cold.evaluations - evaluations_before
     for key in [k for k in colds if k not in colds_before]:
         kind = key[0]

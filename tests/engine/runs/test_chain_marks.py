@@ -121,10 +121,7 @@ def test_the_benchmark_foresees_chains_batches(flash_engine, monkeypatch):
     res = bench_module.bench_rows(flash_engine, TPL, rows, modes=("prefix", "chain", "compose"),
                                   gen=GEN)
     (plan, _start), = plans
-    # a call reports the modules it built as one pass (bench_passes.done_passes)
-    kinds = [[k for i, k in enumerate(ks) if k != "module" or "module" not in ks[:i]]
-             for ks in plan.pass_kinds()]
-    ran = plan.run_kinds()
+    kinds, ran = plan.pass_kinds(), plan.run_kinds()
     assert kinds == ran, [(st.label, k, r) for st, k, r in zip(plan.steps, kinds, ran) if k != r]
     # where chain stored no node after the prefix (rows that share nothing), compose builds
     # both of its modules; row 1's <c1> node serves as row 1's and row 2's first module
