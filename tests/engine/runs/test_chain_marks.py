@@ -136,3 +136,17 @@ def test_the_benchmark_foresees_chains_batches(flash_engine, monkeypatch):
     assert per_row[1] == per_row[2] == 3
     assert per_row[3] == per_row[4] == per_row[5] == per_row[6] == 2
     assert all(r.equivalence == "bit-identical" for r in res.rows if r.reuse != "compose")
+
+
+def test_a_hybrid_model_stores_its_nodes_only_where_a_batch_ends(arch_models):
+    """A hybrid model keeps its recurrent state only where a batch ends: a segment end inside
+    a batch is not stored, a shared one is and is reused, bit-identical."""
+    with Engine(EngineConfig(model_path=str(arch_models["lfm2"]), n_ctx=1024, n_batch=128,
+                             n_threads=1)) as eng:
+        assert eng.stateful and not eng.grouping_exact
+        first, second, third = run_job(eng, SHARING)
+        c1_end = segment_starts(eng, SHARING[0])[2]
+        assert c1_end in first.plan and second.reused_tokens == c1_end
+        assert [r.verdict.equivalence for r in (first, second, third)] == ["bit-identical"] * 3
+        labels = [nd.label for nd in eng.cache.tree if nd.tier != "gone"]
+        assert not any(lb.startswith("<c2>") for lb in labels)  # inside a batch: not stored
