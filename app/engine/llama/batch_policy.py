@@ -128,7 +128,7 @@ def chain_marks(segment_starts: Iterable[int], reused: int, *, storing: bool,
     known (a single run), so every segment start after the reused part is marked: chain is
     there for later calls it cannot see, and a segment end left inside a batch is lost to all
     of them (each would evaluate the segment again, which costs more than this run's extra
-    batches). None on a grouping-exact kernel, where any position will do."""
+    batches). No marks on a grouping-exact kernel, where any position will do."""
     if not storing or grouping_exact:
         return []
     return [s for s in segment_starts if s > reused and (reusable is None or s <= reusable)]
