@@ -44,6 +44,10 @@ def server_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slot", type=int, default=None, metavar="N",
                    help="llama-server: the slot to use (default: the slot of the project's last "
                         "deployment to this server, else the server chooses)")
+    p.add_argument("--server-threads", type=int, default=0, metavar="N",
+                   help="the server's generation threads (its -t); the local runs compared with "
+                        "it generate on as many (default: the count `kvprimer serve` starts it "
+                        "with: -t, else one per physical core)")
 
 
 def check_server_options(p: argparse.ArgumentParser) -> None:
@@ -139,7 +143,8 @@ def cmd_bench_server(args) -> int:
     plan = flows.server_bench_plan(tpl, rows_of(args, tpl), target,
                                    session_options(args, project and project.options),
                                    slot=args.slot, deployed=project and project.deployed,
-                                   chat=None if project else _chat(args.template))
+                                   chat=None if project else _chat(args.template),
+                                   gen_threads=args.server_threads)
     check_save(args)
     with open_engine(args) as eng:
         res = flows.bench_on_server(eng, plan, progress_printer())

@@ -39,7 +39,7 @@ from .recent_models import RecentModels
 from .server_view import ServerView
 from .run_panel import RunPanel
 from .session_edits import SessionEdits, UndoActions
-from .states_library import StatesLibrary
+from .states_library import StatesLibrary, ask_for_fa
 from .status_bar import StatusBar
 from .messages_view import MessagesView, template_tabs
 from .table_columns import keep_column_widths, window_tables
@@ -327,14 +327,22 @@ class MainWindow(QMainWindow):
         path, chosen = QFileDialog.getSaveFileName(
             self, "Save KV state", str(self.library.folder / f"{stem}{suffix}"),
             ";;".join(filters))
-        if path:
-            self.save_state_as(path, "llama" if chosen == STATE_FILTERS[1] else "kvprimer")
+        if not path:
+            return None
+        fmt = "llama" if chosen == STATE_FILTERS[1] else "kvprimer"
+        for_fa = "auto"
+        if fmt == "llama":  # V's layout is the reading context's kernel's: ask which
+            for_fa = ask_for_fa(self)
+            if for_fa is None:
+                return None
+        self.save_state_as(path, fmt, for_fa)
 
-    def save_state_as(self, path: str, fmt: str = "kvprimer"):
-        """Save the primed state as a .kvstate ("kvprimer") or llama.cpp's file ("llama")."""
+    def save_state_as(self, path: str, fmt: str = "kvprimer", for_fa: str = "auto"):
+        """Save the primed state as a .kvstate ("kvprimer") or llama.cpp's file ("llama"),
+        the latter for a context with flash attention ``for_fa`` (auto|on|off)."""
         suffix = LLAMA_SUFFIX if fmt == "llama" else STATE_SUFFIX
         path = str(path)
-        return self.jobs.save_state(path if Path(path).suffix else path + suffix, fmt)
+        return self.jobs.save_state(path if Path(path).suffix else path + suffix, fmt, for_fa)
 
     def load_state_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
