@@ -10,6 +10,10 @@ cold reference). The results are the session's (``session.server``, ``session.de
 saved in the project like benchmark results: rows arrive there as they finish, and this view
 shows whatever the session holds, a reopened project's too. The new-token box is the session's
 option, the one the Run tab's box sets.
+
+The API box offers the CLI's ``--api`` choices. "chat" sends each row as the session's chat
+messages (``Session.chat_template``), so it is offered only while the template is their
+rendering; with plain text it is disabled and its tooltip, and the buttons', say why.
 """
 from __future__ import annotations
 

@@ -146,11 +146,20 @@ def test_chat_deploy_and_rows_from_the_window_send_what_the_cli_sends(
         code = main(["bench", str(examples / "chat.json"), "--rows", str(rows), "--server",
                      server.url, "--api", "chat", "-n", "4", "--json", *model])
         from_cli = json.loads(capsys.readouterr().out)
+        from_file = list(sent)
+        sent.clear()
+        # the window's project: the CLI finds its messages as the window does when reopening it
+        proj = tmp_path / "chat.kvproj"
+        w.session.to_project().save(proj)
+        assert main(["bench", str(proj), "--server", server.url, "--api", "chat", "--json",
+                     *model]) in (0, 1)
+        from_project = json.loads(capsys.readouterr().out)
     assert in_window.api == "chat" and in_window.reference == "warm"
     assert in_window.render["same"] is True and from_cli["render"]["same"] is True
     # a warm and a cold request per row, every one the CLI's, body for body
     assert [p for p, _ in from_window] == ["/v1/chat/completions"] * 4
-    assert from_window == sent
+    assert from_window == from_file == sent
+    assert from_project["api"] == "chat" and from_project["render"]["same"] is True
     assert from_window[0][1]["messages"][-1] == {"role": "user", "content": questions[0]}
     for r in in_window.rows:
         assert r.server_cached_tokens >= r.prefix_tokens and r.miss_reason == "", r
