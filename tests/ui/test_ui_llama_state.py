@@ -55,7 +55,7 @@ def test_save_state_for_llama_cpp_asks_the_kernel_and_writes_the_clis_file(
                             staticmethod(lambda *a, **k: (str(path), STATE_FILTERS[1])))
         offered = answer_kernel(monkeypatch, choice)
         job = wait_for_job(qtbot, w, JobKind.SAVE_STATE,
-                           lambda: action(w, "Save state for llama.cpp…").trigger())
+                           lambda: action(w, "Save state for llama.cpp").trigger())
         assert job.outcome == "done", job.error
         assert offered == [[label for _, label in FOR_FA_CHOICES]]
         assert offered[0][0].startswith("auto: llama.cpp's own default")  # the first, preselected
