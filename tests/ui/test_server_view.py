@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
+from app.engine.prompts.chat_messages import ChatMessage, ChatTemplate
 from app.servers.llama_server_process import ServerProcess, find_binary, settings_for
 
 try:
@@ -92,15 +93,17 @@ def test_the_chat_api_is_offered_only_while_the_template_is_messages(qtbot, wind
     assert w.session.chat_template() == w.messages.chat
     assert item.isEnabled() and v.bench_button.isEnabled() and v.deploy_button.isEnabled()
     assert "/v1/chat/completions" in v.bench_button.toolTip()
-    w.editor.set_text(w.editor.text() + "\nmore")  # typed as text: no longer the messages
+    w.project.open_template(examples / "few-shot.tmpl")  # a text template over the messages
     assert w.session.chat_template() is None and not item.isEnabled()
     assert not v.bench_button.isEnabled()
     w.edits.stack.undo()
     assert w.session.chat_template() == w.messages.chat and v.bench_button.isEnabled()
+    w.editor.set_text(w.editor.text() + "\nmore")  # typed as text: no longer the messages
+    assert w.session.chat_template() is None and not item.isEnabled()
 
 
 def test_chat_deploy_and_rows_from_the_window_send_what_the_cli_sends(
-        qtbot, window, examples, tmp_path, monkeypatch, capsys):
+        qtbot, window, tmp_path, monkeypatch, capsys):
     import json
 
     from app.cli import main
@@ -115,7 +118,10 @@ def test_chat_deploy_and_rows_from_the_window_send_what_the_cli_sends(
 
     monkeypatch.setattr(chat_server, "stream_frames", record)
     w = window
-    assert w.project.open_chat(examples / "chat.json")
+    chat_file = tmp_path / "chat.json"  # short: the tiny model's tokens are bytes
+    ChatTemplate((ChatMessage("system", "You are Pip, a kitchen helper. Answer in one sentence."),
+                  ChatMessage("user", "<message>"))).save(chat_file)
+    assert w.project.open_chat(chat_file)
     qtbot.waitUntil(lambda: w.messages.attached, timeout=20000)
     questions = ["Can I freeze bread?", "How long does rice keep?"]
     w.session.set_rows([{"message": q} for q in questions])
@@ -129,8 +135,9 @@ def test_chat_deploy_and_rows_from_the_window_send_what_the_cli_sends(
         v.url.setText(server.url)
         v.slot_dir.setText(settings.slot_dir)
         v.api.setCurrentText("chat")
+        shown = v.status.text()
         qtbot.mouseClick(v.deploy_button, Qt.LeftButton)
-        qtbot.waitUntil(lambda: w.session.deployed is not None and not w.engine_status.busy,
+        qtbot.waitUntil(lambda: v.status.text() != shown and not w.engine_status.busy,
                         timeout=60000)
         assert v.status.text().startswith("deployed"), v.status.text()
         # the deployment is checked with a chat request, as `deploy chat.json` checks it
@@ -143,7 +150,7 @@ def test_chat_deploy_and_rows_from_the_window_send_what_the_cli_sends(
         in_window, from_window = w.session.server, list(sent)
         sent.clear()
         model = ["-m", str(engine.info.path), "-c", "1024", "-b", "32", "-tb", "1"]
-        code = main(["bench", str(examples / "chat.json"), "--rows", str(rows), "--server",
+        code = main(["bench", str(chat_file), "--rows", str(rows), "--server",
                      server.url, "--api", "chat", "-n", "4", "--json", *model])
         from_cli = json.loads(capsys.readouterr().out)
         from_file = list(sent)
