@@ -159,9 +159,11 @@ class MessagesView(QWidget):
         self._fill()
         if chat is None:
             self._shown = None
-            self.session.set_chat(None)
             if text is not None:
                 self.session.set_template(*text)
+            # after the text: while it is still the messages' rendering, it would be taken
+            # for them again
+            self.session.set_chat(None)
             self._show_state()
             return
         self.render()
