@@ -21,18 +21,22 @@ TEXT = ("you are a helpful assistant. the context is: "
 ENGINE = ["-c", "1024", "-b", "32", "-tb", "1"]  # what make_window(n_ctx=1024) runs
 
 
-def answer_kernel(monkeypatch, choice: str | None) -> list[list[str]]:
-    """The kernel question answers ``choice`` (None: cancelled); returns the choices offered."""
-    offered: list[list[str]] = []
+def test_the_kernel_question_offers_the_clis_three_choices_auto_first(qtbot, monkeypatch):
+    from app.ui.help_dialogs import ask_dialog
 
-    def ask(_parent, _title, _label, items, *_a, **_k):
-        offered.append(list(items))
-        if choice is None:
-            return "", False
-        return dict(FOR_FA_CHOICES)[choice], True
+    offered = []
+
+    def ask(_parent, _title, _label, items, current, *_a):
+        offered.append((list(items), current))
+        return items[2], True
 
     monkeypatch.setattr(QInputDialog, "getItem", staticmethod(ask))
-    return offered
+    assert ask_dialog(None, "for_fa", "which?") == "off"
+    (items, current), = offered
+    assert items == [label for _, label in FOR_FA_CHOICES] and current == 0
+    assert items[0].startswith("auto: llama.cpp's own default")
+    monkeypatch.setattr(QInputDialog, "getItem", staticmethod(lambda *a: ("", False)))
+    assert ask_dialog(None, "for_fa", "which?") == "cancel"
 
 
 def transposed(path) -> bool:
@@ -53,12 +57,12 @@ def test_save_state_for_llama_cpp_asks_the_kernel_and_writes_the_clis_file(
         path = tmp_path / f"{choice}.bin"
         monkeypatch.setattr("PySide6.QtWidgets.QFileDialog.getSaveFileName",
                             staticmethod(lambda *a, **k: (str(path), STATE_FILTERS[1])))
-        offered = answer_kernel(monkeypatch, choice)
+        w.ask.answers["for_fa"] = choice
+        asked = len(w.ask.asked)
         job = wait_for_job(qtbot, w, JobKind.SAVE_STATE,
                            lambda: action(w, "Save state for llama.cpp").trigger())
         assert job.outcome == "done", job.error
-        assert offered == [[label for _, label in FOR_FA_CHOICES]]
-        assert offered[0][0].startswith("auto: llama.cpp's own default")  # the first, preselected
+        assert w.ask.asked[asked:] == ["for_fa"]
         said = w.status.currentMessage()
         assert f"for contexts with flash attention {'on' if fa else 'off'}" in said, said
         assert ("llama.cpp's default" in said) is (choice == "auto")
@@ -73,14 +77,16 @@ def test_save_state_for_llama_cpp_asks_the_kernel_and_writes_the_clis_file(
     path = tmp_path / "never.bin"
     monkeypatch.setattr("PySide6.QtWidgets.QFileDialog.getSaveFileName",
                         staticmethod(lambda *a, **k: (str(path), STATE_FILTERS[1])))
-    answer_kernel(monkeypatch, None)
+    w.ask.answers["for_fa"] = "cancel"
     assert w.save_state_dialog("llama") is None
     assert not path.exists()
     # a .kvstate keeps the engine's own layout and asks nothing
-    offered = answer_kernel(monkeypatch, "off")
-    job = wait_for_job(qtbot, w, JobKind.SAVE_STATE,
-                       lambda: w.save_state_as(str(tmp_path / "own.kvstate")))
-    assert job.outcome == "done" and offered == []
+    asked = len(w.ask.asked)
+    monkeypatch.setattr("PySide6.QtWidgets.QFileDialog.getSaveFileName",
+                        staticmethod(lambda *a, **k: (str(tmp_path / "own.kvstate"),
+                                                      STATE_FILTERS[0])))
+    job = wait_for_job(qtbot, w, JobKind.SAVE_STATE, lambda: w.save_state_dialog())
+    assert job.outcome == "done" and w.ask.asked[asked:] == []
     assert transposed(tmp_path / "own.kvstate") is False  # the window runs flash attention on
 
 
