@@ -110,7 +110,7 @@ class Answers:
 
     def __init__(self, **answers):
         self.answers = {"unsaved": "discard", "delete": "yes", "restore": "yes",
-                        "replace": "yes", **answers}
+                        "replace": "yes", "for_fa": "auto", **answers}
         self.asked: list[str] = []
 
     def __call__(self, kind, text):

@@ -15,7 +15,7 @@ from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskStat
                       read_rows)
 from ..engine.llama.ggml_types import KV_TYPES
 from ..engine.llama.model_files import default_model_path
-from ..engine.prompts.chat_messages import is_chat_file
+from ..engine.prompts.chat_messages import ChatTemplate, is_chat_file
 from ..engine.prompts.chat_render import render_chat_file
 from ..engine import state_flows
 from ..engine.project.project_file import SUFFIX, ProjectFile
@@ -190,6 +190,24 @@ def read_project(path: str) -> Session:
         raise KvPrimerError(f"{path}: the project's template has an error "
                             f"({session.template_error}); fix it in the window first")
     return session
+
+
+def project_chat(session: Session, model: str | None = None):
+    """The messages a project's template is the rendering of, as the window finds them when
+    it reopens the project: its template file is a chat template that still renders to the
+    project's template with ``model``'s chat template (else the project's model, else the
+    default). None for a text template; the session keeps them (``chat_template()``)."""
+    path = session.template_path
+    if not (is_chat_file(path) and Path(path).is_file()):
+        return None
+    try:
+        rendered = render_chat_file(path, model or session.options.engine.model_path
+                                    or default_model_path())
+        chat = ChatTemplate.load(path)
+    except (KvPrimerError, OSError):
+        return None
+    session.set_chat(chat, rendered.template.source)
+    return session.chat_template()
 
 
 def project_options(path: str) -> Options | None:

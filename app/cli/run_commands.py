@@ -13,7 +13,8 @@ from pathlib import Path
 from ..engine import KvPrimerError, Row, read_rows, report_dict
 from ..engine import session_flows as flows
 from ..engine.states.llama_state_file import FORMATS, save_state
-from ..engine.states.v_layout import FA_CHOICES, for_flash_attn, resolve_for_fa
+from ..engine import state_flows
+from ..engine.states.v_layout import FA_CHOICES
 from ..engine.byte_sizes import size_text
 from ..engine.benchmarks.bench_export import results_dict, write_results
 from ..engine.runs.cold_reference import ColdEstimate
@@ -162,8 +163,7 @@ def cmd_prime(args) -> int:
         state = flows.prime(eng, tpl, progress_printer())
         fa = None  # a .kvstate keeps the engine's own layout
         if args.format == "llama":
-            fa = resolve_for_fa(args.for_fa or "auto", eng.model)
-            state = for_flash_attn(state, fa)
+            state, fa = state_flows.for_llama_file(eng, state, args.for_fa or "auto")
         size = save_state(state, args.output, args.format)
         raw = state.n_tokens * eng.info.kv_bytes_per_token
         rec = eng.info.traits.recurrent_state_bytes  # hybrid and recurrent models: one state

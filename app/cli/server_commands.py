@@ -15,8 +15,8 @@ from ..servers import server_flows as flows
 from ..engine.project.project_file import SUFFIX
 from ..engine.prompts.chat_messages import ChatTemplate, is_chat_file
 from ..optional_extras import require_server_clients
-from .engine_options import (check_save, open_engine, progress_printer, read_project,
-                             read_template, rows_of, save_results, session_options)
+from .engine_options import (check_save, open_engine, progress_printer, project_chat,
+                             read_project, read_template, rows_of, save_results, session_options)
 from .exit_codes import ExitCode
 from .output import emit, yes_no
 
@@ -44,6 +44,10 @@ def server_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slot", type=int, default=None, metavar="N",
                    help="llama-server: the slot to use (default: the slot of the project's last "
                         "deployment to this server, else the server chooses)")
+    p.add_argument("--server-threads", type=int, default=0, metavar="N",
+                   help="the server's generation threads (its -t); the local runs compared with "
+                        "it generate on as many (default: the count `kvprimer serve` starts it "
+                        "with: -t, else one per physical core)")
 
 
 def check_server_options(p: argparse.ArgumentParser) -> None:
@@ -111,10 +115,19 @@ def _chat(path: str):
     return ChatTemplate.load(path) if is_chat_file(path) else None
 
 
+def _template_and_chat(args):
+    """The template (a file, a chat template file or a project's) and, for a chat template,
+    its messages: a project's are found as the window finds them when it reopens it."""
+    project = read_project(args.template) if Path(args.template).suffix == SUFFIX else None
+    if project is None:
+        return None, read_template(args.template, args.model), _chat(args.template)
+    return project, project.template, project_chat(project, args.model)
+
+
 def cmd_deploy(args) -> int:
-    plan = flows.deploy_plan(read_template(args.template, args.model),
-                             flows.server_target(args.server), args.slot_dir, args.slot,
-                             args.name, _chat(args.template))
+    _project, tpl, chat = _template_and_chat(args)
+    plan = flows.deploy_plan(tpl, flows.server_target(args.server), args.slot_dir, args.slot,
+                             args.name, chat)
     check_save(args)
     with open_engine(args) as eng:
         res = flows.deploy(eng, plan, progress_printer())
@@ -134,12 +147,11 @@ def cmd_check_server(args) -> int:
 
 def cmd_bench_server(args) -> int:
     target = _target(args)
-    project = read_project(args.template) if Path(args.template).suffix == SUFFIX else None
-    tpl = project.template if project else read_template(args.template, args.model)
+    project, tpl, chat = _template_and_chat(args)
     plan = flows.server_bench_plan(tpl, rows_of(args, tpl), target,
                                    session_options(args, project and project.options),
                                    slot=args.slot, deployed=project and project.deployed,
-                                   chat=None if project else _chat(args.template))
+                                   chat=chat, gen_threads=args.server_threads)
     check_save(args)
     with open_engine(args) as eng:
         res = flows.bench_on_server(eng, plan, progress_printer())

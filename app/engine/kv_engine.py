@@ -33,6 +33,7 @@ from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .states.llama_state_file import check_rows_fit, read_any_state
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
 from .states.prefix_state import PrefixState
+from .states.v_layout import for_context
 from .cache.engine_access import EngineAccess
 from .cache.radix_cache import RadixCache
 from .cache.radix_tree import RadixNode
@@ -357,8 +358,14 @@ class Engine:
         return self.cache.adopt(state, label)
 
     def load_state(self, path: str | Path) -> PrefixState:
-        """Read and validate a .kvstate file against this model and context (does not restore)."""
+        """Read and validate a state file against this model and context (does not restore).
+        A state primed with the other attention kernel comes back with V rewritten for this
+        one (exact: the same values, moved), and ``state.note`` says so."""
         state = read_any_state(path)  # ours or llama.cpp's sequence-state file
+        state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
+                               SEQ_STATE_VERSION, self.ctx.n_ctx)
+        if self.family != "recurrent":
+            state = for_context(state, self._flash_attn)
         self.check_state(state)
         return state
 

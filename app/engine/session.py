@@ -28,6 +28,7 @@ from .runs.result_origin import ResultOrigin
 from .runs.recompute_choice import default_recompute
 from .runs.reuse_modes import check_recompute
 from .runs.server_results import DeployResult, ServerBench, ServerRow
+from .prompts.chat_messages import ChatTemplate
 from .prompts.rows import Row
 from .prompts.template import Template
 
@@ -120,6 +121,10 @@ class Session:
         self.template_path = ""
         self.template: Template | None = Template.parse("")
         self.template_error: TemplateSyntaxError | None = None
+        # the chat template's messages, and the rendering of them the template was given:
+        # the chat API sends a row as these messages while the template is still that text
+        self.chat: ChatTemplate | None = None
+        self.chat_text = ""
         self.placeholders: list[str] = []
         self._rows: list[dict[str, str]] = []
         self.selection: list[int] = []  # selected row indexes, from 0
@@ -153,6 +158,21 @@ class Session:
         self.events.template.emit()
         if changed:
             self.mark_dirty()
+
+    def set_chat(self, chat: ChatTemplate | None, rendered: str = "") -> None:
+        """The messages whose rendering (``rendered``) the template is, or None (a text
+        template). Observers of the template hear of it."""
+        if (chat, rendered if chat else "") == (self.chat, self.chat_text):
+            return
+        self.chat, self.chat_text = chat, rendered if chat else ""
+        self.events.template.emit()
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The messages the template is the rendering of; None when it is text (typed or
+        opened as text, or changed as text since the messages were rendered)."""
+        if self.chat is not None and self.chat_text == self.template_text:
+            return self.chat
+        return None
 
     def _set_columns(self, names: list[str]) -> None:
         if names == self.placeholders:

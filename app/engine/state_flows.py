@@ -1,6 +1,9 @@
 """Prefix states in the session, written once: loading a state file, and the rule that a state
 belongs to the model it was made with.
 
+Saving for llama.cpp is one behaviour too (``for_llama_file``): V laid out for the kernel of
+the context that will read the file.
+
 Loading is one behaviour for the window (Load state) and the CLI (``--state``): read either
 format, check it against the loaded model and context (a llama.cpp file, which names no model,
 against the template's static prefix too), then adopt it into the radix cache, so that runs of
@@ -18,6 +21,7 @@ import os
 from .errors import StateFileError
 from .states.llama_state_file import load_any_state
 from .states.prefix_state import PrefixState
+from .states.v_layout import for_flash_attn, resolve_for_fa
 from .llama.native import SEQ_STATE_VERSION
 from .prompts.template import Template
 
@@ -28,6 +32,16 @@ def load_state(engine, path: str | os.PathLike, template: Template | None = None
     state = load_any_state(engine, path, template)
     engine.adopt(state)
     return state
+
+
+def for_llama_file(engine, state: PrefixState, for_fa: str = "auto") -> tuple[PrefixState, bool]:
+    """``state`` laid out for the context that will read it as llama.cpp's file (engine
+    thread): V as a context with flash attention ``for_fa`` stores it ("auto": what llama.cpp's
+    default context picks on this machine, as llama-server's ``-fa auto``; "on"; "off", as
+    llama-cpp-python's ``Llama()``). Returns the state and whether that is flash attention on.
+    `prime --format llama --for-fa` and the window's Save state for llama.cpp both call this."""
+    fa = resolve_for_fa(for_fa, engine.model)
+    return for_flash_attn(state, fa), fa
 
 
 def check_belongs(state: PrefixState, info, checked_on: str = "") -> None:

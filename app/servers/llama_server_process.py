@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.engine.llama.cpu_kernels import cpu_facts
+from app.engine.llama.thread_count import llama_default_threads
 from app.engine.errors import KvPrimerError
 
 from .llama_server import LlamaServer
@@ -44,8 +45,8 @@ class ServerSettings:
     # how the engine batches and threads, so that the server's runs compute what ours do
     n_batch: int = 256  # -b
     n_ubatch: int = 0  # -ub (0: as -b)
-    n_threads: int = 0  # -tb (0: llama-server's default, all cores)
-    n_threads_gen: int = 0  # -t (0: llama-server's default)
+    n_threads: int = 0  # -tb (0: llama-server's default, one per physical core)
+    n_threads_gen: int = 0  # -t (0: llama-server's default, one per physical core)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -165,6 +166,18 @@ class ServerProcess:
         self.stop()
 
 
+def server_threads(config) -> tuple[int, int]:
+    """(-tb, -t) for a server that computes what an engine of ``config`` computes: the
+    engine's counts where they are set; where they are automatic, llama-server's own default
+    (one per physical core), given explicitly. The engine's automatic count follows the
+    machine's load, and with flash attention a one-token decode's rounding depends on it: so
+    ``bench --server`` runs its local comparisons on the server's generation count
+    (``server_threads(...)[1]``), not on whatever the load gives at the time."""
+    batch = config.n_threads or llama_default_threads()
+    gen = min(config.n_threads_gen, batch) if config.n_threads_gen > 0 else batch
+    return batch, gen
+
+
 def settings_for(engine, slot_dir: str = "", port: int = 0,
                  extra_args: tuple[str, ...] = ()) -> ServerSettings:
     """Server settings that restore what ``engine`` primes: its model, flash-attention
@@ -172,8 +185,9 @@ def settings_for(engine, slot_dir: str = "", port: int = 0,
     and thread counts too: llama.cpp's results depend on how a prompt is batched and, for
     one-token decodes, on the thread count, and a server run is compared with ours."""
     info, c = engine.info, engine.config
+    n_threads, n_threads_gen = server_threads(c)
     return ServerSettings(model_path=info.path, flash_attn=bool(engine.kernels.flash_attn),
                           n_ctx=info.n_ctx, type_k=info.type_k, type_v=info.type_v,
                           swa_full=info.traits.n_swa > 0, slot_dir=slot_dir, port=port,
-                          n_batch=c.n_batch, n_ubatch=c.n_ubatch, n_threads=c.n_threads,
-                          n_threads_gen=c.n_threads_gen, extra_args=tuple(extra_args))
+                          n_batch=c.n_batch, n_ubatch=c.n_ubatch, n_threads=n_threads,
+                          n_threads_gen=n_threads_gen, extra_args=tuple(extra_args))

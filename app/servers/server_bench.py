@@ -11,6 +11,7 @@ where it stopped and why.
 from __future__ import annotations
 
 from ..engine.errors import KvPrimerError
+from ..engine.llama.thread_fit import shared_fit
 from ..engine.prompts.prompt_tokens import common_prefix
 from ..engine.prompts.rows import Row
 from ..engine.prompts.template import Template
@@ -19,6 +20,7 @@ from ..engine.runs.prompt_runs import run_prompt
 from ..engine.runs.server_results import ServerBench, ServerRow
 from ..engine.task_state import TaskState
 from .http_stream import Completion
+from .llama_server_process import server_threads
 from .model_match import match_model
 from .render_check import check_rendering
 
@@ -54,15 +56,24 @@ def miss_reason(cached: int | None, prefix: int, block: int, tokens: list[int],
 def bench_on_server(engine, template: Template, rows: list[Row], server, *,
                     max_tokens: int = 16, compare: bool = True, slot: int | None = None,
                     deployed: bool = False, task: TaskState | None = None,
-                    chat=None) -> ServerBench:
+                    chat=None, gen_threads: int = 0) -> ServerBench:
     """Run ``rows`` on ``server`` (a LlamaServer, OpenAIServer or ChatServer). ``engine``
     tokenizes, finds the static prefix and, when ``compare`` and the server runs its model,
     runs each row locally to compare outputs: cold, or for the chat API warm from the primed
     prefix, as the deployment's reuse. ``deployed``: the prefix was restored into the slot
     before. ``chat``: the chat API's messages (``filled(values)`` gives a row's, ``tools``),
     whose rendering ``template`` is; each row goes as its messages, after our rendering of
-    every row is compared with the server's."""
-    task = task or TaskState()
+    every row is compared with the server's. ``gen_threads``: the server's generation
+    threads (0: those `kvprimer serve` starts it with for this engine); the local runs
+    generate on the same count, whatever the machine's load."""
+    gen_threads = gen_threads or server_threads(engine.config)[1]
+    with shared_fit().pinned(gen_threads):
+        return _bench(engine, template, rows, server, max_tokens, compare, slot, deployed,
+                      task or TaskState(), chat, gen_threads)
+
+
+def _bench(engine, template, rows, server, max_tokens, compare, slot, deployed, task, chat,
+           gen_threads) -> ServerBench:
     is_chat = server.api == "chat"
     if is_chat and chat is None:
         raise KvPrimerError("the chat API sends messages: give a chat template (.json or .yaml)")
@@ -120,7 +131,8 @@ def bench_on_server(engine, template: Template, rows: list[Row], server, *,
         task.partial(r)
     return ServerBench(server.url, server.api, server.flavor, match.how,
                        match.same, out, "warm" if is_chat else "cold",
-                       render.as_dict() if render else None)
+                       render.as_dict() if render else None,
+                       gen_threads if compare and match.same else None)
 
 
 def _whole_chars(text: str) -> str:

@@ -20,7 +20,7 @@ nothing of app.servers); the HTTP clients are an optional extra, imported only o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engine.errors import KvPrimerError, RowsError
 from ..engine.prompts.chat_messages import ChatTemplate
@@ -81,6 +81,7 @@ class ServerBenchPlan:
     slot: int | None  # None: the deployment's slot on that server, else the server chooses
     deployed: DeployResult | None  # the last deployment, if any (used when it was to this server)
     chat: ChatTemplate | None = None  # the chat API: the messages ``template`` renders
+    gen_threads: int = 0  # the server's generation threads (0: as `kvprimer serve` starts it)
 
 
 def deploy_plan(template: Template, target: ServerTarget, slot_dir: str,
@@ -88,7 +89,10 @@ def deploy_plan(template: Template, target: ServerTarget, slot_dir: str,
                 chat: ChatTemplate | None = None) -> DeployPlan:
     """A deployment of ``template``'s static prefix into ``slot``, checked. ``chat``: the
     messages of a chat template (``template`` is their rendering): the deployment is then
-    checked through the server's chat endpoint."""
+    checked through the server's chat endpoint. A target on the chat API deploys a chat
+    template so: the slot is restored through llama-server's own API either way."""
+    if target.api == "chat" and chat is not None:
+        target = replace(target, api="llama")
     if target.api != "llama":
         raise KvPrimerError("deploying restores a llama-server slot, which only llama-server's "
                             "own API can do; choose the llama API")
@@ -105,12 +109,15 @@ def deploy_plan(template: Template, target: ServerTarget, slot_dir: str,
 
 def session_deploy_plan(session: Session, target: ServerTarget, slot_dir: str,
                         slot: int = DEPLOY_SLOT) -> DeployPlan:
-    return deploy_plan(session_template(session), target, slot_dir, slot)
+    """The session's static prefix; checked through the chat endpoint when the session's
+    template is the rendering of its messages (as `deploy` does with a .json or .yaml)."""
+    return deploy_plan(session_template(session), target, slot_dir, slot,
+                       chat=session.chat_template())
 
 
 def server_bench_plan(template: Template, rows, target: ServerTarget, options: Options, *,
                       slot: int | None = None, deployed: DeployResult | None = None,
-                      chat: ChatTemplate | None = None) -> ServerBenchPlan:
+                      chat: ChatTemplate | None = None, gen_threads: int = 0) -> ServerBenchPlan:
     """The rows on a server, checked: at least one, every one filled in, a valid token count;
     the chat API needs ``chat``, the messages of a chat template that ``template`` renders."""
     if target.api == "chat" and chat is None:
@@ -124,14 +131,19 @@ def server_bench_plan(template: Template, rows, target: ServerTarget, options: O
     if slot is not None and target.api != "llama":
         raise KvPrimerError("only llama-server's own API chooses a slot; leave the slot out "
                             "with the OpenAI API")
-    return ServerBenchPlan(template, rows, target, options.max_tokens, slot, deployed, chat)
+    if gen_threads < 0:
+        raise KvPrimerError(f"a server runs on 1 thread or more, not {gen_threads}")
+    return ServerBenchPlan(template, rows, target, options.max_tokens, slot, deployed, chat,
+                           gen_threads)
 
 
 def session_server_bench_plan(session: Session, target: ServerTarget,
                               slot: int | None = None) -> ServerBenchPlan:
-    """All the session's rows with its options, after its last deployment."""
+    """All the session's rows with its options, after its last deployment; on the chat API,
+    each as the session's messages (a text template is refused, as the CLI refuses it)."""
     return server_bench_plan(session_template(session), session.all_rows(), target,
-                             session.options, slot=slot, deployed=session.deployed)
+                             session.options, slot=slot, deployed=session.deployed,
+                             chat=session.chat_template())
 
 
 def started(plan: ServerBenchPlan) -> ServerBench:
@@ -171,4 +183,4 @@ def bench_on_server(engine, plan: ServerBenchPlan, task: TaskState | None = None
         return run_rows(engine, plan.template, list(plan.rows), server,
                         max_tokens=plan.max_tokens, slot=slot,
                         deployed=here is not None and slot in (None, here.slot), task=task,
-                        chat=plan.chat)
+                        chat=plan.chat, gen_threads=plan.gen_threads)

@@ -23,7 +23,7 @@ class TargetFacts:
     build: str = ""
 
     def describe(self) -> str:
-        parts = [self.health, f"{self.flavor} server" if self.api == "openai" else "llama-server"]
+        parts = [self.health, f"{self.flavor} server" if self.api != "llama" else "llama-server"]
         if self.build:
             parts[-1] += f" {self.build}"
         if self.slots is not None:

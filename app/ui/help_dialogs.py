@@ -32,7 +32,11 @@ def show_about(parent: QWidget) -> None:
 
 
 def ask_dialog(parent: QWidget, kind: str, text: str) -> str:
-    """"save" | "discard" | "cancel" for unsaved changes; "yes" | "no" otherwise."""
+    """"save" | "discard" | "cancel" for unsaved changes; "auto" | "on" | "off" | "cancel" for
+    the kernel a llama.cpp state file is written for ("for_fa"); "yes" | "no" otherwise."""
+    if kind == "for_fa":
+        from .states_library import ask_for_fa
+        return ask_for_fa(parent, text) or "cancel"
     if kind == "unsaved":
         r = QMessageBox.question(parent, "Unsaved changes", text,
                                  QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel)

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow
 from ..engine import EngineConfig
 from ..engine.states.llama_state_file import SUFFIX as LLAMA_SUFFIX
 from ..engine.states.prefix_state import SUFFIX as STATE_SUFFIX
+from ..engine.states.v_layout import FA_CHOICES
 from ..engine.project.project_file import Autosaver, autosave_path
 from ..engine.session import Options, Session
 from .bench_view import BenchView
@@ -39,7 +40,7 @@ from .recent_models import RecentModels
 from .server_view import ServerView
 from .run_panel import RunPanel
 from .session_edits import SessionEdits, UndoActions
-from .states_library import StatesLibrary
+from .states_library import FOR_FA_QUESTION, StatesLibrary
 from .status_bar import StatusBar
 from .messages_view import MessagesView, template_tabs
 from .table_columns import keep_column_widths, window_tables
@@ -327,14 +328,22 @@ class MainWindow(QMainWindow):
         path, chosen = QFileDialog.getSaveFileName(
             self, "Save KV state", str(self.library.folder / f"{stem}{suffix}"),
             ";;".join(filters))
-        if path:
-            self.save_state_as(path, "llama" if chosen == STATE_FILTERS[1] else "kvprimer")
+        if not path:
+            return None
+        fmt = "llama" if chosen == STATE_FILTERS[1] else "kvprimer"
+        for_fa = "auto"
+        if fmt == "llama":  # V's layout is the reading context's kernel's: ask which
+            for_fa = self.ask("for_fa", FOR_FA_QUESTION)
+            if for_fa not in FA_CHOICES:
+                return None
+        self.save_state_as(path, fmt, for_fa)
 
-    def save_state_as(self, path: str, fmt: str = "kvprimer"):
-        """Save the primed state as a .kvstate ("kvprimer") or llama.cpp's file ("llama")."""
+    def save_state_as(self, path: str, fmt: str = "kvprimer", for_fa: str = "auto"):
+        """Save the primed state as a .kvstate ("kvprimer") or llama.cpp's file ("llama"),
+        the latter for a context with flash attention ``for_fa`` (auto|on|off)."""
         suffix = LLAMA_SUFFIX if fmt == "llama" else STATE_SUFFIX
         path = str(path)
-        return self.jobs.save_state(path if Path(path).suffix else path + suffix, fmt)
+        return self.jobs.save_state(path if Path(path).suffix else path + suffix, fmt, for_fa)
 
     def load_state_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(

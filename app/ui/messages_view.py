@@ -3,7 +3,8 @@ reorder), beside the prompt the loaded model's own chat template renders from th
 special tokens marked.
 
 The session holds the rendered prompt as its template (what the Text tab shows and what
-prime, run and bench use); this view holds the messages. Each edit is one undoable command
+prime, run and bench use) and the messages it renders (``Session.chat_template``: what the
+Server tab's chat API sends); this view edits the messages. Each edit is one undoable command
 (typing in a content merges into one). Loading another model renders the messages again in
 that model's chat template and says so. Editing the text in the Text tab, or opening a text
 template, leaves the messages aside until Undo brings their rendering back.
@@ -160,6 +161,9 @@ class MessagesView(QWidget):
             self._shown = None
             if text is not None:
                 self.session.set_template(*text)
+            # after the text: while it is still the messages' rendering, it would be taken
+            # for them again
+            self.session.set_chat(None)
             self._show_state()
             return
         self.render()
@@ -182,6 +186,8 @@ class MessagesView(QWidget):
         self._rendered = rendered
         self._shown = rendered.template.source
         self.session.set_template(rendered.template.source, self.path)
+        # after the text, so the template is never taken for these messages' rendering early
+        self.session.set_chat(self.chat, rendered.template.source)
         self._show_state()
         return True
 
@@ -305,6 +311,7 @@ class MessagesView(QWidget):
             self.chat, self.path = chat, s.template_path
             self._rendered, self._shown, self._problem = rendered, s.template_text, ""
             self._fill()
+            s.set_chat(chat, s.template_text)
 
     def _fill(self) -> None:
         """The list and the selected message, from the messages."""

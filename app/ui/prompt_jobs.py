@@ -137,23 +137,34 @@ class PromptJobs(QObject):
 
         return self._submit(JobKind.PRIME, lambda e, t: flows.prime(e, tpl, t), done)
 
-    def save_state(self, path: str | Path, fmt: str = "kvprimer") -> Job | None:
+    def save_state(self, path: str | Path, fmt: str = "kvprimer",
+                   for_fa: str = "auto") -> Job | None:
         """``fmt``: "kvprimer" (.kvstate, with the model's identity) or "llama" (llama.cpp's
-        sequence-state file, which llama-server and LLamaSharp read)."""
+        sequence-state file, which llama-server and LLamaSharp read), its V laid out for a
+        context with flash attention ``for_fa`` (auto|on|off: `prime --for-fa`)."""
         state = self.session.state
         if state is None:
             self._fail("nothing is primed yet; press Prime (Ctrl+P) first, then save")
             return None
         path = str(path)
 
-        def done(size):
+        def save(engine, _task):
+            fa = None  # a .kvstate keeps the engine's own layout
+            out = state
+            if fmt == "llama":
+                out, fa = state_flows.for_llama_file(engine, state, for_fa)
+            return save_state(out, path, fmt), fa
+
+        def done(result):
+            size, fa = result
             self.session.set_state(state, path)
             self.state_saved.emit(path, size)
-            how = " in llama.cpp's format" if fmt == "llama" else ""
+            how = "" if fa is None else (
+                f" in llama.cpp's format, for contexts with flash attention {'on' if fa else 'off'}"
+                + (" (llama.cpp's default here)" if for_fa == "auto" else ""))
             self.status.emit(f"saved the state{how} to {path}")
 
-        return self._submit(JobKind.SAVE_STATE, lambda e, t: save_state(state, path, fmt), done,
-                            cancel_running=False)
+        return self._submit(JobKind.SAVE_STATE, save, done, cancel_running=False)
 
     def load_state(self, path: str | Path) -> Job | None:
         """Read a state of either format, check it, and put it in the radix cache: runs of a

@@ -10,6 +10,10 @@ cold reference). The results are the session's (``session.server``, ``session.de
 saved in the project like benchmark results: rows arrive there as they finish, and this view
 shows whatever the session holds, a reopened project's too. The new-token box is the session's
 option, the one the Run tab's box sets.
+
+The API box offers the CLI's ``--api`` choices. "chat" sends each row as the session's chat
+messages (``Session.chat_template``), so it is offered only while the template is their
+rendering; with plain text it is disabled and its tooltip, and the buttons', say why.
 """
 from __future__ import annotations
 
@@ -53,6 +57,26 @@ COLUMN_TIPS = {
     "output_note": "Why the server's output may differ from the local run"}
 
 
+API_TIPS = {"llama": "llama-server's own API: token-id prompts, slots",
+             "openai": "any OpenAI-compatible /v1/completions (llama-server, vLLM, SGLang)",
+             "chat": "OpenAI chat requests to /v1/chat/completions: each row as the chat "
+                     "template's messages, rendered by the server"}
+NO_CHAT = ("The chat API sends each row as chat messages, and the template is plain text: open "
+           "a chat template (.json or .yaml) or write one in the Template box's Messages tab")
+BENCH_TIP = {"llama": "Run every row on the server, warm then cold, each compared with KV "
+                      "Primer's local cold run",
+             "openai": "Run every row on the server's /v1/completions, warm then cold, each "
+                       "compared with KV Primer's local cold run",
+             "chat": "Send every row as an OpenAI chat request to /v1/chat/completions, warm "
+                     "then cold, each compared with KV Primer's warm run from the primed prefix"}
+DEPLOY_TIPS = {"llama": "Prime the template's static prefix, restore it into the slot and check "
+                        "the server reuses it",
+               "chat": "Prime the messages' static prefix, restore it into the slot (llama-server's "
+                       "own API) and check with a chat request that the server reuses it"}
+DEPLOY_OPENAI = ("Deploying restores a llama-server slot, which only llama-server's own API (or "
+                 "chat, on llama-server) can do")
+
+
 class ServerView(QWidget):
     message = Signal(str)  # a one-line outcome or error, for the status bar
 
@@ -64,11 +88,15 @@ class ServerView(QWidget):
         self.settings = settings or QSettings("kvprimer", "KV Primer")
         self.url = QLineEdit(str(self.settings.value("server/url", "http://127.0.0.1:8080")))
         self.url.setObjectName("serverUrl")
-        self.api = QComboBox()
-        self.api.addItems(["llama", "openai"])
+        self.api = QComboBox(objectName="serverApi")
+        self.api.addItems(list(API_TIPS))
+        for i, tip in enumerate(API_TIPS.values()):
+            self.api.setItemData(i, tip, Qt.ToolTipRole)
         self.api.setCurrentText(str(self.settings.value("server/api", "llama")))
         self.api.setToolTip("llama: llama-server's own API (token ids, slots); openai: any "
-                            "OpenAI-compatible /v1/completions (llama-server, vLLM, SGLang)")
+                            "OpenAI-compatible /v1/completions (llama-server, vLLM, SGLang); "
+                            "chat: their /v1/chat/completions, each row as the chat "
+                            "template's messages")
         self.check_button = QPushButton("Check")
         self.status = QLabel("not checked")
         self.status.setObjectName("serverStatus")
@@ -79,8 +107,6 @@ class ServerView(QWidget):
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
         self.deploy_button = QPushButton("Deploy prefix")
-        self.deploy_button.setToolTip("Prime the template's static prefix, restore it into the "
-                                      "slot and check the server reuses it")
         # the session's new-token count: the local runs' (the Run tab sets it too) and the CLI's
         self.max_tokens = QSpinBox(minimum=1, maximum=512, value=session.options.max_tokens)
         self.max_tokens.valueChanged.connect(
@@ -141,6 +167,8 @@ class ServerView(QWidget):
         events = worker.engine_status.events
         for event in (events.info, events.working, events.closed):  # what ready depends on
             follow(self, event, self.update_actions)
+        follow(self, session.events.template, self.update_actions)  # chat or text template
+        self.api.currentTextChanged.connect(self.update_actions)
         self.worker.partial.connect(self._on_partial)
         self._bench_job = None
         session.events.server.connect(self._show)
@@ -161,8 +189,17 @@ class ServerView(QWidget):
 
     def update_actions(self, *_) -> None:
         ready = self.worker.engine_status.ready
-        self.bench_button.setEnabled(ready)
-        self.deploy_button.setEnabled(ready and self.api.currentText() == "llama")
+        api = self.api.currentText()
+        chat = self.session.chat_template() is not None
+        # the chat API sends the session's messages: none while the template is plain text
+        item = self.api.model().item(self.api.findText("chat"))
+        item.setEnabled(chat)
+        item.setToolTip(API_TIPS["chat"] if chat else NO_CHAT)
+        no_chat = api == "chat" and not chat
+        self.bench_button.setEnabled(ready and not no_chat)
+        self.bench_button.setToolTip(NO_CHAT if no_chat else BENCH_TIP[api])
+        self.deploy_button.setEnabled(ready and api in ("llama", "chat") and not no_chat)
+        self.deploy_button.setToolTip(NO_CHAT if no_chat else DEPLOY_TIPS.get(api, DEPLOY_OPENAI))
 
     # ---- jobs (plans here, bodies on the worker: they block on the network and use the engine)
     def _plan(self, make):

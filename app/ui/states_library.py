@@ -170,3 +170,23 @@ class StatesLibrary(QDockWidget):
 
     def show_in_folder(self) -> None:
         QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.folder)))
+
+
+# the choices of `prime --format llama --for-fa`, as the save dialog offers them
+FOR_FA_CHOICES = (("auto", "auto: llama.cpp's own default (llama-server's -fa auto; on, on CPUs)"),
+                  ("on", "on: a context with flash attention on"),
+                  ("off", "off: a context without it (llama-cpp-python's Llama() default)"))
+
+
+FOR_FA_QUESTION = "Flash attention in the context that will load the file:"
+
+
+def ask_for_fa(parent: QWidget | None = None, question: str = FOR_FA_QUESTION) -> str | None:
+    """Which attention kernel the context that will read a llama.cpp state file runs (its V
+    is laid out for that kernel): "auto", "on" or "off"; None when cancelled."""
+    labels = [label for _, label in FOR_FA_CHOICES]
+    text, ok = QInputDialog.getItem(parent, "Save state for llama.cpp", question, labels, 0,
+                                    False)
+    if not ok:
+        return None
+    return FOR_FA_CHOICES[labels.index(text)][0]

@@ -233,5 +233,27 @@ def test_server_results_are_session_results_saved_in_the_project_file():
     assert again.apply_project(ProjectFile.from_json(text)) == []
     assert again.server.rows == [row] and (again.server.api, again.server.flavor) == ("openai", "vllm")
     assert again.server.summary() == s.server.summary() and again.deployed == deployed
+    assert again.server.gen_threads is None  # nothing compared locally
+    s.server.gen_threads, s.server.rows[0].tokens_equal = 2, True
+    again.apply_project(ProjectFile.from_json(s.to_project().to_json()))
+    assert again.server.gen_threads == 2
+    assert "(local runs on the server's 2 generation threads)" in again.server.describe()
     again.clear()
     assert again.server is None and again.deployed is None
+
+
+def test_the_session_keeps_the_messages_while_the_template_is_their_rendering():
+    from app.engine.prompts.chat_messages import ChatMessage, ChatTemplate
+
+    s = Session()
+    chat = ChatTemplate((ChatMessage("user", "<q>"),))
+    seen = record(s.events, "template")
+    s.set_template("<|im_start|>user\n<q>")
+    s.set_chat(chat, "<|im_start|>user\n<q>")
+    assert s.chat_template() == chat and len(seen) == 2
+    s.set_template("typed over it <q>")  # the text changed: plain text now
+    assert s.chat_template() is None
+    s.set_template("<|im_start|>user\n<q>")  # undone: the rendering again
+    assert s.chat_template() == chat
+    s.set_chat(None)
+    assert s.chat_template() is None

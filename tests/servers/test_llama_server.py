@@ -181,10 +181,50 @@ def test_cli_deploy_and_bench_server(server, tiny_model, tmp_path, capsys):
                     "tokens_equal", "miss_reason"):
             assert key in r
         assert r["tokens_equal"] is True
+    # the local runs' generation threads: the server's, as `kvprimer serve` starts it (-t 1)
+    assert data["gen_threads"] == 1
     assert main(["bench", str(tpl), "--rows", str(rows), "--server", "http://127.0.0.1:9",
                  *common]) == 2
     err = capsys.readouterr().err
     assert "cannot reach" in err and err.count("\n") == 1
+
+
+def test_the_local_runs_generate_on_the_servers_thread_count_whatever_the_load(
+        tiny_model, tmp_path, monkeypatch, capsys):
+    """The engine's automatic thread count follows the machine's load; with flash attention a
+    one-token decode's rounding depends on the count. So the server starts on an explicit
+    count and the bench's local runs are pinned to it (not to what the load gives)."""
+    from app.engine.llama.thread_count import llama_default_threads
+    from app.engine.llama.thread_fit import ThreadFit, shared_fit
+    from app.servers.llama_server_process import server_threads
+
+    fit = shared_fit()
+    busy = 1 if llama_default_threads() > 1 else 2  # another count than the server's
+    monkeypatch.setattr(fit, "threads", lambda: busy)
+    seen: list[int] = []
+    real = ThreadFit.generation_threads
+    monkeypatch.setattr(ThreadFit, "generation_threads",
+                        lambda self: seen.append(real(self)) or seen[-1])
+    tpl = Template.parse(TEMPLATE)
+    with Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32)) as eng:
+        want = server_threads(eng.config)[1]
+        assert want == llama_default_threads()  # automatic: llama-server's own default
+        with start(eng, tmp_path) as proc:
+            cmd = proc.cmd
+            assert cmd[cmd.index("-t") + 1] == str(want) == str(proc.settings.n_threads_gen)
+            seen.clear()
+            with LlamaServer(proc.url) as c:
+                bench = bench_on_server(eng, tpl, ROWS[:2], c, max_tokens=4)
+            assert seen and set(seen) == {want}, seen
+            assert bench.gen_threads == want
+            assert f"local runs on the server's {want} generation thread" in bench.describe()
+            assert all(r.tokens_equal is True for r in bench.rows)
+            # a server started otherwise: its count is given, and the local runs take it
+            seen.clear()
+            with LlamaServer(proc.url) as c:
+                other = bench_on_server(eng, tpl, ROWS[:1], c, max_tokens=2, gen_threads=busy)
+            assert set(seen) == {busy} and other.gen_threads == busy
+    assert fit.generation_threads() == busy  # outside the bench, the load decides again
 
 
 def test_cli_serve_starts_a_matching_server_and_stops_on_ctrl_c(tiny_model, tmp_path):

@@ -134,7 +134,12 @@ def server_from_dict(d: dict) -> ServerBench:
                        flavor=str(d.get("flavor", "")), model=str(d.get("model", "")),
                        same_model=d.get("same_model"),
                        rows=[_build(ServerRow, r) for r in d["rows"]],
-                       reference=str(d.get("reference", "cold")), render=d.get("render"))
+                       reference=str(d.get("reference", "cold")), render=d.get("render"),
+                       gen_threads=_count(d.get("gen_threads")))
+
+
+def _count(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 @dataclass

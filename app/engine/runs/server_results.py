@@ -50,6 +50,8 @@ class ServerBench:
     rows: list[ServerRow]
     reference: str = "cold"  # the local run each row's output is compared with: cold or warm
     render: dict | None = None  # chat API: our rendering against the server's (RenderCheck)
+    # the generation threads the local runs were pinned to, the server's (None: not compared)
+    gen_threads: int | None = None
 
     def summary(self) -> dict:
         rs = self.rows
@@ -70,13 +72,17 @@ class ServerBench:
             return f"no rows run on {self.url}"
         same = (f"; {s['tokens_equal']} of {s['compared']} rows gave the local "
                 f"{self.reference} run's tokens" if s["compared"] else "")
+        threads = (f" (local runs on the server's {self.gen_threads} generation thread"
+                   f"{'s' if self.gen_threads != 1 else ''})"
+                   if s["compared"] and self.gen_threads else "")
         return (f"{s['rows']} rows on {self.url}: median warm {s['median_warm_ms']:.1f} ms, cold "
                 f"{s['median_cold_ms']:.1f} ms (speedup {s['median_speedup']:.1f}x); "
-                f"{s['misses']} of {s['rows']} rows missed the static prefix{same}")
+                f"{s['misses']} of {s['rows']} rows missed the static prefix{same}{threads}")
 
     def as_dict(self) -> dict:
         out = {"server": self.url, "api": self.api, "flavor": self.flavor,
                "model": self.model, "same_model": self.same_model, "reference": self.reference,
+               "gen_threads": self.gen_threads,
                "summary": self.summary(), "rows": [r.as_dict() for r in self.rows]}
         if self.render is not None:
             out["render"] = self.render

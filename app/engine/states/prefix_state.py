@@ -65,6 +65,8 @@ class PrefixState:
     # "kvprimer" (our file or a live snapshot) or "llama.cpp" (its per-sequence file, which
     # carries no model fingerprint: model_sha256 is empty and only the layout can be checked)
     origin: str = "kvprimer"
+    # what was done to the state on loading ("rewritten for flash attention off"), or ''
+    note: str = field(default="", compare=False)
 
     def __post_init__(self):
         if not self.tokens:
@@ -77,9 +79,8 @@ class PrefixState:
     @property
     def warning(self) -> str:
         """What the user should know before trusting this state, or ''."""
-        if self.origin == "llama.cpp":
-            return NO_IDENTITY_NOTE
-        return ""
+        notes = [NO_IDENTITY_NOTE] if self.origin == "llama.cpp" else []
+        return "; ".join(notes + ([self.note] if self.note else []))
 
     @property
     def nbytes(self) -> int:

@@ -76,6 +76,24 @@ def for_flash_attn(state: PrefixState, flash_attn: bool) -> PrefixState:
     return replace(state, data=with_v_layout(desc, want).to_bytes())
 
 
+def for_context(state: PrefixState, flash_attn: bool | None) -> PrefixState:
+    """``state`` as a context running ``flash_attn`` (None: not known yet) restores it: V
+    rewritten when it was primed with the other kernel, and ``note`` saying so. A state whose
+    layout cannot be read is left for the engine's checks to refuse; a quantized V that would
+    need rewriting is refused (StateFileError, one line)."""
+    if flash_attn is None:
+        return state
+    try:
+        desc = parse(state.data, state.seq_state_version)
+    except LayoutError:
+        return state
+    want = not flash_attn
+    if v_layout_of(desc) in (None, want):
+        return state
+    return replace(state, data=with_v_layout(desc, want).to_bytes(),
+                   note=f"rewritten for flash attention {'on' if flash_attn else 'off'}")
+
+
 def default_flash_attn(model) -> bool:
     """What llama.cpp's default (auto) flash-attention setting resolves to for ``model`` (a
     NativeModel) on this machine: a small context with llama.cpp's default evaluates one
@@ -102,5 +120,5 @@ def resolve_for_fa(choice: str, model) -> bool:
     return default_flash_attn(model) if choice == "auto" else choice == "on"
 
 
-__all__ = ["ELEMENT_BYTES", "FA_CHOICES", "default_flash_attn", "for_flash_attn",
+__all__ = ["ELEMENT_BYTES", "FA_CHOICES", "default_flash_attn", "for_context", "for_flash_attn",
            "resolve_for_fa", "v_layout_of", "with_v_layout"]

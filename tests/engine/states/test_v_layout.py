@@ -1,6 +1,7 @@
 """V's layout rewritten for the other attention kernel: the bytes a context with that kernel
-writes itself (where they cannot depend on the kernel), loadable there, and a `--format llama`
-file that loads in llama.cpp's default context. Tiny models, real llama.cpp calls."""
+writes itself (where they cannot depend on the kernel), loadable there, a `--format llama`
+file that loads in llama.cpp's default context, and a state file primed with the other kernel
+rewritten as it loads (saying so in one line). Tiny models, real llama.cpp calls."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +13,8 @@ import pytest
 
 from app.engine import Engine, EngineConfig, StateFileError, Template
 from app.engine.states.seq_state_layout import parse
-from app.engine.states.v_layout import default_flash_attn, for_flash_attn, v_layout_of
+from app.engine.states.v_layout import (default_flash_attn, for_context, for_flash_attn,
+                                        v_layout_of)
 from app.engine.llama.native import ContextParams, NativeContext, NativeModel
 
 TEXT = ("you are a helpful assistant. the context is: "
@@ -163,3 +165,60 @@ def test_a_sliding_window_state_has_both_caches_rewritten(arch_models):
             ctx.close()
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("primed, runs", [("off", "on"), ("on", "off")])
+def test_a_state_primed_with_the_other_kernel_is_rewritten_as_it_loads(tiny_model, tmp_path,
+                                                                      primed, runs):
+    from app.engine import state_flows
+    from app.engine.runs.prompt_runs import run_prompt
+    from app.engine.states.llama_state_file import read_any_state, save_state
+
+    state = _primed(tiny_model, primed)
+    save_state(state, tmp_path / "s.kvstate")
+    save_state(state, tmp_path / "s.bin", "llama")
+    with _engine(tiny_model, runs) as eng:
+        for name in ("s.kvstate", "s.bin"):
+            loaded = eng.load_state(tmp_path / name)
+            # exact: the same values, moved to the layout this kernel keeps
+            as_read = read_any_state(tmp_path / name)
+            assert loaded.data == for_flash_attn(as_read, runs == "on").data != as_read.data
+            assert loaded.note == f"rewritten for flash attention {runs}"
+            assert loaded.note in loaded.warning and "\n" not in loaded.warning
+            assert loaded.tokens == state.tokens
+            eng.restore(loaded, 1)  # llama.cpp takes it
+            assert eng.seq_tokens[1] == list(state.tokens)
+            eng.seqs.clear(1)
+        # the session's load (window and --state): adopted into the cache, and a run reuses it
+        loaded = state_flows.load_state(eng, tmp_path / "s.kvstate", TPL)
+        assert loaded.note == f"rewritten for flash attention {runs}"
+        report = run_prompt(eng, TPL, {"question": SUFFIX}, reuse="prefix", cold=False)
+        assert report.reused_tokens == state.n_tokens
+    with _engine(tiny_model, primed) as eng:  # its own kernel: nothing to rewrite or say
+        same = eng.load_state(tmp_path / "s.kvstate")
+        assert same.data == state.data and same.note == "" and same.warning == ""
+
+
+def test_the_cli_says_in_one_line_that_a_loaded_state_was_rewritten(tiny_model, tmp_path,
+                                                                    monkeypatch, capsys):
+    from app.cli import main
+
+    _primed(tiny_model, "off").save(tmp_path / "off.kvstate")
+    tpl = tmp_path / "t.tmpl"
+    tpl.write_text(TEXT)
+    monkeypatch.setenv("KVPRIMER_FLASH_ATTN", "on")
+    assert main(["run", str(tpl), "--state", str(tmp_path / "off.kvstate"), "--set",
+                 f"question={SUFFIX}", "--warm", "-n", "2", "-m", str(tiny_model),
+                 "-c", "1024", "-b", "32", "-t", "1"]) == 0
+    err = capsys.readouterr().err
+    notes = [ln for ln in err.splitlines() if "rewritten" in ln]
+    assert notes == ["kvprimer: note: rewritten for flash attention on"], err
+
+
+def test_a_quantized_v_that_would_need_rewriting_stays_a_one_line_refusal(tiny_model):
+    state = _primed(tiny_model, "on", type_k="q8_0", type_v="q8_0")
+    assert for_context(state, True) is state and for_context(state, None) is state
+    with pytest.raises(StateFileError) as e:
+        for_context(state, False)
+    msg = str(e.value)
+    assert "q8_0" in msg and "flash attention on" in msg and "\n" not in msg
