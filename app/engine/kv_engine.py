@@ -22,7 +22,8 @@ from .engine_config import EngineConfig, model_info
 from .llama.crash_probe import checked_cpu_kernels
 from .engine_kernels import EngineKernels, KernelStatus
 from .llama.kernel_choice import KernelChoice
-from .llama.memory_budget import MemoryBudget, check_budget, memory_available, plan_budget
+from .llama.memory_budget import (MemoryBudget, check_budget, memory_available, plan_budget,
+                                  work_sequences)
 from .llama.recurrent_state import measure_recurrent_bytes
 from .errors import ContextOverflowError, KvPrimerError, StateFileError
 from .llama.model_files import check_gguf_file, default_model_path, model_fingerprint
@@ -97,9 +98,9 @@ class Engine:
         self.seqs = SequenceOps(self.ctx, self.seq_tokens, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self.kv_listeners.changed
         self.cold = ColdReference(self)
-        # the run's sequence, staging
-        self.work = WorkContext(self.model, self.context_params(2), self.family,
-                                lambda: self.grouping_exact)
+        # the run's sequence, staging, and composed modules' cells held for their turn
+        self.work = WorkContext(self.model, self.context_params(work_sequences(self.stateful)),
+                                self.family, lambda: self.grouping_exact)
         self.cache = RadixCache(EngineAccess(
             self.ctx, self.seqs, self.seq_tokens, self.model,
             self.info.kv_bytes_per_token, self.batching, config.n_seq_max, self.n_swa > 0,

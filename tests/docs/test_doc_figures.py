@@ -431,3 +431,17 @@ def test_the_compose_oracle_section_is_the_stored_one():
                               BENCHMARKS.index("## Batch threads on a busy machine")])
     assert f"on {s['rows']} of the 48 recurring rows" in section
     assert f"{s['full_bit_identical']} of {s['rows']} rows bit-identical" in section
+
+
+def test_the_default_share_is_the_rules_pick_from_the_stored_shares():
+    """BENCHMARKS.md's table of compose's shares through the engine is bench/compose_shares.py's
+    rendering of bench/compose-shares.json; the default share is what the documented rule picks
+    from it, and the README and the prose say that share."""
+    from app.engine.runs.recompute_choice import DEFAULT_SHARE, default_recompute
+    from bench.compose_shares import pick_default, shares_markdown
+
+    data = json.loads((ROOT / "bench" / "compose-shares.json").read_text(encoding="utf-8"))
+    assert shares_markdown(data) in BENCHMARKS
+    assert pick_default(data["shares"]) == data["default_share"] == DEFAULT_SHARE
+    assert f"the default, {default_recompute()}," in flat(README)
+    assert f"Compose's default share is {default_recompute()}" in flat(BENCHMARKS)

@@ -1,14 +1,14 @@
 """What an engine will allocate, added up before any of it is spent.
 
 An engine holds the model's weights, three contexts (the cache's, with ``n_seq_max`` sequences;
-the work context and the cold reference's, two each) and the RAM tier of the radix cache. Each
-context holds K and V for every cell (the KV types' row bytes × the cells llama.cpp rounds the
-context to), a recurrent state per sequence on hybrid and recurrent models, an output buffer of
-logits and a compute buffer for the biggest batch. All but the compute buffer follow from the
-model's shape; the compute buffer is llama.cpp's own figure: it creates each context on a copy
-of the model loaded with ``no_alloc`` (metadata only: it plans every buffer and allocates none)
-and logs the sizes it would allocate. Checked against what llama.cpp allocates for real in
-tests/engine/llama/test_memory_budget.py.
+the work context's, three on attention-only models and two otherwise; the cold reference's, two)
+and the RAM tier of the radix cache. Each context holds K and V for every cell (the KV types'
+row bytes × the cells llama.cpp rounds the context to), a recurrent state per sequence on
+hybrid and recurrent models, an output buffer of logits and a compute buffer for the biggest
+batch. All but the compute buffer follow from the model's shape; the compute buffer is
+llama.cpp's own figure: it creates each context on a copy of the model loaded with ``no_alloc``
+(metadata only: it plans every buffer and allocates none) and logs the sizes it would allocate.
+Checked against what llama.cpp allocates for real in tests/engine/llama/test_memory_budget.py.
 
 ``check_budget`` refuses, in one line, a set-up whose sum exceeds the memory available
 (MemAvailable on Linux), naming the context size or KV types that fit, instead of letting the
@@ -258,11 +258,19 @@ def estimated_compute(facts: dict, p, flash_attn: bool | None) -> int:
 # ---- the budget ----------------------------------------------------------------------------
 
 
-def context_sets(config, flash_attn: bool | None) -> list[tuple[str, object]]:
+def work_sequences(stateful: bool) -> int:
+    """The work context's sequences: the run's and staging, and for attention-only models the
+    composed modules' cells held at their places in the row until their turn (module_compose.py);
+    a stateful model would pay a recurrent state for it and composes without it."""
+    return 2 if stateful else 3
+
+
+def context_sets(config, flash_attn: bool | None,
+                 stateful: bool = False) -> list[tuple[str, object]]:
     """The contexts an engine with ``config`` (an EngineConfig) opens, by name, with their
     ContextParams."""
     return [("cache", config.context_params(config.n_seq_max, flash_attn)),
-            ("work", config.context_params(2, flash_attn)),
+            ("work", config.context_params(work_sequences(stateful), flash_attn)),
             ("cold reference", config.context_params(2, flash_attn))]
 
 
@@ -274,10 +282,10 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
     arch = facts.get("architecture", "")
     facts = {**facts, "n_ff": _int(model.meta(f"{arch}.feed_forward_length"))}
     per_token = kv_bytes_per_token(facts, config.type_k, config.type_v)
-    sets = context_sets(config, flash_attn)
+    sets = context_sets(config, flash_attn, stateful=recurrent_state_bytes > 0)
     for _name, p in sets:  # settings llama.cpp cannot take are refused as such, not as memory
         check_context_params(p)
-    distinct = list(dict.fromkeys(p for _n, p in sets))  # the work and cold ones are alike
+    distinct = list(dict.fromkeys(p for _n, p in sets))  # the work and cold ones may be alike
     planned = planned_compute(model, distinct, use_extra_bufts, config.n_gpu_layers)
     contexts = []
     for name, p in sets:

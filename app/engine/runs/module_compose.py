@@ -3,9 +3,9 @@
 A module is one segment of a prompt (a placeholder's value and the template text after it)
 evaluated once right after the static prefix, and cached as a radix node like any prompt. A
 composed run takes the exact part the cache already holds (the static prefix, or deeper), then
-for every further segment but the last places that segment's module cells after it — the
-first module at its own positions shares its cells, later ones are copied and shifted with
-llama.cpp's seq_add (the next decode re-rotates their K) — and evaluates only the last segment.
+for every further segment but the last places that segment's module cells after it — copied,
+and moved to their positions in this prompt with llama.cpp's seq_add where those differ (the
+next decode re-rotates their K), each module once per row — and evaluates only the last segment.
 
 The module's tokens attended to the static prefix only, never to the modules before them, so
 the result differs from a cold run: the verdict measures by how much. ``recompute`` evaluates
@@ -79,44 +79,103 @@ def plan_modules(parts: RunParts, tokens: list[int], segments: list[Segment], hi
     return ModulePlan(hit, prefix, tuple(modules), build_s * 1000)
 
 
+@dataclass(frozen=True)
+class Part:
+    """A stretch of a composed row, positions start..end-1: tokens evaluated in context
+    (``module`` None), or cached cells of module ``module`` (its tokens from ``offset``)."""
+    start: int
+    end: int
+    module: int | None = None
+    offset: int = 0
+
+
+def assembly(plan: ModulePlan, runs: list[list[tuple[int, int]]]) -> list[Part]:
+    """The row's modules as parts in position order: for each module, its cached cells up to
+    the next run chosen for recompute (``runs``: each module's, recompute_choice.py), the run,
+    and so on. Runs with no cached cell between them, within a module or across modules' ends,
+    are one part: one evaluation."""
+    parts: list[Part] = []
+    for i, ((seg, _node), chosen) in enumerate(zip(plan.modules, runs)):
+        at = 0
+        for a, b in chosen:
+            if a > at:
+                parts.append(Part(seg.start + at, seg.start + a, i, at))
+            if parts and parts[-1].module is None and parts[-1].end == seg.start + a:
+                parts[-1] = Part(parts[-1].start, seg.start + b)
+            else:
+                parts.append(Part(seg.start + a, seg.start + b))
+            at = b
+        if at < seg.end - seg.start:
+            parts.append(Part(seg.start + at, seg.end, i, at))
+    return parts
+
+
 def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int],
             recompute: Recompute, task) -> Composition:
-    """Fill the slot with the exact part, then each module left to right: its cached cells
-    (moved to their positions in this prompt) up to the next run of tokens chosen for
-    recompute (recompute_choice.py), that run evaluated in context, and so on, ready to
-    evaluate the last segment. llama.cpp takes a sequence's batch only at its end, so a
-    sequence is built in this order: every recomputed run sees all cells before it."""
+    """Fill the slot with the exact part, then the modules' parts left to right (``assembly``),
+    ready to evaluate the last segment. llama.cpp takes a sequence's batch only at its end, so
+    the sequence is built in position order and every recomputed run sees all cells before it.
+
+    Each placed part that moved makes the next decode re-rotate K across the whole cache, so
+    where the slot can hold cells aside, the runs before any cached cell are evaluated first,
+    then every module's cached cells are moved to their places in the row at once (one move per
+    module, one re-rotation per row, at the next decode), and the sequence takes them in turn
+    between the other runs' evaluations. Otherwise each part is moved in its turn."""
     slot.bring(plan.hit, tokens)
-    cur = plan.hit.reused
-    sources = list(plan.hit.sources)
+    chosen = [module_runs(seg.end - seg.start, recompute) for seg, _node in plan.modules]
+    parts = assembly(plan, chosen)
     p = plan.prefix.depth
-    recomputed = runs = module_tokens = 0
-    for seg, node in plan.modules:
+    held = False
+    try:
+        for part in parts:
+            if part.module is None:
+                slot.evaluate(tokens[part.start:part.end],
+                              slot.batching.module(slot.held, part.end, windowed=slot.windowed),
+                              task, stage="recompute", want_logits=False)
+            elif slot.can_hold:
+                if not held:
+                    _hold(slot, cache, plan, parts, p)
+                    held = True
+                slot.take_held(tokens[part.start:part.end])
+            else:
+                _place(slot, cache, plan.modules[part.module][1], p, part, tokens)
+    finally:
+        if held:
+            slot.drop_held()
+    sources = list(plan.hit.sources)
+    recomputed = module_tokens = 0
+    for (seg, _node), runs in zip(plan.modules, chosen):
         n = seg.end - seg.start
+        k = sum(b - a for a, b in runs)
         module_tokens += n
-        at = 0  # module tokens in the slot so far
-        k = 0
-        for a, b in module_runs(n, recompute):
-            if a > at:
-                _place(slot, cache, node, p, at, a, cur, tokens, seg.start)
-            slot.evaluate(tokens[seg.start + a:seg.start + b],
-                          slot.batching.module(slot.held, cur + b, windowed=slot.windowed),
-                          task, stage="recompute", want_logits=False)
-            k += b - a
-            runs += 1
-            at = b
-        if at < n:
-            _place(slot, cache, node, p, at, n, cur, tokens, seg.start)
         recomputed += k
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
-        cur += n
-    choice = RecomputeChoice(recompute.text, recomputed, module_tokens, runs)
-    return Composition(cur, tuple(sources), recomputed, choice)
+    reused = plan.modules[-1][0].end if plan.modules else plan.hit.reused
+    evaluations = sum(part.module is None for part in parts)
+    choice = RecomputeChoice(recompute.text, recomputed, module_tokens, evaluations)
+    return Composition(reused, tuple(sources), recomputed, choice)
 
 
-def _place(slot: Slot, cache: RadixCache, node: RadixNode, p: int, i0: int, i1: int, cur: int,
-           tokens: list[int], start: int) -> None:
-    """A module's cached cells i0..i1-1 (made at positions p+i0..) appended at ``cur + i0``."""
+def _hold(slot: Slot, cache: RadixCache, plan: ModulePlan, parts: list[Part], p: int) -> None:
+    """Every module's cached cells of ``parts``, moved to their places in the row in one span
+    per module (the cells of recomputed runs inside it are held too, and freed unused)."""
+    spans: dict[int, tuple[int, int, int]] = {}  # module: first and end offsets, its start
+    for part in parts:
+        if part.module is not None:
+            lo, hi, _s = spans.get(part.module, (part.offset, part.offset, 0))
+            spans[part.module] = (min(lo, part.offset),
+                                  max(hi, part.offset + part.end - part.start),
+                                  part.start - part.offset)
+    for i, (lo, hi, start) in spans.items():
+        node = plan.modules[i][1]
+        with cache.busy(node):
+            slot.hold(cache.materialise(node), p + lo, p + hi, start + lo)
+
+
+def _place(slot: Slot, cache: RadixCache, node: RadixNode, p: int, part: Part,
+           tokens: list[int]) -> None:
+    """A module's cached cells for ``part`` (made at positions p+offset..) appended there."""
+    lo = p + part.offset
     with cache.busy(node):
-        slot.place(cache.materialise(node), p + i0, p + i1, cur + i0,
-                   tokens[start + i0:start + i1])
+        slot.place(cache.materialise(node), lo, lo + part.end - part.start, part.start,
+                   tokens[part.start:part.end])

@@ -22,10 +22,11 @@ import numpy as np
 
 from ..errors import KvPrimerError
 
-# compose's default share of each module recomputed in context: on the compose-oracle curves in
-# BENCHMARKS.md no share reaches the accuracy goals, so it is the most accurate point (lowest KL
-# median) of those within half of prefix mode's warm time: first tokens, 30%
-DEFAULT_SHARE = 0.30
+# compose's default share of each module recomputed in context: no share reaches the accuracy
+# goals (BENCHMARKS.md), so it is the most accurate point (lowest KL median) of the shares within
+# half of prefix mode's warm time, measured through the engine side by side with prefix mode
+# (bench/compose-shares.json, bench/compose_shares.py's pick_default): first tokens, 10%
+DEFAULT_SHARE = 0.10
 SIGNAL = "first_k"  # the selection signal in use (see the module docstring)
 _SHARE = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*%\s*$")
 

@@ -74,6 +74,25 @@ class Slot(ABC):
         """Append the cells of the cache's sequence ``src`` at positions p0..p1-1, moved to
         start at position ``at`` (the slot's end): a composed module."""
 
+    # ---- composing modules shifted once per row
+    @property
+    def can_hold(self) -> bool:
+        """Composed modules' cells can wait at their places in the row (``hold``) until the
+        sequence reaches them (``take_held``); otherwise each part is placed in its turn."""
+        return False
+
+    def hold(self, src: int, p0: int, p1: int, at: int) -> None:
+        """Keep the cells of the cache's sequence ``src`` at positions p0..p1-1, moved to start
+        at position ``at``, aside until the sequence reaches them."""
+        raise NotImplementedError
+
+    def take_held(self, tokens: list[int]) -> None:
+        """Append the held cells of the next ``len(tokens)`` positions."""
+        raise NotImplementedError
+
+    def drop_held(self) -> None:
+        """Free what is held and was not taken."""
+
     # ---- planning and evaluating
     @abstractmethod
     def marks(self, segment_starts: Sequence[int], reused: int, end: int,

@@ -39,6 +39,9 @@ from ..states.seq_payload import in_position_order
 from ..task_state import TaskState
 
 SEQ, STAGING = 0, 1  # the run's sequence; where copied cells land before they join it
+# composed modules' cells, already moved to their places in the row, until the sequence reaches
+# them (attention-only models: work_sequences in memory_budget.py)
+HELD = 2
 
 
 class WorkContext:
@@ -58,6 +61,7 @@ class WorkContext:
         self.composed_from: int | None = None
         # stateful: the recurrent part of the state at these depths (taken by ``evaluate``)
         self.snapshots: dict[int, bytes] = {}
+        self._drop_held_marks()
 
     @property
     def ctx(self) -> NativeContext:
@@ -71,12 +75,14 @@ class WorkContext:
             self._ctx = None
         self.tokens, self.cuts = [], []
         self.snapshots, self.composed_from = {}, None
+        self._drop_held_marks()
 
     def reset(self) -> None:
         if self._ctx is not None:
             self._ctx.clear()
         self.tokens, self.cuts = [], []
         self.snapshots, self.composed_from = {}, None
+        self._drop_held_marks()
 
     def _in_context(self, n: int) -> int:
         """``n``, or less where a composed module's cells begin (never shared as exact)."""
@@ -208,6 +214,65 @@ class WorkContext:
         self.tokens.extend(tokens)
         self.cuts.extend(c for c in cuts if start <= c < start + len(tokens))
 
+    # ---- composing: cells moved once, taken in turn
+    @property
+    def can_hold(self) -> bool:
+        """Cells can wait in a sequence of their own (not on stateful models: their held
+        sequence would carry a recurrent state too)."""
+        return not self.stateful
+
+    def hold(self, data: bytes, p0: int, p1: int, shift: int) -> None:
+        """Hold a state of cells (positions p0..p1-1, in order, from ``cells_of``) moved by
+        ``shift`` to where the row wants them, apart from the run's sequence until ``take_held``.
+        Every move made before a decode is re-rotated by that one decode (llama.cpp re-rotates
+        K across the whole cache once per decode that finds moved cells), so a row's modules
+        held first cost one re-rotation, not one per placed part."""
+        ctx = self.ctx
+        ctx.seq_rm(STAGING)
+        if not ctx.state_set(data, STAGING):
+            ctx.seq_rm(STAGING)
+            raise KvPrimerError("llama.cpp refused cells copied from the cache; clear the cache "
+                                "and run again")
+        lo, hi = ctx.pos_range(STAGING)
+        if (lo, hi) != (p0, p1 - 1):
+            ctx.seq_rm(STAGING)
+            raise KvPrimerError(f"cells copied from the cache hold positions {lo}..{hi}, not "
+                                f"{p0}..{p1 - 1}; clear the cache and run again")
+        if shift:
+            ctx.seq_add(STAGING, p0, p1, shift)
+        ctx.seq_cp(STAGING, HELD)  # the state set clears its sequence: held ones gather here
+        ctx.seq_rm(STAGING)
+        # unmoved cells held first lie right after the sequence, as a cold run's would (as
+        # append_cells assumes); any other held cells take the cells later evaluations would
+        if not shift and not self._held_any and p0 == len(self.tokens):
+            self._held_in_place = (p0, p1)
+        else:
+            self._displaced = True
+        self._held_any = True
+
+    def take_held(self, tokens: list[int]) -> None:
+        """Append the held cells of the next ``len(tokens)`` positions (shared, not copied);
+        unless they were held in place, they and every later cell are not a cold run's."""
+        if not tokens:
+            return
+        start, end = len(self.tokens), len(self.tokens) + len(tokens)
+        self.ctx.seq_cp(HELD, SEQ, start, end)
+        lo, hi = self._held_in_place or (0, 0)
+        if self.composed_from is None and not lo <= start < end <= hi:
+            self.composed_from = start
+        self.tokens.extend(tokens)
+        self.cuts.append(start)
+
+    def drop_held(self) -> None:
+        """Free the held cells the sequence did not take."""
+        if self._ctx is not None and self._held_any:
+            self._ctx.seq_rm(HELD)
+        self._drop_held_marks()
+
+    def _drop_held_marks(self) -> None:
+        self._held_any = self._displaced = False
+        self._held_in_place: tuple[int, int] | None = None
+
     def cells(self, p0: int, p1: int) -> bytes:
         """A state of the cells at positions p0..p1-1, in position order (for the cache)."""
         return cells_state(self.ctx, SEQ, p0, p1, STAGING)
@@ -224,6 +289,9 @@ class WorkContext:
         start, end = len(self.tokens), len(self.tokens) + len(tokens)
         if end >= self.ctx.n_ctx:
             raise ContextOverflowError(end, self.ctx.n_ctx)
+        held_after = self._held_in_place is not None and start < self._held_in_place[1]
+        if (self._displaced or held_after) and self.composed_from is None:
+            self.composed_from = start  # its cells land after held ones, out of position order
 
         def after(a: int, b: int) -> None:
             self.cuts.append(a)

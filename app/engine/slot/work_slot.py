@@ -70,6 +70,19 @@ class WorkSlot(Slot):
         self.work.append_cells(self._seqs.cells_of(src, p0, p1, self.cache.scratch), tokens,
                                [at], shift=at - p0)
 
+    @property
+    def can_hold(self) -> bool:
+        return self.work.can_hold
+
+    def hold(self, src: int, p0: int, p1: int, at: int) -> None:
+        self.work.hold(self._seqs.cells_of(src, p0, p1, self.cache.scratch), p0, p1, at - p0)
+
+    def take_held(self, tokens: list[int]) -> None:
+        self.work.take_held(tokens)
+
+    def drop_held(self) -> None:
+        self.work.drop_held()
+
     def marks(self, segment_starts: Sequence[int], reused: int, end: int,
               storing: bool, reusable: int | None = None) -> list[int]:
         return chain_marks(segment_starts, reused, storing=storing,

@@ -10,7 +10,7 @@ import pytest
 
 from app.cli import main
 from app.engine import GenerationConfig, KvPrimerError, Template, run_prompt
-from app.engine.runs import module_compose
+from app.engine.runs import module_compose, warm_runs
 from app.engine.runs.recompute_choice import (Recompute, RecomputeChoice, choose_runs,
                                               default_recompute, module_runs, parse_recompute)
 
@@ -92,7 +92,7 @@ def test_a_full_share_is_the_cold_run_bit_for_bit(engine):
     assert rep.reused_tokens == rep.prefix_tokens  # nothing composed is left
     c = rep.recompute
     assert c.tokens == c.module_tokens == sum(module_sizes(rep)) and c.share == 1.0
-    assert c.runs == len(module_sizes(rep))  # one evaluation per module
+    assert c.runs == 1  # no cached cell between the modules' runs: one evaluation
 
 
 def test_a_zero_share_is_plain_compose(engine):
@@ -129,7 +129,8 @@ def test_runs_inside_a_module_build_the_sequence_left_to_right(engine, monkeypat
     """A selected run in the middle of a module: its cached cells before it are placed, the
     run evaluated in context, the rest placed after it. Cutting each module in two runs that
     cover it all gives the cold run bit for bit (every token evaluated after all cells before
-    it); one run in the middle recomputes exactly its tokens."""
+    it), the runs with no cached cell between them evaluated as one; one run in the middle
+    recomputes exactly its tokens."""
     plain_reused = compose(engine, 0).reused_tokens
 
     def split(n, _setting):
@@ -137,7 +138,7 @@ def test_runs_inside_a_module_build_the_sequence_left_to_right(engine, monkeypat
     monkeypatch.setattr(module_compose, "module_runs", split)
     whole = compose(engine, "100%")
     assert whole.verdict.equivalence == "bit-identical"
-    assert whole.recompute.runs == 2 * len(module_sizes(whole))
+    assert whole.recompute.runs == 1
 
     def middle(n, _setting):
         return [(2, 5)]
@@ -146,6 +147,75 @@ def test_runs_inside_a_module_build_the_sequence_left_to_right(engine, monkeypat
     assert rep.recompute.tokens == 3 * len(module_sizes(rep)) and rep.recompute.runs == 2
     assert rep.reused_tokens == plain_reused - rep.recompute.tokens
     assert rep.verdict is not None and rep.verdict.positions > 0
+
+
+TPL3 = Template.parse(TPL.source.replace("<c2>\n", "<c2>\n<c3>\n"))
+VALS3 = {**VALS, "c3": "of the question the world is hello and the answer"}
+
+
+class DecodeLog:
+    """The work context's moves (seq_add) and decodes while a run composes and evaluates."""
+
+    def __init__(self, eng, monkeypatch):
+        ctx = eng.work.ctx
+        self.shifts, self.decodes, self.rotations, self.composing = [], [], 0, False
+        self._pending = False
+        add, decode = ctx.seq_add, ctx.decode
+
+        def seq_add(seq, p0, p1, delta):
+            self.shifts.append((p0, p1, delta))
+            self._pending = self._pending or delta != 0
+            return add(seq, p0, p1, delta)
+
+        def counted(entries):
+            if self._pending:  # this decode re-rotates K across the cache first
+                self.rotations += 1
+                self._pending = False
+            if self.composing:
+                self.decodes.append(len(entries))
+            return decode(entries)
+        monkeypatch.setattr(ctx, "seq_add", seq_add)
+        monkeypatch.setattr(ctx, "decode", counted)
+        real = module_compose.compose
+
+        def compose_logged(*a, **kw):
+            self.composing = True
+            try:
+                return real(*a, **kw)
+            finally:
+                self.composing = False
+        monkeypatch.setattr(warm_runs, "compose", compose_logged)
+
+
+def test_each_module_moves_once_per_row_and_the_row_re_rotates_once(engine, monkeypatch):
+    """Shift-once assembly: the first module's run is evaluated in place, then every module's
+    cached cells are moved to their places in the row (one move per module that moved), so the
+    row's decodes re-rotate K once, not once per placed part; each run is one decode (runs
+    under a batch), and the sequence is still built left to right."""
+    for share in ("30%", "0%"):
+        run_prompt(engine, TPL3, VALS3, reuse="compose", recompute=share, gen=GEN)  # modules
+    log = DecodeLog(engine, monkeypatch)
+    rep = run_prompt(engine, TPL3, VALS3, reuse="compose", recompute="30%", gen=GEN)
+    sizes = module_sizes(rep)
+    assert len(sizes) == 3 and rep.build_ms == 0
+    # <c1> lies where its module was made; <c2> and <c3> move, once each, by their whole span
+    assert [d for _p0, _p1, d in log.shifts] == [sizes[0], sizes[0] + sizes[1]]
+    assert [p1 - p0 for p0, p1, _d in log.shifts] == [n - max(1, round(0.3 * n))
+                                                      for n in sizes[1:]]
+    assert log.decodes == [max(1, round(0.3 * n)) for n in sizes]  # one decode a run
+    assert rep.recompute.runs == 3
+    assert log.rotations == 1  # the whole row, generation included
+    # plain compose: the same moves, one re-rotation, no decode before the last segment
+    log = DecodeLog(engine, monkeypatch)
+    zero = run_prompt(engine, TPL3, VALS3, reuse="compose", recompute="0%", gen=GEN)
+    assert [d for _p0, _p1, d in log.shifts] == [sizes[0], sizes[0] + sizes[1]]
+    assert log.decodes == [] and log.rotations == 1 and zero.recompute.runs == 0
+    # everything recomputed: nothing moves, the modules are one evaluation in n_batch batches
+    log = DecodeLog(engine, monkeypatch)
+    full = run_prompt(engine, TPL3, VALS3, reuse="compose", recompute="100%", gen=GEN)
+    assert log.shifts == [] and log.rotations == 0 and full.recompute.runs == 1
+    assert log.decodes == [min(32, sum(sizes) - i) for i in range(0, sum(sizes), 32)]
+    assert full.verdict.equivalence == "bit-identical"
 
 
 # ---- the command line
