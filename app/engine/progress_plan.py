@@ -71,6 +71,7 @@ class PlanStep:
     done: list[DonePass] | None = None  # set when it finished
     wall_s: float = 0.0
     skipped: bool = False  # dropped before it ran (its row failed)
+    part: str = ""  # the kind of call (a reuse mode): its time outside the passes is its own
 
 
 @dataclass
@@ -98,7 +99,7 @@ class JobPlan:
         self._planned_units: dict[str, float] = {}  # in finished steps, per kind
         self._run_units: dict[str, float] = {}
         self._gen = _Sums()  # seconds, tokens
-        self._overheads: list[float] = []
+        self._overheads: list[tuple[str, float]] = []  # (part, seconds)
         self._first_start: float | None = None
         self._shown = 0.0  # the largest share said so far
         self._pass: tuple | None = None  # the running pass: kind, done, total, its time left
@@ -134,7 +135,7 @@ class JobPlan:
             self._gen.units += d.generate
             if d.kind in planned:  # a kind not foreseen here counts with the step's rest
                 inside += d.prefill_s + d.generate_s
-        self._overheads.append(max(step.wall_s - inside, 0.0))
+        self._overheads.append((step.part, max(step.wall_s - inside, 0.0)))
         self._next += 1
         self._started = None
 
@@ -180,16 +181,19 @@ class JobPlan:
         planned = self._planned_units.get(kind, 0.0)
         return self._run_units.get(kind, 0.0) / planned if planned > 0 else 1.0
 
-    def overhead(self) -> float:
-        if not self._overheads:
+    def overhead(self, part: str | None = None) -> float:
+        """A step's time outside its passes: the recent steps' of its ``part`` (a composed
+        call places modules and recomputes, a chain call stores nodes), else of any."""
+        got = [x for p, x in self._overheads if p == part] or [x for _p, x in self._overheads]
+        if not got:
             return 0.0
-        w = [self.memory ** age for age in range(len(self._overheads) - 1, -1, -1)]
-        return sum(x * y for x, y in zip(w, self._overheads)) / sum(w)
+        w = [self.memory ** age for age in range(len(got) - 1, -1, -1)]
+        return sum(x * y for x, y in zip(w, got)) / sum(w)
 
     # ---- the estimates
     def step_seconds(self, step: PlanStep) -> float | None:
         """What ``step`` should take at the rates learned so far (None: nothing to go on)."""
-        total = self.overhead()
+        total = self.overhead(step.part)
         gen = self.gen_rate()
         for p in step.passes:
             rate = self.prefill_rate(p.kind)
@@ -213,7 +217,7 @@ class JobPlan:
             return None if est is None else max(est - (now - self._started), 0.0)
         kind, done, total, left_s = self._pass
         at = PASS_ORDER.index(kind)
-        left = self.overhead() / 2  # the step's own work is partly still to come
+        left = self.overhead(step.part) / 2  # the step's own work is partly still to come
         for p in step.passes:
             est = self._pass_seconds(p)
             if est is None:
