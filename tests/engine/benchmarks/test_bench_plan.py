@@ -13,6 +13,7 @@ from app.engine.benchmarks import bench_rows as bench_module
 from app.engine.benchmarks.mode_pairs import bench_order
 from app.engine.progress_plan import DonePass, JobPlan, PlannedPass, PlanStep, work_units
 from app.engine.prompts.rows import Row
+from app.engine.runs.recompute_choice import default_recompute
 from app.engine.task_state import Progress, TaskState
 
 MODES = ("prefix", "chain", "compose")
@@ -150,8 +151,8 @@ def rows_with_repeats():
     return [Row(i + 1, {"a": a, "b": b, "q": q}) for i, (a, b, q) in enumerate(values)]
 
 
-@pytest.mark.parametrize("noise", [False, True])
-def test_the_plan_counts_every_pass_the_benchmark_runs(engine, monkeypatch, noise):
+def kept_plans(monkeypatch) -> list:
+    """The plans the benchmarks make from now on, kept."""
     plans = []
     real = bench_module.plan_bench
 
@@ -161,6 +162,40 @@ def test_the_plan_counts_every_pass_the_benchmark_runs(engine, monkeypatch, nois
         return plan, start
 
     monkeypatch.setattr(bench_module, "plan_bench", keep)
+    return plans
+
+
+def mismatches(plan) -> list:
+    """The steps whose planned passes (kind, positions) differ from those they ran."""
+    def key(passes):
+        return sorted((p.kind, p.start, p.end) for p in passes or [])
+    return [(st.label, key(st.passes), key(st.done)) for st in plan.steps
+            if key(st.passes) != key(st.done)]
+
+
+@pytest.mark.parametrize("recompute", [default_recompute(), 0])
+def test_the_plan_is_exactly_the_passes_each_call_runs(engine, monkeypatch, recompute):
+    """Prefix, chain and compose (at the default recompute share, and none), two repeats, a
+    row repeating an earlier one and rows sharing their start (chain reuses part of them):
+    each call runs exactly the passes planned for it, positions and all. A second benchmark
+    on the same engine finds every cold run kept from the first: it plans none, runs none."""
+    plans = kept_plans(monkeypatch)
+    for _job in range(2):
+        res = bench_module.bench_rows(engine, TPL, rows_with_repeats(), modes=MODES, repeat=2,
+                                      gen=GenerationConfig(max_tokens=2), recompute=recompute)
+        assert not res.cancelled
+        assert mismatches(plans[-1]) == []
+    first, second = (sorted(k for step in p.run_kinds() for k in step) for p in plans)
+    assert first.count("cold") >= 4 and first.count("module") >= 2
+    assert "cold" not in second and "oneshot" not in second and "prime" not in second
+    assert second.count("module") == first.count("module")  # the cache starts from the prefix
+    # the composed rows differ from their cold runs: their noise run is planned and made
+    assert first.count("oneshot") == 3
+
+
+@pytest.mark.parametrize("noise", [False, True])
+def test_the_plan_counts_every_pass_the_benchmark_runs(engine, monkeypatch, noise):
+    plans = kept_plans(monkeypatch)
     seen: list[Progress] = []
     res = bench_module.bench_rows(engine, TPL, rows_with_repeats(), modes=MODES, repeat=2,
                                   gen=GenerationConfig(max_tokens=2), noise=noise,
