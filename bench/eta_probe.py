@@ -95,7 +95,7 @@ def errors(lines: list[tuple[float, str]]) -> dict:
             out["marks"].append({"mark": mark, "estimate_s": None})
             continue
         t, est = before[-1]
-        real = t1 - at  # what was left at the mark; the line shown then said ``est``
+        real = t1 - t  # what was left when the line shown at the mark was written
         out["marks"].append({"mark": mark, "estimate_s": est, "real_s": real,
                              "error": (est - real) / real if real > 0 else None,
                              "shown_at_s": t - t0})
