@@ -84,12 +84,6 @@ class PlanStep:
     part: str = ""  # the kind of call (a reuse mode): its time outside the passes is its own
 
 
-@dataclass
-class _Sums:
-    seconds: float = 0.0
-    units: float = 0.0
-
-
 class JobPlan:
     """Steps run in order: ``begin(now)`` before each, ``end(now, passes)`` after, ``skip(i)``
     for a step that will not run. ``prefill_prior``: seconds per prefill unit before any pass is
