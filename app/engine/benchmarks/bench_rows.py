@@ -230,7 +230,9 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
             passes = []
             if s_i == 0:
                 passes += _prime(engine, template, state, task, prime_from)
-                if passes and plan.prefill_prior is None:  # a rate before the first call ends
+                # the prime's speed, until the first call ends: measured here and now, it
+                # beats the kernel measurement's (taken at another time, under another load)
+                if passes:
                     plan.prefill_prior = passes[0].prefill_s / plan.units(passes[0])
             if step.row not in before:
                 before[step.row] = engine.cache.generation + 1

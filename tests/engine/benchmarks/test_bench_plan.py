@@ -226,6 +226,9 @@ def test_the_plan_is_exactly_the_passes_each_call_runs(engine, monkeypatch, reco
                                       gen=GenerationConfig(max_tokens=2), recompute=recompute)
         assert not res.cancelled
         assert mismatches(plans[-1]) == []
+    # until the first call ends, the passes are timed at the prime's speed
+    prime = next(d for d in plans[0].steps[0].done if d.kind == "prime")
+    assert plans[0].prefill_prior == pytest.approx(prime.prefill_s / plans[0].units(prime))
     first, second = (sorted(k for step in p.run_kinds() for k in step) for p in plans)
     assert first.count("cold") >= 4 and first.count("module") >= 2
     assert "cold" not in second and "oneshot" not in second and "prime" not in second
