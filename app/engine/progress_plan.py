@@ -9,16 +9,24 @@ composed row pays its modules and its noise run). So the job says up front what 
 evaluates and the tokens it generates. As steps finish, each reports the passes it really ran
 with their measured times (``DonePass``), and the plan learns:
 
-- seconds per unit of prefill work, per kind of pass (a token costs 1 unit plus ``k`` per
-  position it attends to: attention grows with the context), else pooled over kinds, else the
-  prior the job gave (its prime, or the kernel measurement);
-- seconds per generated token;
-- per kind, how much of the planned work really ran (a cold run kept from an earlier job is
-  planned but not run; a chain row may reuse more than foreseen);
-- the step's time outside its passes (tokenizing, forking cells, the verdict), per step.
+- the machine's speed now, and each kind's cost against it. A pass's seconds per unit of
+  prefill work (a token costs 1 unit plus ``k`` per position it attends to: attention grows
+  with the context) is the machine's level times the kind's ratio. The ratios come from every
+  step so far, each kind compared with the others in the same step (so a load that drifts
+  does not bias them); the level is the median of the last ``LEVEL_STEPS`` steps' speeds at
+  those ratios, so it follows the machine as its load drifts, and one slow step (the first,
+  which opens contexts and pages the weights in, or a busy spell's) is outvoted. Speeds
+  remembered per kind with a slow decay counted a slow start long after it ended (a job
+  whose first minute ran at 0.55x was told a quarter too much at 25%), and a kind measured
+  once in three steps (the noise run) kept a stale speed. Before any step, the prior the job
+  gave (its prime, or the kernel measurement);
+- seconds per generated token, the same way (the median of the last steps');
+- per kind, how much of the planned work really ran (the plan foresees every pass, so it
+  stays near 1; it absorbs what a plan cannot know, a kept run dropped for room, say);
+- the step's time outside its passes (tokenizing, forking cells, the verdict), per part
+  (reuse mode), recent steps weighing more.
 
-Recent steps weigh more (``MEMORY``), so the speeds follow a machine whose load drifts. The
-time left is the steps not begun at those rates, plus what the running step has left: its
+The time left is the steps not begun at those rates, plus what the running step has left: its
 passes after the one running in full, the running one from its own batches (task_state.py's
 fit).
 The plan has no clock of its own: the caller (task_state.py) passes ``now``.
@@ -27,9 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# each finished step weighs this much less than the next in the speeds learned: a machine whose
-# load drifts is timed by its recent speed, and one busy spell fades (a half-life of ~7 steps)
+# each finished step's time outside its passes weighs this much less than the next's
 MEMORY = 0.9
+# the machine's level (and the generation speed) is the median of this many last steps': it
+# follows a drift within a few steps, and one odd step does not move it
+LEVEL_STEPS = 5
 
 # the order of a step's passes (a benchmark's call): a pass reported means those before it ended
 PASS_ORDER = ("prime", "module", "warm", "cold", "oneshot")
@@ -71,12 +81,7 @@ class PlanStep:
     done: list[DonePass] | None = None  # set when it finished
     wall_s: float = 0.0
     skipped: bool = False  # dropped before it ran (its row failed)
-
-
-@dataclass
-class _Sums:
-    seconds: float = 0.0
-    units: float = 0.0
+    part: str = ""  # the kind of call (a reuse mode): its time outside the passes is its own
 
 
 class JobPlan:
@@ -94,11 +99,13 @@ class JobPlan:
         self.gen_prior = gen_prior
         self._next = 0  # the step that runs next (or is running)
         self._started: float | None = None  # when the running step began
-        self._prefill: dict[str, _Sums] = {}  # measured, per kind
+        self._measured: list[list[tuple[str, float, float]]] = []  # per step: kind, units, s
+        self._gen_rates: list[float] = []  # per step that generated: seconds per token
+        self._ratio: dict[str, float] = {}  # each kind's cost against the level
+        self._level: float | None = None  # seconds per unit at ratio 1, now
         self._planned_units: dict[str, float] = {}  # in finished steps, per kind
         self._run_units: dict[str, float] = {}
-        self._gen = _Sums()  # seconds, tokens
-        self._overheads: list[float] = []
+        self._overheads: list[tuple[str, float]] = []  # (part, seconds)
         self._first_start: float | None = None
         self._shown = 0.0  # the largest share said so far
         self._pass: tuple | None = None  # the running pass: kind, done, total, its time left
@@ -123,18 +130,21 @@ class JobPlan:
                                            + self._units(p.start, p.end))
         inside = 0.0
         planned = {p.kind for p in step.passes}
-        for s in [*self._prefill.values(), self._gen]:  # older steps weigh less
-            s.seconds, s.units = s.seconds * self.memory, s.units * self.memory
+        measured, gen_s, gen_n = [], 0.0, 0
         for d in passes:
             u = self._units(d.start, d.end)
-            s = self._prefill.setdefault(d.kind, _Sums())
-            s.seconds, s.units = s.seconds + d.prefill_s, s.units + u
             self._run_units[d.kind] = self._run_units.get(d.kind, 0.0) + u
-            self._gen.seconds += d.generate_s
-            self._gen.units += d.generate
+            if u > 0 and d.prefill_s > 0:
+                measured.append((d.kind, u, d.prefill_s))
+            gen_s, gen_n = gen_s + d.generate_s, gen_n + d.generate
             if d.kind in planned:  # a kind not foreseen here counts with the step's rest
                 inside += d.prefill_s + d.generate_s
-        self._overheads.append(max(step.wall_s - inside, 0.0))
+        if measured:
+            self._measured.append(measured)
+            self._fit()
+        if gen_n > 0:
+            self._gen_rates.append(gen_s / gen_n)
+        self._overheads.append((step.part, max(step.wall_s - inside, 0.0)))
         self._next += 1
         self._started = None
 
@@ -157,19 +167,39 @@ class JobPlan:
         """A pass's prefill work (at least one unit)."""
         return max(self._units(p.start, p.end), 1.0)
 
+    def _fit(self, rounds: int = 4) -> None:
+        """The kinds' ratios and the level from the steps measured (see the module docstring):
+        a few rounds of each kind's seconds against its units at its steps' own speeds."""
+        ratio: dict[str, float] = dict(self._ratio)
+        speeds: list[float] = []
+        for _ in range(rounds):
+            speeds = [sum(x for _k, _u, x in m) / sum(u * ratio.get(k, 1.0) for k, u, _x in m)
+                      for m in self._measured]
+            seconds: dict[str, float] = {}
+            expected: dict[str, float] = {}
+            for m, v in zip(self._measured, speeds):
+                for k, u, x in m:
+                    seconds[k] = seconds.get(k, 0.0) + x
+                    expected[k] = expected.get(k, 0.0) + u * v
+            ratio = {k: seconds[k] / expected[k] for k in seconds if expected[k] > 0}
+            # the kind with the most work is the yardstick: ratios stay near 1
+            ref = ratio.get(max(expected, key=expected.get), 1.0)
+            ratio = {k: r / ref for k, r in ratio.items()}
+        self._ratio = ratio
+        speeds = [sum(x for _k, _u, x in m) / sum(u * ratio.get(k, 1.0) for k, u, _x in m)
+                  for m in self._measured]
+        self._level = _median(speeds[-LEVEL_STEPS:])
+
     def prefill_rate(self, kind: str) -> float | None:
-        """Seconds per prefill unit of ``kind``: its own passes, else all kinds', else the prior."""
-        own = self._prefill.get(kind)
-        if own is not None and own.units > 0:
-            return own.seconds / own.units
-        units = sum(s.units for s in self._prefill.values())
-        if units > 0:
-            return sum(s.seconds for s in self._prefill.values()) / units
-        return self.prefill_prior
+        """Seconds per prefill unit of ``kind``: the machine's level now times the kind's
+        ratio (1 for a kind not measured yet), else the prior."""
+        if self._level is None:
+            return self.prefill_prior
+        return self._level * self._ratio.get(kind, 1.0)
 
     def gen_rate(self) -> float | None:
-        if self._gen.units > 0:
-            return self._gen.seconds / self._gen.units
+        if self._gen_rates:
+            return _median(self._gen_rates[-LEVEL_STEPS:])
         if self.gen_prior is not None:
             return self.gen_prior
         p = self.prefill_rate("warm")
@@ -180,16 +210,19 @@ class JobPlan:
         planned = self._planned_units.get(kind, 0.0)
         return self._run_units.get(kind, 0.0) / planned if planned > 0 else 1.0
 
-    def overhead(self) -> float:
-        if not self._overheads:
+    def overhead(self, part: str | None = None) -> float:
+        """A step's time outside its passes: the recent steps' of its ``part`` (a composed
+        call places modules and recomputes, a chain call stores nodes), else of any."""
+        got = [x for p, x in self._overheads if p == part] or [x for _p, x in self._overheads]
+        if not got:
             return 0.0
-        w = [self.memory ** age for age in range(len(self._overheads) - 1, -1, -1)]
-        return sum(x * y for x, y in zip(w, self._overheads)) / sum(w)
+        w = [self.memory ** age for age in range(len(got) - 1, -1, -1)]
+        return sum(x * y for x, y in zip(w, got)) / sum(w)
 
     # ---- the estimates
     def step_seconds(self, step: PlanStep) -> float | None:
         """What ``step`` should take at the rates learned so far (None: nothing to go on)."""
-        total = self.overhead()
+        total = self.overhead(step.part)
         gen = self.gen_rate()
         for p in step.passes:
             rate = self.prefill_rate(p.kind)
@@ -213,7 +246,7 @@ class JobPlan:
             return None if est is None else max(est - (now - self._started), 0.0)
         kind, done, total, left_s = self._pass
         at = PASS_ORDER.index(kind)
-        left = self.overhead() / 2  # the step's own work is partly still to come
+        left = self.overhead(step.part) / 2  # the step's own work is partly still to come
         for p in step.passes:
             est = self._pass_seconds(p)
             if est is None:
@@ -266,6 +299,12 @@ class JobPlan:
     def run_kinds(self) -> list[list[str] | None]:
         """Per step, the kinds of the passes it ran (None: it did not run)."""
         return [None if s.done is None else sorted(d.kind for d in s.done) for s in self.steps]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 @dataclass

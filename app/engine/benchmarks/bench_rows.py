@@ -218,7 +218,7 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
     result = BenchResult(model=engine.info.as_dict(), repeat=repeat, modes=modes,
                          recompute=recompute)
     order = bench_order(len(rows), modes, repeat)
-    plan, prime_from = plan_bench(engine, template, rows, order, max_tokens=gen.max_tokens,
+    plan, prime_from = plan_bench(engine, template, rows, order, gen=gen, recompute=recompute,
                                   state=state, noise=noise)
     task.begin_job("bench", len(order), plan=plan)  # "row 7 of 10 · chain", time left
     runs: dict[tuple[int, str], _RowRuns] = {}
@@ -234,7 +234,9 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
             passes = []
             if s_i == 0:
                 passes += _prime(engine, template, state, task, prime_from)
-                if passes and plan.prefill_prior is None:  # a rate before the first call ends
+                # the prime's speed, until the first call ends: measured here and now, it
+                # beats the kernel measurement's (taken at another time, under another load)
+                if passes:
                     plan.prefill_prior = passes[0].prefill_s / plan.units(passes[0])
             if step.row not in before:
                 before[step.row] = engine.cache.generation + 1
@@ -242,6 +244,7 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
             rows_colds = colds.setdefault(step.row, {})
             if got.error is None:
                 keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
+                generation = engine.cache.generation
                 meter = load_meter()
                 with meter:
                     got.run(engine, template, row, step.mode, state, recompute, gen, task,
@@ -250,7 +253,7 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                 got.loads.append(meter.result())
                 if len(got.reports) > ran:
                     passes += done_passes(engine, got.reports[-1], keys, rows_colds, made,
-                                          plan.steps[s_i].passes)
+                                          generation)
             task.end_item(passes)
             if s_i + 1 == len(order) or order[s_i + 1].row != step.row:
                 _add_row(result, step.row, row, modes, runs, rows_colds, state)

@@ -130,6 +130,10 @@ class KeptColdRuns:
     def __len__(self) -> int:
         return len(self._runs)
 
+    def __contains__(self, key: ColdKey) -> bool:
+        """Kept (a plan asks, without counting a hit or refreshing it)."""
+        return key in self._runs
+
     def get(self, key: ColdKey) -> PathResult | None:
         run = self._runs.get(key)
         if run is not None:
