@@ -4,8 +4,8 @@ Everything the CLI and the window do goes through ``Engine``. It keeps, for ever
 the exact token ids resident in the KV cache; the radix cache (``engine.cache``) keeps what was
 primed or run, runs evaluate in a slot (``engine.slot``: the work context, or a sequence the
 cache lends on sliding-window models), and the cold reference
-(``engine.cold``) evaluates prompts from scratch in a context of its own, in the batches of the
-warm run's history, for the verdict to compare with.
+(``engine.cold``) evaluates prompts from scratch in the work context, emptied first, in the
+batches of the warm run's history, for the verdict to compare with.
 """
 from __future__ import annotations
 
@@ -79,8 +79,8 @@ class Engine:
             raise
 
     def _open_contexts(self) -> None:
-        """The KV context, the work context, the cold reference and an empty radix cache, all
-        with the kernel of the current choice."""
+        """The KV context, the work context (where cold runs evaluate too), the cold
+        reference and an empty radix cache, all with the kernel of the current choice."""
         config = self.config
         self.batching = BatchPolicy(config.n_batch)  # where every evaluation's batches start
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
@@ -95,10 +95,10 @@ class Engine:
         self.seq_tokens = SequenceTokens(config.n_seq_max)
         self.seqs = SequenceOps(self.ctx, self.seq_tokens, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self.kv_listeners.changed
-        self.cold = ColdReference(self)
-        # the run's sequence, staging
+        # the run's sequence, staging; cold runs evaluate there too, after the warm run
         self.work = WorkContext(self.model, self.context_params(2), self.family,
                                 lambda: self.grouping_exact)
+        self.cold = ColdReference(self, self.work)
         self.cache = RadixCache(EngineAccess(
             self.ctx, self.seqs, self.seq_tokens, self.model,
             self.info.kv_bytes_per_token, self.batching, config.n_seq_max, self.n_swa > 0,

@@ -1,7 +1,8 @@
 """What an engine will allocate, added up before any of it is spent.
 
-An engine holds the model's weights, three contexts (the cache's, with ``n_seq_max`` sequences;
-the work context and the cold reference's, two each) and the RAM tier of the radix cache. Each
+An engine holds the model's weights, two contexts (the cache's, with ``n_seq_max`` sequences;
+the work context, with two, where warm and cold runs both evaluate) and the RAM tier of the
+radix cache. Each
 context holds K and V for every cell (the KV types' row bytes × the cells llama.cpp rounds the
 context to), a recurrent state per sequence on hybrid and recurrent models, an output buffer of
 logits and a compute buffer for the biggest batch. All but the compute buffer follow from the
@@ -43,7 +44,7 @@ def padded_cells(n_ctx: int) -> int:
 @dataclass(frozen=True)
 class ContextMemory:
     """One context's allocations, in bytes."""
-    name: str  # "cache", "work", "cold reference"
+    name: str  # "cache", "work"
     cells: int  # KV cells (the context size as llama.cpp rounds it)
     sequences: int
     kv: int  # K and V of the attention layers over every cell
@@ -262,8 +263,7 @@ def context_sets(config, flash_attn: bool | None) -> list[tuple[str, object]]:
     """The contexts an engine with ``config`` (an EngineConfig) opens, by name, with their
     ContextParams."""
     return [("cache", config.context_params(config.n_seq_max, flash_attn)),
-            ("work", config.context_params(2, flash_attn)),
-            ("cold reference", config.context_params(2, flash_attn))]
+            ("work", config.context_params(2, flash_attn))]  # cold runs evaluate there too
 
 
 def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: int = 0,
@@ -277,7 +277,7 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
     sets = context_sets(config, flash_attn)
     for _name, p in sets:  # settings llama.cpp cannot take are refused as such, not as memory
         check_context_params(p)
-    distinct = list(dict.fromkeys(p for _n, p in sets))  # the work and cold ones are alike
+    distinct = list(dict.fromkeys(p for _n, p in sets))  # one plan per distinct context
     planned = planned_compute(model, distinct, use_extra_bufts, config.n_gpu_layers)
     contexts = []
     for name, p in sets:

@@ -41,6 +41,17 @@ _new_bytes.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
 
 
 
+def new_bytes(n: int) -> tuple[bytes, memoryview]:
+    """A new bytes object of ``n`` bytes, not initialised, and a writable view of its buffer,
+    for a reader to fill before anyone else sees the object (then drop the view): a file read
+    straight into the bytes that are kept, with no second copy."""
+    if n <= 0:
+        return b"", memoryview(bytearray())
+    data = _new_bytes(None, n)
+    addr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    return data, memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+
+
 def _bytes_ptr(data: bytes):
     """A uint8 pointer to a bytes object's own buffer (no copy); ``data`` must outlive the call."""
     return ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
