@@ -30,6 +30,14 @@ def _status() -> dict[str, int]:
     return out
 
 
+def _reset_peak() -> None:
+    """Start VmHWM again from the current RSS (Linux: 5 to /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def breakdown(model: str, target: int, n_batch: int = 256, n_threads: int = 0,
               max_tokens: int = 8) -> dict:
     from .scale import (CTX_MARGIN, ScaleConfig, build_template, model_path, question,
@@ -45,6 +53,8 @@ def breakdown(model: str, target: int, n_batch: int = 256, n_threads: int = 0,
         vocab.close()
     n_ctx = min(-(-(prefix_est + CTX_MARGIN) // 256) * 256, max(n_train, 256))
     steps.append(("tokenizer", _status()))
+    _reset_peak()  # the tokenizer's model copy is gone: the engine's peak from here
+    steps.append(("peak reset", _status()))
 
     import os
 

@@ -308,8 +308,10 @@ class Engine:
 
     # ---- states
     def sequence_state(self, seq: int = 0, template: Template | None = None,
-                       text: str = "") -> PrefixState:
-        """The state of one sequence (its KV cells only: no logits, no other sequences)."""
+                       text: str = "", cells: bytes | None = None) -> PrefixState:
+        """The state of one sequence (its KV cells only: no logits, no other sequences).
+        ``cells``: those cells already copied out in position order (the cache's kept copy
+        of a node), taken as they are rather than copied again."""
         self.seqs.check(seq)
         if not self.seq_tokens.count(seq):
             raise KvPrimerError(f"sequence {seq} is empty; prime it first")
@@ -317,7 +319,8 @@ class Engine:
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
                                 f"state cannot describe; trim it to {self.seq_tokens.count(seq)} tokens first")
         return PrefixState(
-            tokens=tuple(self.seq_tokens[seq]), data=in_position_order(self.ctx.state_get(seq)),
+            tokens=tuple(self.seq_tokens[seq]),
+            data=cells if cells is not None else in_position_order(self.ctx.state_get(seq)),
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
             type_k=self.info.type_k, type_v=self.info.type_v, seq_state_version=SEQ_STATE_VERSION,
             template_sha256=template.sha256 if template else "", text=text)
@@ -394,6 +397,10 @@ class Engine:
         """Prime the template's static prefix into the radix cache and return its state (to
         save to a file)."""
         node = self.prime_node(template, task)
-        # a stateful model's node sequence holds its recurrent state too (cache_tiers.py)
-        return self.sequence_state(node.seq, template, template.static_prefix)
+        # a stateful model's node sequence holds its recurrent state too (cache_tiers.py);
+        # the copy the cache keeps of an attention model's node is those very cells: the
+        # state shares its bytes instead of holding a third copy of the prefix
+        cells = self.cache.tiers.whole_copy(node) if node.depth == self.seq_tokens.count(
+            node.seq) else None
+        return self.sequence_state(node.seq, template, template.static_prefix, cells)
 

@@ -127,6 +127,7 @@ def memory_available() -> tuple[int, str]:
 _BUFFER_LINE = re.compile(r"(compute|output) buffer size =\s*([0-9.]+) MiB")
 _planned: dict[str, tuple[int, ...]] = {}  # plan key -> bytes per context (and on disk)
 _KEPT_PLANS = 64  # plans kept on disk, the newest
+_PLAN_FORMAT = "outputs-per-sequence"  # how NativeContext sizes a context (a change: plan again)
 
 
 def _plans_path() -> Path:
@@ -140,7 +141,7 @@ def _plan_key(model, param_sets, use_extra_bufts: bool, n_gpu_layers: int) -> st
 
     st = Path(model.path).stat()
     lib = library_dir()  # another build of the same version plans other buffers
-    text = "|".join([L.__version__, str(lib), str(lib.stat().st_mtime_ns),
+    text = "|".join([_PLAN_FORMAT, L.__version__, str(lib), str(lib.stat().st_mtime_ns),
                      str(Path(model.path).resolve()), str(st.st_size),
                      str(st.st_mtime_ns), str(use_extra_bufts), str(n_gpu_layers),
                      *map(repr, param_sets)])
