@@ -10,6 +10,7 @@ batches of the warm run's history, for the verdict to compare with.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -83,6 +84,7 @@ class Engine:
         reference and an empty radix cache, all with the kernel of the current choice."""
         config = self.config
         self.batching = BatchPolicy(config.n_batch)  # where every evaluation's batches start
+        self._checked = None  # the last state check_state passed (weakly), for these contexts
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
         self.memory = self._memory_budget()  # refused here, before a context takes any of it
         self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
@@ -326,6 +328,17 @@ class Engine:
             template_sha256=template.sha256 if template else "", text=text)
 
     def check_state(self, state: PrefixState) -> None:
+        """Raise StateFileError unless ``state`` fits this model and context. A state is
+        checked once per engine set-up: loading a file, adopting it and each run from it all
+        ask, and the layout walk costs tens of ms on an 8k-token state."""
+        if self._checked is not None and self._checked[0]() is state \
+                and self._checked[1] == self._flash_attn:
+            return
+        self._check_state(state)
+        # frozen: what was checked stays what it is
+        self._checked = (weakref.ref(state), self._flash_attn)
+
+    def _check_state(self, state: PrefixState) -> None:
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         # a state of another family (attention only, hybrid, recurrent) is refused by its layout

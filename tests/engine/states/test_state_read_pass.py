@@ -51,3 +51,26 @@ def test_new_bytes_are_filled_through_their_view():
     assert data == b"hello" and type(data) is bytes
     empty, v0 = new_bytes(0)
     assert empty == b"" and len(v0) == 0
+
+
+def test_a_state_is_checked_once_per_engine_set_up(engine, monkeypatch):
+    """Loading a file, adopting it and running from it each ask for the check: the layout walk
+    runs once for one state object, again for another or after the kernel changed."""
+    from app.engine import Template, run_prompt
+    from app.engine.runs.generation import GenerationConfig
+
+    tpl = Template.parse("hello world of the answer and question. " * 4 + "<q>")
+    state = engine.prime(tpl)
+    walks = []
+    real = type(engine)._check_state
+    monkeypatch.setattr(type(engine), "_check_state",
+                        lambda self, s: (walks.append(s), real(self, s))[1])
+    engine.check_state(state)
+    engine.adopt(state)
+    rep = run_prompt(engine, tpl, {"q": "why?"}, reuse="prefix", state=state,
+                     gen=GenerationConfig(max_tokens=2))
+    assert rep.verdict.exact and len(walks) == 1
+    from dataclasses import replace
+
+    engine.check_state(replace(state))  # an equal state, another object: checked
+    assert len(walks) == 2
