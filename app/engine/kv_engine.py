@@ -4,12 +4,13 @@ Everything the CLI and the window do goes through ``Engine``. It keeps, for ever
 the exact token ids resident in the KV cache; the radix cache (``engine.cache``) keeps what was
 primed or run, runs evaluate in a slot (``engine.slot``: the work context, or a sequence the
 cache lends on sliding-window models), and the cold reference
-(``engine.cold``) evaluates prompts from scratch in a context of its own, in the batches of the
-warm run's history, for the verdict to compare with.
+(``engine.cold``) evaluates prompts from scratch in the work context, emptied first, in the
+batches of the warm run's history, for the verdict to compare with.
 """
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -81,10 +82,11 @@ class Engine:
             raise
 
     def _open_contexts(self) -> None:
-        """The KV context, the work context, the cold reference and an empty radix cache, all
-        with the kernel of the current choice."""
+        """The KV context, the work context (where cold runs evaluate too), the cold
+        reference and an empty radix cache, all with the kernel of the current choice."""
         config = self.config
         self.batching = BatchPolicy(config.n_batch)  # where every evaluation's batches start
+        self._checked = None  # the last state check_state passed (weakly), for these contexts
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
         self.memory = self._memory_budget()  # refused here, before a context takes any of it
         self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
@@ -97,10 +99,11 @@ class Engine:
         self.seq_tokens = SequenceTokens(config.n_seq_max)
         self.seqs = SequenceOps(self.ctx, self.seq_tokens, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self.kv_listeners.changed
-        self.cold = ColdReference(self)
-        # the run's sequence, staging, and composed modules' cells held for their turn
+        # the run's sequence, staging, and composed modules' cells held for their turn; cold
+        # runs evaluate there too, after the warm run
         self.work = WorkContext(self.model, self.context_params(work_sequences(self.stateful)),
                                 self.family, lambda: self.grouping_exact)
+        self.cold = ColdReference(self, self.work)
         self.cache = RadixCache(EngineAccess(
             self.ctx, self.seqs, self.seq_tokens, self.model,
             self.info.kv_bytes_per_token, self.batching, config.n_seq_max, self.n_swa > 0,
@@ -310,8 +313,10 @@ class Engine:
 
     # ---- states
     def sequence_state(self, seq: int = 0, template: Template | None = None,
-                       text: str = "") -> PrefixState:
-        """The state of one sequence (its KV cells only: no logits, no other sequences)."""
+                       text: str = "", cells: bytes | None = None) -> PrefixState:
+        """The state of one sequence (its KV cells only: no logits, no other sequences).
+        ``cells``: those cells already copied out in position order (the cache's kept copy
+        of a node), taken as they are rather than copied again."""
         self.seqs.check(seq)
         if not self.seq_tokens.count(seq):
             raise KvPrimerError(f"sequence {seq} is empty; prime it first")
@@ -319,12 +324,24 @@ class Engine:
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
                                 f"state cannot describe; trim it to {self.seq_tokens.count(seq)} tokens first")
         return PrefixState(
-            tokens=tuple(self.seq_tokens[seq]), data=in_position_order(self.ctx.state_get(seq)),
+            tokens=tuple(self.seq_tokens[seq]),
+            data=cells if cells is not None else in_position_order(self.ctx.state_get(seq)),
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
             type_k=self.info.type_k, type_v=self.info.type_v, seq_state_version=SEQ_STATE_VERSION,
             template_sha256=template.sha256 if template else "", text=text)
 
     def check_state(self, state: PrefixState) -> None:
+        """Raise StateFileError unless ``state`` fits this model and context. A state is
+        checked once per engine set-up: loading a file, adopting it and each run from it all
+        ask, and the layout walk costs tens of ms on an 8k-token state."""
+        if self._checked is not None and self._checked[0]() is state \
+                and self._checked[1] == self._flash_attn:
+            return
+        self._check_state(state)
+        # frozen: what was checked stays what it is
+        self._checked = (weakref.ref(state), self._flash_attn)
+
+    def _check_state(self, state: PrefixState) -> None:
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         # a state of another family (attention only, hybrid, recurrent) is refused by its layout
@@ -402,6 +419,10 @@ class Engine:
         """Prime the template's static prefix into the radix cache and return its state (to
         save to a file)."""
         node = self.prime_node(template, task)
-        # a stateful model's node sequence holds its recurrent state too (cache_tiers.py)
-        return self.sequence_state(node.seq, template, template.static_prefix)
+        # a stateful model's node sequence holds its recurrent state too (cache_tiers.py);
+        # the copy the cache keeps of an attention model's node is those very cells: the
+        # state shares its bytes instead of holding a third copy of the prefix
+        cells = self.cache.tiers.whole_copy(node) if node.depth == self.seq_tokens.count(
+            node.seq) else None
+        return self.sequence_state(node.seq, template, template.static_prefix, cells)
 

@@ -233,6 +233,15 @@ class CacheTiers(RecurrentSnapshots):
         self._copies[node.id] = _WorkCopy(p0, p1, data, time.monotonic())
         self.enforce()
 
+    def whole_copy(self, node: RadixNode, start: int = 0) -> bytes | None:
+        """The kept copy of the node's cells from ``start`` to its end, if that is what is
+        kept (attention-only models: the copy then holds the same cells, in position order,
+        as a state of the node's sequence, whose recorded sequence id llama.cpp ignores)."""
+        c = self._copies.get(node.id)
+        if c is None or (c.p0, c.p1) != (start, node.depth) or self.parts.family != "attention":
+            return None
+        return c.data
+
     def forget_copy(self, node: RadixNode) -> None:
         self._copies.pop(node.id, None)
 
@@ -324,10 +333,16 @@ class CacheTiers(RecurrentSnapshots):
 
     # ---- moves down
     def spill(self, node: RadixNode) -> None:
-        """Resident → RAM: keep the node's own cells, free its sequence."""
+        """Resident → RAM: keep the node's own cells, free its sequence. A kept copy of
+        exactly those cells becomes the snapshot (RAM then holds them once, not twice: a
+        snapshot of all of a node's cells serves ``copy_of`` too)."""
         anchor = self.holding_ancestor(node)
         start = anchor.depth if anchor is not None else 0
-        data = self.parts.seqs.cells_of(node.seq, start, node.depth, self.sequences.scratch)
+        data = self.whole_copy(node, start)
+        if data is not None:
+            self.forget_copy(node)
+        else:
+            data = self.parts.seqs.cells_of(node.seq, start, node.depth, self.sequences.scratch)
         self.sequences.release(node.seq)
         node.seq = None
         node.ram, node.ram_start, node.nbytes = data, start, len(data) + node.rs_bytes

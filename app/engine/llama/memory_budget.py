@@ -1,14 +1,15 @@
 """What an engine will allocate, added up before any of it is spent.
 
-An engine holds the model's weights, three contexts (the cache's, with ``n_seq_max`` sequences;
-the work context's, three on attention-only models and two otherwise; the cold reference's, two)
-and the RAM tier of the radix cache. Each context holds K and V for every cell (the KV types'
-row bytes × the cells llama.cpp rounds the context to), a recurrent state per sequence on
-hybrid and recurrent models, an output buffer of logits and a compute buffer for the biggest
-batch. All but the compute buffer follow from the model's shape; the compute buffer is
-llama.cpp's own figure: it creates each context on a copy of the model loaded with ``no_alloc``
-(metadata only: it plans every buffer and allocates none) and logs the sizes it would allocate.
-Checked against what llama.cpp allocates for real in tests/engine/llama/test_memory_budget.py.
+An engine holds the model's weights, two contexts (the cache's, with ``n_seq_max`` sequences;
+the work context, where warm and cold runs both evaluate, with three on attention-only models
+and two otherwise) and the RAM tier of the radix cache. Each context holds K and V for every
+cell (the KV types' row bytes × the cells llama.cpp rounds the context to), a recurrent state
+per sequence on hybrid and recurrent models, an output buffer of logits and a compute buffer
+for the biggest batch. All but the compute buffer follow from the model's shape; the compute
+buffer is llama.cpp's own figure: it creates each context on a copy of the model loaded with
+``no_alloc`` (metadata only: it plans every buffer and allocates none) and logs the sizes it
+would allocate. Checked against what llama.cpp allocates for real in
+tests/engine/llama/test_memory_budget.py.
 
 ``check_budget`` refuses, in one line, a set-up whose sum exceeds the memory available
 (MemAvailable on Linux), naming the context size or KV types that fit, instead of letting the
@@ -43,7 +44,7 @@ def padded_cells(n_ctx: int) -> int:
 @dataclass(frozen=True)
 class ContextMemory:
     """One context's allocations, in bytes."""
-    name: str  # "cache", "work", "cold reference"
+    name: str  # "cache", "work"
     cells: int  # KV cells (the context size as llama.cpp rounds it)
     sequences: int
     kv: int  # K and V of the attention layers over every cell
@@ -126,6 +127,7 @@ def memory_available() -> tuple[int, str]:
 _BUFFER_LINE = re.compile(r"(compute|output) buffer size =\s*([0-9.]+) MiB")
 _planned: dict[str, tuple[int, ...]] = {}  # plan key -> bytes per context (and on disk)
 _KEPT_PLANS = 64  # plans kept on disk, the newest
+_PLAN_FORMAT = "outputs-per-sequence"  # how NativeContext sizes a context (a change: plan again)
 
 
 def _plans_path() -> Path:
@@ -139,7 +141,7 @@ def _plan_key(model, param_sets, use_extra_bufts: bool, n_gpu_layers: int) -> st
 
     st = Path(model.path).stat()
     lib = library_dir()  # another build of the same version plans other buffers
-    text = "|".join([L.__version__, str(lib), str(lib.stat().st_mtime_ns),
+    text = "|".join([_PLAN_FORMAT, L.__version__, str(lib), str(lib.stat().st_mtime_ns),
                      str(Path(model.path).resolve()), str(st.st_size),
                      str(st.st_mtime_ns), str(use_extra_bufts), str(n_gpu_layers),
                      *map(repr, param_sets)])
@@ -270,8 +272,7 @@ def context_sets(config, flash_attn: bool | None,
     """The contexts an engine with ``config`` (an EngineConfig) opens, by name, with their
     ContextParams."""
     return [("cache", config.context_params(config.n_seq_max, flash_attn)),
-            ("work", config.context_params(work_sequences(stateful), flash_attn)),
-            ("cold reference", config.context_params(2, flash_attn))]
+            ("work", config.context_params(work_sequences(stateful), flash_attn))]  # cold too
 
 
 def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: int = 0,
@@ -285,7 +286,7 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
     sets = context_sets(config, flash_attn, stateful=recurrent_state_bytes > 0)
     for _name, p in sets:  # settings llama.cpp cannot take are refused as such, not as memory
         check_context_params(p)
-    distinct = list(dict.fromkeys(p for _n, p in sets))  # the work and cold ones may be alike
+    distinct = list(dict.fromkeys(p for _n, p in sets))  # one plan per distinct context
     planned = planned_compute(model, distinct, use_extra_bufts, config.n_gpu_layers)
     contexts = []
     for name, p in sets:

@@ -41,6 +41,17 @@ _new_bytes.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
 
 
 
+def new_bytes(n: int) -> tuple[bytes, memoryview]:
+    """A new bytes object of ``n`` bytes, not initialised, and a writable view of its buffer,
+    for a reader to fill before anyone else sees the object (then drop the view): a file read
+    straight into the bytes that are kept, with no second copy."""
+    if n <= 0:
+        return b"", memoryview(bytearray())
+    data = _new_bytes(None, n)
+    addr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    return data, memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+
+
 def _bytes_ptr(data: bytes):
     """A uint8 pointer to a bytes object's own buffer (no copy); ``data`` must outlive the call."""
     return ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
@@ -113,9 +124,12 @@ class NativeContext:
         p.n_batch = n_batch
         p.n_ubatch = min(params.n_ubatch, n_batch) if params.n_ubatch else n_batch
         p.n_seq_max = params.n_seq_max
-        # llama.cpp reserves its graph for one output per sequence: with more sequences than
-        # batch tokens the default (n_batch outputs) fails an assertion and aborts
-        p.n_outputs_max = max(n_batch, params.n_seq_max)
+        # the outputs a decode may ask for: one per sequence (every batch asks for its last
+        # token's logits only; a decode of several sequences for each one's last). llama.cpp
+        # sizes its compute buffer for that many rows of logits, so n_batch (its default)
+        # would hold n_batch × the vocabulary in floats for nothing (on a 1B model with a
+        # 128k vocabulary: 130 MB per context at n_batch 256); it needs at least n_seq_max
+        p.n_outputs_max = max(1, params.n_seq_max)
         p.n_threads = min(params.n_threads_gen, threads) if params.n_threads_gen > 0 else threads
         p.n_threads_batch = threads
         # auto: each batch gets the cores other programs leave, up to ``threads`` (thread_fit.py)

@@ -1,9 +1,15 @@
-"""Cold runs in a context of their own: what a user without any cache would get.
+"""Cold runs from scratch: what a user without any cache would get.
 
 The engine's main context holds the radix cache (many sequences, cells wherever llama.cpp put
 them). A cold run there would land its cells after everyone else's and so not be a true cold
-run. Here a second context with the same model and parameters is cleared before every run, so
-its cells always start at cell 0 in position order. Two kinds of cold run:
+run. It runs in the work context instead (slot/work_context.py: the same model and parameters
+as a context of its own would have), emptied first, so its cells start at cell 0 in position
+order; the warm run it judges has finished there by then, and its result is captured. No third
+context holds KV for the whole context size: the engine's peak memory is the cache's context,
+the work context and the tiers. What the work context held is kept when the cold run computed
+the same history (the usual case: a same-boundary cold run after its warm run leaves the cells
+a warm run left); otherwise it is emptied, and the next run copies from the cache. Two kinds
+of cold run:
 - ``same_boundary``: the batch starts of the warm run's history replayed exactly (see
   batch_policy.py): the reference a warm run must match bit for bit;
 - ``oneshot``: plain batches, as any llama.cpp program would evaluate the prompt, with its cells
@@ -32,10 +38,13 @@ import numpy as np
 
 from ..task_state import TaskState, duration_text
 from ..llama.batch_feed import feed_batches, feed_token
+from ..llama.batch_policy import shared_history
 from .generation import GenerationConfig, generate
 from .warm_cost import measured_batch_cost
 from ..llama.native import ContextParams, NativeContext
+from ..slot.work_context import STAGING, WorkContext
 from ..llama.thread_count import llama_default_threads
+from ..llama.memory_budget import work_sequences
 from ..llama.thread_fit import shared_fit
 
 KEEP_BYTES = 64 * 2**20  # kept cold runs' logits and tokens, at most
@@ -163,30 +172,27 @@ def work_units(start: int, end: int, k: float) -> float:
 
 
 class ColdReference:
-    def __init__(self, engine):
+    """Cold runs in ``work`` (the engine's work context), and the runs kept by key."""
+
+    def __init__(self, engine, work: WorkContext):
         self._engine = engine
-        self._ctx: NativeContext | None = None
+        self._work = work
         self.kept = KeptColdRuns()
         self.evaluations = 0  # prompts evaluated here (kept runs served do not count)
         self._samples: list[tuple[int, int, float]] = []  # (start, end, ms) of own evaluations
 
     def close(self) -> None:
-        if self._ctx is not None:
-            self._ctx.close()
-            self._ctx = None
         self.kept.clear()
 
     def _params(self) -> ContextParams:
-        return self._engine.context_params(2)  # two sequences: the noise run's padding cell
+        # the work context's own (two sequences at least: the noise run's padding cell), so a
+        # cold run does not reopen it
+        return self._engine.context_params(work_sequences(self._engine.stateful))
 
-    def _context(self) -> NativeContext:
-        params = self._params()
-        if self._ctx is not None and self._ctx.params != params:
-            self._ctx.close()  # another kernel or setting: its bits would not be the key's
-            self._ctx = None
-        if self._ctx is None:
-            self._ctx = NativeContext(self._engine.model, params)
-        return self._ctx
+    @property
+    def context(self) -> NativeContext:
+        """The context cold runs evaluate in: the work context's (opened on first use)."""
+        return self._work.ctx
 
     # ---- kept runs
     def key(self, tokens, marks, gen: GenerationConfig, max_new: int, keep_logits: int,
@@ -263,24 +269,49 @@ class ColdReference:
         """Evaluate ``tokens`` from scratch with batches starting at ``marks`` (None: plain
         n_batch batches, one cell further on), then generate."""
         task = task or TaskState()
-        ctx = self._context()
-        ctx.clear()
-        if marks is None:  # the noise run: another sequence's cell first moves every cell by one
-            feed_batches(ctx.decode, tokens[:1], 0, [0], seq=1, want_logits=False)
+        work = self._work
+        if work.params != self._params():  # another kernel or setting: not the key's bits
+            work.reopen(self._params())
+        held = (work.tokens, work.cuts, work.composed_from, work.snapshots)
+        work.reset()
+        ctx = work.ctx
         starts = self._engine.batching.replay(len(tokens), marks)
-        t0 = time.perf_counter()
-        feed_batches(ctx.decode, tokens, 0, starts, task=task, stage=mode)
-        prompt_s = time.perf_counter() - t0
-        self.evaluations += 1
-        if tokens:
-            self._samples = (self._samples + [(0, len(tokens), prompt_s * 1000)])[-_SAMPLES:]
-        pos = [len(tokens)]
+        kept = False
+        try:
+            if marks is None:  # the noise run: another sequence's cell first moves every cell
+                # by one, so these cells are no history the work context can keep
+                feed_batches(ctx.decode, tokens[:1], 0, [0], seq=STAGING, want_logits=False)
+                t0 = time.perf_counter()
+                feed_batches(ctx.decode, tokens, 0, starts, task=task, stage=mode)
+                pos = [len(tokens)]
 
-        def step(tok: int) -> None:
-            feed_token(ctx.decode, tok, pos[0])
-            pos[0] += 1
-
-        g = generate(ctx, self._engine.model, step, gen, max_new, task, mode, keep_logits)
-        ctx.clear()
+                def step(tok: int) -> None:
+                    feed_token(ctx.decode, tok, pos[0])
+                    pos[0] += 1
+            else:
+                t0 = time.perf_counter()
+                work.evaluate(tokens, starts, task, stage=mode)
+                step = work.step
+            prompt_s = time.perf_counter() - t0
+            self.evaluations += 1
+            if tokens:
+                self._samples = (self._samples + [(0, len(tokens), prompt_s * 1000)])[-_SAMPLES:]
+            g = generate(ctx, self._engine.model, step, gen, max_new, task, mode, keep_logits)
+            kept = marks is not None and self._same_history(*held)
+        finally:
+            if kept:  # the cells of the history it held, computed again: keep holding them
+                work.snapshots = held[3]
+            else:
+                work.reset()
         return PathResult(mode, 0, len(tokens), 0.0, prompt_s * 1000, (g.t_first - t0) * 1000,
                           (g.t_end - g.t_first) * 1000, g.tokens, g.text, g.logits, starts)
+
+    def _same_history(self, tokens: list[int], cuts: list[int], composed_from: int | None,
+                      _snapshots) -> bool:
+        """Does the work context now hold the history it held before the cold run (tokens and
+        batches: cells computed alike), none of it composed?"""
+        work = self._work
+        n = len(work.tokens)
+        return (composed_from is None and len(tokens) == n
+                and shared_history(tokens, cuts, work.tokens, work.cuts, n,
+                                   work.grouping_exact()) == n)

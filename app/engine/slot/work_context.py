@@ -69,6 +69,15 @@ class WorkContext:
             self._ctx = NativeContext(self._model, self._params)
         return self._ctx
 
+    @property
+    def params(self) -> ContextParams:
+        return self._params
+
+    def reopen(self, params: ContextParams) -> None:
+        """Hold nothing, and open the context with ``params`` when next used."""
+        self.close()
+        self._params = params
+
     def close(self) -> None:
         if self._ctx is not None:
             self._ctx.close()

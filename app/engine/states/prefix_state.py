@@ -23,6 +23,7 @@ same folder, fsync, then rename, so a crash leaves the old file or none, never h
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import struct
@@ -36,6 +37,7 @@ import xxhash
 
 from ..errors import StateFileError, StateFitError
 from ..llama.ggml_types import KV_TYPES
+from ..llama.native import new_bytes
 from ..user_files import atomic_write, open_user_file
 from .seq_payload import check_seq_payload
 from .seq_state_layout import check_version
@@ -202,9 +204,9 @@ class PrefixState:
             meta["n_tokens"] * 4 + meta["data_bytes"] == body_len
         if sizes_ok:
             # Read tokens and KV data as two objects: slicing one body would copy 40 MB again.
-            tok_bytes, data = f.read(4 * meta["n_tokens"]), f.read(meta["data_bytes"])
+            tok_bytes = f.read(4 * meta["n_tokens"])
             h.update(tok_bytes)
-            h.update(data)
+            data = _read_hashed(f, meta["data_bytes"], h)
         else:
             h.update(f.read(body_len))
         if h.digest().ljust(len(digest), b"\0") != digest:
@@ -221,6 +223,34 @@ class PrefixState:
             raise StateFileError(f"{name} is corrupt: it holds a negative token id")
         return cls(tokens=tuple(toks), data=data, seq_state_version=meta["seq_state_version"],
                    created=meta["created"], text=meta["text"], **meta["fields"])
+
+
+_CHUNK = 4 << 20  # hashed while the kernel reads the next ones ahead
+
+
+def _read_hashed(f, n: int, h) -> bytes:
+    """The next ``n`` bytes of ``f`` as one bytes object, read straight into it and hashed
+    chunk by chunk as they arrive: one pass over memory, each chunk hashed while it is still
+    in the CPU's cache, and (from a file not in the page cache) while the disk reads ahead."""
+    _advise_sequential(f)
+    data, view = new_bytes(n)
+    got = 0
+    with view:
+        while got < n:
+            k = f.readinto(view[got:min(got + _CHUNK, n)])
+            if not k:
+                break
+            h.update(view[got:got + k])
+            got += k
+    return data if got == n else data[:got]  # a short read fails the checksum
+
+
+def _advise_sequential(f) -> None:
+    """Tell the kernel the rest of ``f`` is read once, front to back (a larger read-ahead)."""
+    try:
+        os.posix_fadvise(f.fileno(), f.tell(), 0, os.POSIX_FADV_SEQUENTIAL)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a file on disk, or no posix_fadvise here
 
 
 def _parse_meta(raw: bytes) -> dict | None:

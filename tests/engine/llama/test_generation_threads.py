@@ -15,6 +15,7 @@ import pytest
 from app.cli.engine_options import engine_options
 from app.engine import Engine, EngineConfig, GenerationConfig, Template, run_prompt
 from app.engine.slot.work_context import STAGING, WorkContext
+from app.engine.runs.cold_reference import ColdReference
 from app.engine.llama.thread_count import llama_default_threads
 from tests.tiny_model import write_arch_model
 
@@ -61,7 +62,7 @@ def _chain_rows(e: Engine) -> list:
 def test_two_generation_threads_keep_warm_runs_bit_identical(models, arch, fa):
     with _engine(models(arch), fa) as e:
         assert e.runs_in_work_context
-        assert L.llama_n_threads(e.work.ctx.ptr) == L.llama_n_threads(e.cold._context().ptr) == 2
+        assert L.llama_n_threads(e.work.ctx.ptr) == L.llama_n_threads(e.cold.context.ptr) == 2
         for rep in _chain_rows(e):
             assert rep.verdict.exact, f"{rep.reused_tokens} reused: {rep.verdict.describe()}"
 
@@ -89,15 +90,23 @@ def test_a_work_context_wider_than_the_cold_run_is_caught_on_two_threads(models,
                                                                           threads, exact):
     """The check can fail: other cells after the run's own (as the cache's shared context has)
     change two-thread generation, not one-thread generation."""
-    real = WorkContext.step
+    real, cold_real, in_cold = WorkContext.step, ColdReference.run, []
+
+    def cold_run(self, *a, **k):  # the cold run steps in the work context too: as it is
+        in_cold.append(True)
+        try:
+            return cold_real(self, *a, **k)
+        finally:
+            in_cold.pop()
 
     def step_beside_other_cells(self, token):
-        if self.ctx.pos_range(STAGING)[1] < 0:
+        if not in_cold and self.ctx.pos_range(STAGING)[1] < 0:
             for a in range(0, 384, 128):  # 384 cells of another sequence after the run's
                 self.ctx.decode([(5, p, (STAGING,), False) for p in range(a, a + 128)])
         real(self, token)
 
     monkeypatch.setattr(WorkContext, "step", step_beside_other_cells)
+    monkeypatch.setattr(ColdReference, "run", cold_run)
     with _engine(models("llama"), "on", n_threads_gen=threads) as e:
         rep = run_prompt(e, TPL, ROWS[0], reuse="chain", gen=GEN)
     assert rep.verdict.exact is exact, rep.verdict.describe()
@@ -128,7 +137,6 @@ def test_auto_threads_generate_a_run_on_one_count_when_the_load_changes_mid_run(
     from contextlib import contextmanager
 
     from app.engine.llama import native, thread_fit
-    from app.engine.runs.cold_reference import ColdReference
     from tests.engine.llama.test_thread_fit import Machine
 
     machine = Machine()
@@ -137,18 +145,19 @@ def test_auto_threads_generate_a_run_on_one_count_when_the_load_changes_mid_run(
     if not held:
         monkeypatch.setattr(thread_fit.ThreadFit, "pinned", contextmanager(lambda self: (yield 0)))
     machine.run(2.0, others=0.0)  # quiet: two threads
-    real, seen = ColdReference.run, []
+    real, seen, warm_threads = ColdReference.run, [], []
 
     def cold_on_a_busy_machine(self, *args, **kwargs):
+        # the warm run's generation threads, before the cold run takes the work context
+        warm_threads.append(L.llama_n_threads(self.context.ptr))
         machine.run(2.0, others=2.0)  # every core busy from here on: one thread
         out = real(self, *args, **kwargs)
-        seen.append(L.llama_n_threads(self._context().ptr))
+        seen.append(L.llama_n_threads(self.context.ptr))
         return out
 
     monkeypatch.setattr(ColdReference, "run", cold_on_a_busy_machine)
     with Engine(EngineConfig(model_path=str(models("llama")), n_ctx=2048, n_batch=128,
                              n_threads=0, n_threads_gen=0, flash_attn="on")) as e:
         rep = run_prompt(e, TPL, ROWS[0], reuse="chain", gen=GEN, oneshot=False)
-        warm_threads = L.llama_n_threads(e.work.ctx.ptr)
-    assert warm_threads == 2 and seen == [2 if held else 1]
+    assert warm_threads == [2] and seen == [2 if held else 1]
     assert rep.verdict.exact is held, rep.verdict.describe()

@@ -43,15 +43,16 @@ class BufferLog:
 
 
 def _open_and_log(config: EngineConfig):
-    """An engine opened (its work and cold reference contexts too) with llama.cpp's buffer log
-    of it; the plan of its compute buffers is made first, so the log holds real buffers only."""
+    """An engine opened (its work context too, where cold runs evaluate) with llama.cpp's
+    buffer log of it; the plan of its compute buffers is made first, so the log holds real
+    buffers only."""
     Engine(config).close()  # its plan is kept: the engine below makes none, logs none
     log = BufferLog()
     add_log_listener(log)
     try:
         eng = Engine(config)
-        eng.work.ctx  # opened when a run needs it
-        eng.cold._context()  # opened when a verdict needs a cold run
+        eng.work.ctx  # opened when a run or a cold run needs it
+        assert eng.cold.context is eng.work.ctx  # no context of its own
     finally:
         remove_log_listener(log)
     return eng, log
@@ -61,8 +62,8 @@ def _check_parts(eng: Engine, log: BufferLog, compute_tolerance: float) -> None:
     budget = eng.info.memory
     assert budget is not None and budget.compute_source == "llama.cpp"
     real = log.contexts
-    assert [c.name for c in budget.contexts] == ["cache", "work", "cold reference"]
-    assert len(real) == 3
+    assert [c.name for c in budget.contexts] == ["cache", "work"]
+    assert len(real) == 2
     for planned, got in zip(budget.contexts, real):
         # K and V: the same bytes, to the log's rounding
         assert abs(planned.kv - got["KV"]) <= LOG_ROUNDING, (planned, got)
@@ -106,9 +107,9 @@ def test_recurrent_states_are_counted_per_sequence(arch_models, arch):
     config = EngineConfig(model_path=str(arch_models[arch]), n_ctx=512, n_batch=32, n_threads=1)
     eng, log = _open_and_log(config)
     try:
-        # besides its three contexts the engine opens one-sequence ones to measure a state:
-        # the three with the most sequences hold the largest RS buffers
-        real = sorted((c for c in log.contexts if "RS" in c), key=lambda c: -c["RS"])[:3]
+        # besides its two contexts the engine opens one-sequence ones to measure a state:
+        # the two with the most sequences hold the largest RS buffers
+        real = sorted((c for c in log.contexts if "RS" in c), key=lambda c: -c["RS"])[:2]
         for planned, got in zip(eng.info.memory.contexts, real):
             assert planned.recurrent > 0
             assert abs(planned.recurrent - got["RS"]) <= 0.1 * got["RS"] + LOG_ROUNDING
@@ -176,7 +177,7 @@ def test_quantized_kv_is_named_when_it_fits(tiny_model, monkeypatch):
                              n_threads=1)) as eng:
         budget = mb.plan_budget(eng.model, config, True, available=(1, "x"))
         facts = eng.model.facts()
-    q8 = mb.kv_bytes_per_token(facts, "q8_0", "q8_0") * 3 * config.n_ctx
+    q8 = mb.kv_bytes_per_token(facts, "q8_0", "q8_0") * 2 * config.n_ctx
     # room for the q8_0 cells and a little more, not for the f16 ones
     avail = budget.total - budget.kv + q8 + (1 << 20)
     _low_memory(monkeypatch, avail)
@@ -193,7 +194,7 @@ def test_info_and_the_model_panel_show_the_sum(tiny_model, capsys, qtbot):
     assert main(["info", *m, "--json"]) == 0
     mem = json.loads(capsys.readouterr().out)["memory"]
     assert mem["total"] == mem["model"] + mem["kv_bytes"] + mem["compute_bytes"] + mem["tiers_cap"]
-    assert [c["name"] for c in mem["contexts"]] == ["cache", "work", "cold reference"]
+    assert [c["name"] for c in mem["contexts"]] == ["cache", "work"]
     assert main(["info", *m]) == 0
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if x.startswith("memory: "))
