@@ -201,12 +201,7 @@ class WorkContext:
             return
         ctx = self.ctx
         start = len(self.tokens)
-        ctx.seq_rm(STAGING)
-        if not ctx.state_set(data, STAGING):
-            ctx.seq_rm(STAGING)
-            raise KvPrimerError("llama.cpp refused cells copied from the cache; clear the cache "
-                                "and run again")
-        lo, hi = ctx.pos_range(STAGING)
+        lo, hi = self._stage(data)
         want = (start - shift, start - shift + len(tokens) - 1)
         if self.stateful:  # llama.cpp's range counts the stale recurrent record: read the cells'
             lo, hi = attention_span(data) or (lo, hi)
@@ -223,6 +218,16 @@ class WorkContext:
         self.tokens.extend(tokens)
         self.cuts.extend(c for c in cuts if start <= c < start + len(tokens))
 
+    def _stage(self, data: bytes) -> tuple[int, int]:
+        """Load a state of cells into the staging sequence; the positions it holds."""
+        ctx = self.ctx
+        ctx.seq_rm(STAGING)
+        if not ctx.state_set(data, STAGING):
+            ctx.seq_rm(STAGING)
+            raise KvPrimerError("llama.cpp refused cells copied from the cache; clear the cache "
+                                "and run again")
+        return ctx.pos_range(STAGING)
+
     # ---- composing: cells moved once, taken in turn
     @property
     def can_hold(self) -> bool:
@@ -237,12 +242,7 @@ class WorkContext:
         K across the whole cache once per decode that finds moved cells), so a row's modules
         held first cost one re-rotation, not one per placed part."""
         ctx = self.ctx
-        ctx.seq_rm(STAGING)
-        if not ctx.state_set(data, STAGING):
-            ctx.seq_rm(STAGING)
-            raise KvPrimerError("llama.cpp refused cells copied from the cache; clear the cache "
-                                "and run again")
-        lo, hi = ctx.pos_range(STAGING)
+        lo, hi = self._stage(data)
         if (lo, hi) != (p0, p1 - 1):
             ctx.seq_rm(STAGING)
             raise KvPrimerError(f"cells copied from the cache hold positions {lo}..{hi}, not "
