@@ -79,7 +79,8 @@ def main(argv: list[str]) -> int:
     shares.sort(key=lambda s: setting_share(s["setting"]))
     out = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": "kvprimer bench resources/examples/rag.tmpl --rows "
-                      "resources/examples/rag-rows.csv --reuse prefix,compose --recompute P%",
+                      "resources/examples/rag-rows.csv --reuse prefix,compose --recompute P% "
+                      "--repeat 3 -n 16",
            "time_goal": TIME_GOAL, "shares": shares, "default_share": pick_default(shares)}
     OUT.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=1))

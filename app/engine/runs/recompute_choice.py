@@ -25,8 +25,9 @@ from ..errors import KvPrimerError
 # compose's default share of each module recomputed in context: no share reaches the accuracy
 # goals (BENCHMARKS.md), so it is the most accurate point (lowest KL median) of the shares within
 # half of prefix mode's warm time, measured through the engine side by side with prefix mode
-# (bench/compose-shares.json, bench/compose_shares.py's pick_default): first tokens, 10%
-DEFAULT_SHARE = 0.10
+# (bench/compose-shares.json, bench/compose_shares.py's pick_default); none above 0% was, on a
+# quiet machine, so compose recomputes nothing unless asked
+DEFAULT_SHARE = 0.0
 SIGNAL = "first_k"  # the selection signal in use (see the module docstring)
 _SHARE = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*%\s*$")
 
