@@ -162,6 +162,7 @@ class NativeContext:
                                "(an embedding or encoder-only model?); load a text generation model")
         self.batch = L.llama_batch_init(n_batch, 0, params.n_seq_max)
         self._batch_cap = n_batch
+        self._outputs_cap = p.n_outputs_max  # llama.cpp aborts on a batch asking for more
         self._empty_recurrent: bytes | None = None  # see empty_recurrent_state
 
     def close(self) -> None:
@@ -184,6 +185,10 @@ class NativeContext:
             for j, s in enumerate(seqs):
                 b.seq_id[i][j] = s
             b.logits[i] = logits
+        outputs = sum(1 for e in entries if e[3])
+        if outputs > self._outputs_cap:
+            raise ContextError(f"a batch asks for {outputs} tokens' logits, more than the "
+                               f"{self._outputs_cap} this context was made for")
         b.n_tokens = n
         if self._fit is not None:  # llama.cpp runs a one-token decode on the generation threads
             gen, batch = self._threads
