@@ -30,6 +30,7 @@ from ..prompts.prompt_segments import prompt_segments
 from ..prompts.prompt_tokens import common_prefix
 from ..progress_plan import JobPlan, PlannedPass, PlanStep, StepPasses, work_units
 from ..runs.generation import GenerationConfig
+from ..runs.module_compose import composed_history
 from ..runs.recompute_choice import Recompute, module_runs
 from ..runs.reuse_modes import check_recompute
 from ..runs.warm_runs import KEEP_LOGITS
@@ -111,25 +112,16 @@ class _Foresight:
                                          windowed=self.windowed)
 
     def compose_history(self, segs, n: int) -> list[int]:
-        """The batch starts of a composed run's history, as module_compose.compose leaves
-        them: each module's recomputed runs evaluated, its other cells placed (a cut where
-        each placed piece starts), then the last segment."""
+        """The batch starts of a composed run's history: module_compose's own plan of it
+        (``composed_history``), or where a sliding-window model shares one cold run."""
         p = segs[0].end
         if self.windowed:
             return self.engine.batching.composed_reference(self.prefix_cuts, p, n,
                                                            [s.start for s in segs])
-        cuts = [c for c in self.prefix_cuts if c < p]
-        for seg in segs[1:-1]:
-            size, at = seg.end - seg.start, 0
-            for a, b in module_runs(size, self.recompute):
-                if a > at:
-                    cuts.append(seg.start + at)
-                cuts += self.engine.batching.module(seg.start + a, seg.start + b,
-                                                    windowed=False)
-                at = b
-            if at < size:
-                cuts.append(seg.start + at)
-        return cuts + self.warm_starts(segs[-1].start, n, segs, storing=False)
+        modules = segs[1:-1]
+        runs = [module_runs(s.end - s.start, self.recompute) for s in modules]
+        return composed_history(self.engine.batching, [c for c in self.prefix_cuts if c < p],
+                                modules, runs, segs[-1].start, n)
 
     def composed_differs(self, segs) -> bool:
         """A composed run differs from its cold run (the noise run is then made) where a

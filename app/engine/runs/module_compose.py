@@ -15,12 +15,14 @@ EPIC does, or a share chosen by a signal: recompute_choice.py), trading time for
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import CacheError
 from ..prompts.prompt_segments import Segment
 from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
+from ..llama.batch_policy import BatchPolicy
 from ..slot.run_slot import NodeEnd, Slot
 from .recompute_choice import Recompute, RecomputeChoice, module_runs
 from .run_parts import RunParts
@@ -89,13 +91,13 @@ class Part:
     offset: int = 0
 
 
-def assembly(plan: ModulePlan, runs: list[list[tuple[int, int]]]) -> list[Part]:
-    """The row's modules as parts in position order: for each module, its cached cells up to
-    the next run chosen for recompute (``runs``: each module's, recompute_choice.py), the run,
-    and so on. Runs with no cached cell between them, within a module or across modules' ends,
-    are one part: one evaluation."""
+def assembly(modules: Sequence[Segment], runs: list[list[tuple[int, int]]]) -> list[Part]:
+    """The row's modules (their segments) as parts in position order: for each module, its
+    cached cells up to the next run chosen for recompute (``runs``: each module's,
+    recompute_choice.py), the run, and so on. Runs with no cached cell between them, within a
+    module or across modules' ends, are one part: one evaluation."""
     parts: list[Part] = []
-    for i, ((seg, _node), chosen) in enumerate(zip(plan.modules, runs)):
+    for i, (seg, chosen) in enumerate(zip(modules, runs)):
         at = 0
         for a, b in chosen:
             if a > at:
@@ -108,6 +110,25 @@ def assembly(plan: ModulePlan, runs: list[list[tuple[int, int]]]) -> list[Part]:
         if at < seg.end - seg.start:
             parts.append(Part(seg.start + at, seg.end, i, at))
     return parts
+
+
+def part_starts(part: Part, batching: BatchPolicy, *, windowed: bool) -> list[int]:
+    """Where a part's batches start: a recomputed run in a module's batches; a module's placed
+    cells are one piece from its start (the slot's history gets a cut there)."""
+    if part.module is None:
+        return batching.module(part.start, part.end, windowed=windowed)
+    return [part.start]
+
+
+def composed_history(batching: BatchPolicy, head: Sequence[int], modules: Sequence[Segment],
+                     runs: list[list[tuple[int, int]]], last: int, end: int) -> list[int]:
+    """The batch starts of a composed row's history in the work context, as ``compose`` and
+    the warm run leave it: ``head`` (the exact part's), every part of ``assembly``
+    (``part_starts``), then the last segment, ``last`` to ``end``, in a warm run's batches.
+    A benchmark plans its cold runs from it, so the plan and the run agree."""
+    return ([*head] + [c for part in assembly(modules, runs)
+                       for c in part_starts(part, batching, windowed=False)]
+            + batching.warm(last, end, windowed=False))
 
 
 def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int],
@@ -123,14 +144,14 @@ def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int],
     between the other runs' evaluations. Otherwise each part is moved in its turn."""
     slot.bring(plan.hit, tokens)
     chosen = [module_runs(seg.end - seg.start, recompute) for seg, _node in plan.modules]
-    parts = assembly(plan, chosen)
+    parts = assembly([seg for seg, _node in plan.modules], chosen)
     p = plan.prefix.depth
     held = False
     try:
         for part in parts:
             if part.module is None:
                 slot.evaluate(tokens[part.start:part.end],
-                              slot.batching.module(slot.held, part.end, windowed=slot.windowed),
+                              part_starts(part, slot.batching, windowed=slot.windowed),
                               task, stage="recompute", want_logits=False)
             elif slot.can_hold:
                 if not held:

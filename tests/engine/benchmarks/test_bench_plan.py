@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine import GenerationConfig, Template
+from app.engine import GenerationConfig, Template, run_prompt
 from app.engine.benchmarks import bench_rows as bench_module
 from app.engine.benchmarks.mode_pairs import bench_order
 from app.engine.progress_plan import DonePass, JobPlan, PlannedPass, PlanStep, work_units
@@ -260,3 +260,42 @@ def test_the_plan_counts_every_pass_the_benchmark_runs(engine, monkeypatch, nois
     row3 = [k for st, k in zip(plan.steps, ran) if st.label.startswith("row 3 ")]
     assert not any("cold" in k for k in row3)
     assert seen[-1].job.eta_s == pytest.approx(0.0) and seen[-1].fraction == pytest.approx(1.0)
+
+
+RUNS = {"none": lambda n: [], "all": lambda n: [(0, n)], "halves": lambda n: [(0, n // 2), (n // 2, n)],
+        "middle": lambda n: [(2, 5)], "first": lambda n: [(0, 3)]}
+
+
+@pytest.mark.parametrize("runs", sorted(RUNS))
+def test_a_composed_row_runs_the_history_its_plan_foresees(engine, monkeypatch, runs):
+    """One function, module_compose.composed_history, plans a composed row's batch starts;
+    compose evaluates its parts by it, and the benchmark's plan asks it: the history the run
+    leaves is the one planned, whatever tokens are recomputed (whole modules recomputed are
+    evaluated as one run across their ends)."""
+    from app.engine.benchmarks import bench_passes
+    from app.engine.prompts.prompt_segments import prompt_segments
+    from app.engine.runs import module_compose
+    from app.engine.runs.recompute_choice import Recompute
+
+    chosen = RUNS[runs]
+    monkeypatch.setattr(module_compose, "module_runs", lambda n, _s: chosen(n))
+    monkeypatch.setattr(bench_passes, "module_runs", lambda n, _s: chosen(n))
+    values = rows_with_repeats()[0].values
+    prefix = engine.tokenize(TPL.prefix_prompt())
+    engine.prime_node(TPL)
+    tokens = engine.tokenize(TPL.fill(values))
+    segs = prompt_segments(engine.tokenize, TPL, values, tokens)
+    foresight = bench_passes._Foresight(engine, GenerationConfig(max_tokens=2), Recompute(share=0.1),
+                                        prefix, bench_passes._prefix_cuts(engine, prefix,
+                                                                          len(prefix), None))
+    planned = foresight.compose_history(segs, len(tokens))
+    rep = run_prompt(engine, TPL, values, reuse="compose", recompute="10%",
+                     gen=GenerationConfig(max_tokens=2), cold=False)
+    assert rep.warm.starts == planned
+    modules = segs[1:-1]
+    head = [c for c in engine.cache.lookup(prefix).node.all_cuts() if c < segs[0].end]
+    assert planned == module_compose.composed_history(
+        engine.batching, head, modules, [chosen(s.end - s.start) for s in modules],
+        segs[-1].start, len(tokens))
+    if runs == "all":  # the modules' runs meet: one evaluation, no cut where the second starts
+        assert modules[1].start not in planned
