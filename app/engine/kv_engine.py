@@ -45,6 +45,7 @@ from .kv.sequence_ops import SequenceOps
 from .kv.sequence_tokens import SequenceTokens
 from .task_state import TaskState
 from .prompts.template import FilledPrompt, Template
+from .slot.forked_rows import forked_rows
 from .slot.forked_slot import forked_slot
 from .slot.run_slot import NodeEnd, Slot
 from .slot.work_context import WorkContext
@@ -183,6 +184,12 @@ class Engine:
             with forked_slot(self.cache, self.seqs, self.seq_tokens, self.ctx, self.evaluate,
                              self.batching, cells, promote) as slot:
                 yield slot
+
+    def forked_rows(self, node, k: int, cells: int = 0):
+        """A forked batch's slot (slot/forked_rows.py): ``k`` sequences the cache lends beside
+        ``node``, made resident, with room for ``cells`` more cells."""
+        return forked_rows(self.cache, self.seqs, self.seq_tokens, self.ctx, self.batching,
+                           node, k, cells)
 
     @property
     def slot_context(self):  # the context runs evaluate in: their slot's

@@ -1,10 +1,11 @@
 """Forked batch runs: one primed prefix, k rows evaluated and generated together.
 
-The prefix lives in the radix cache. Each row gets its own working sequence, forked from the
-prefix's node with seq_cp, so the prefix cells are shared, not copied. The k suffixes go into one llama_decode
-(several when they do not fit in n_batch: a row longer than n_batch is cut where a one-by-one
-run would cut it, and see SMALL_UBATCH), and then every generation step decodes one token for
-each unfinished row in a single batch.
+The prefix lives in the radix cache. The rows run in a slot of k sequences
+(slot/forked_rows.py): each row gets its own working sequence, forked from the prefix's node
+with seq_cp, so the prefix cells are shared, not copied. The k suffixes go into one
+llama_decode (several when they do not fit in n_batch: a row longer than n_batch is cut where a
+one-by-one run would cut it, and see SMALL_UBATCH), and then every generation step decodes one
+token for each unfinished row in a single batch.
 
 Compared with the same rows run one by one warm (run_prompt, in the work context, whose cells
 lie where a cold run puts them): the forked rows share one context, where llama.cpp's numerics
@@ -15,25 +16,24 @@ of the first generated token.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache.radix_cache import RadixCache
 from ..cache.radix_tree import RadixNode
 from ..errors import KvPrimerError
-from ..kv.sequence_ops import SequenceOps
-from ..kv.sequence_tokens import SequenceTokens
-from ..prompts.prompt_tokens import common_prefix
-from ..llama.native import NativeContext, NativeModel, NativeSampler
-from ..states.prefix_state import PrefixState
-from ..llama.batch_feed import feed_groups, feed_step
-from ..llama.batch_policy import SMALL_UBATCH, BatchPolicy
-from .generation import GenerationConfig, TextStream
+from ..llama.batch_policy import SMALL_UBATCH
+from ..llama.native import NativeModel, NativeSampler
 from ..prompts.prompt_segments import prompt_segments
-from .prompt_runs import run_prompt
-from ..task_state import TaskState
+from ..prompts.prompt_tokens import common_prefix
 from ..prompts.template import Template
+from ..slot.forked_rows import ForkedRows
+from ..states.prefix_state import PrefixState
+from ..task_state import TaskState
+from .generation import GenerationConfig, TextStream
+from .prompt_runs import run_prompt
 
 __all__ = ["SMALL_UBATCH", "ForkComparison", "ForkedBatch", "ForkedRow", "compare_with_sequential",
            "run_forked"]
@@ -77,20 +77,15 @@ class ForkedBatch:
 
 @dataclass(frozen=True)
 class ForkParts:
-    """What a forked batch takes from the engine: the radix cache, the cache context and its
-    sequences (their one owner and their tokens), the model and the batch policy."""
-    cache: RadixCache
-    ctx: NativeContext
-    seqs: SequenceOps
-    seq_tokens: SequenceTokens
+    """What a forked batch takes from the engine: the model, and the slot its rows run in
+    (slot/forked_rows.py: ``rows(node, k, cells)`` lends k sequences beside ``node``)."""
     model: NativeModel
-    batching: BatchPolicy
+    rows: Callable[[RadixNode, int, int], AbstractContextManager[ForkedRows]]
 
     @classmethod
     def of(cls, engine) -> "ForkParts":
         """The parts of a loaded engine (kv_engine.Engine)."""
-        return cls(engine.cache, engine.ctx, engine.seqs, engine.seq_tokens, engine.model,
-                   engine.batching)
+        return cls(engine.model, engine.forked_rows)
 
 
 @dataclass(frozen=True)
@@ -158,76 +153,56 @@ def run_forked_rows(parts: ForkParts, req: ForkedRequest, node: RadixNode,
                     task: TaskState) -> ForkedBatch:
     """Fork ``node`` into a working sequence per row, evaluate the suffixes together, generate
     together (``need``: the cells all of it takes at most)."""
-    prefix, prompts, marks, gen = node.tokens(), req.prompts, req.marks, req.gen
+    prefix, gen = node.tokens(), req.gen
     out = ForkedBatch(prefix_tokens=len(prefix), rows=rows)
     samplers = [NativeSampler(gen.temperature, gen.top_p, gen.seed) for _ in rows]
-    cache = parts.cache
     try:
-        with cache.busy(node):
-            cache.ensure_free_cells(need - len(prefix))
+        with parts.rows(node, len(rows), need - len(prefix)) as slot:
             for r in rows:
-                r.seq = cache.take_work_seq()
-            prefix_seq = cache.materialise(node)
-        t0 = time.perf_counter()
-        for r in rows:
-            parts.seqs.fork(prefix_seq, r.seq, upto=r.reused_tokens)
-        t1 = time.perf_counter()
-        out.fork_ms = (t1 - t0) * 1000
-        first = _evaluate_suffixes(parts, rows, prompts, marks, samplers, task, out, req.exact)
-        out.prompt_ms = (time.perf_counter() - t1) * 1000
-        out.ttft_ms = (time.perf_counter() - t0) * 1000
-        t2 = time.perf_counter()
-        _generate(parts, rows, first, samplers, max_new, task, out)
-        out.gen_ms = (time.perf_counter() - t2) * 1000
+                r.seq = slot.seq(r.index)
+            t0 = time.perf_counter()
+            slot.fork([r.reused_tokens for r in rows])
+            t1 = time.perf_counter()
+            out.fork_ms = (t1 - t0) * 1000
+            first = _evaluate_suffixes(slot, rows, req, samplers, task, out)
+            out.prompt_ms = (time.perf_counter() - t1) * 1000
+            out.ttft_ms = (time.perf_counter() - t0) * 1000
+            t2 = time.perf_counter()
+            _generate(slot, parts.model, rows, first, samplers, max_new, task, out)
+            out.gen_ms = (time.perf_counter() - t2) * 1000
     finally:
         for s in samplers:
             s.close()
-        for r in rows:
-            if r.seq >= 0:
-                cache.give_back(r.seq)
     return out
 
 
-def _evaluate_suffixes(parts: ForkParts, rows, prompts, marks, samplers, task, out,
-                       exact) -> list[int]:
-    """Decode every row's suffix; return each row's first sampled token."""
-    decodes = parts.batching.forked_decodes(
-        [(r, r.reused_tokens, len(prompts[r.index]), marks[r.index]) for r in rows], exact)
-    batches = [[e for piece in group for e in _entries(prompts, piece)] for group in decodes]
+def _evaluate_suffixes(slot: ForkedRows, rows, req: ForkedRequest, samplers, task,
+                       out) -> list[int]:
+    """Evaluate every row's suffix in the slot; return each row's first sampled token."""
     first = [0] * len(rows)
 
-    def sample(i: int) -> None:
-        out.prompt_decodes += 1
-        for k, (_t, _p, r, last) in enumerate(batches[i]):
-            if last:
-                r.first_logits = parts.ctx.logits(k)
-                first[r.index] = samplers[r.index].sample(parts.ctx, k)
+    def at_last(row: int, i: int) -> None:
+        rows[row].first_logits = slot.ctx.logits(i)
+        first[row] = samplers[row].sample(slot.ctx, i)
 
-    feed_groups(parts.seqs.decode,
-                [[(t, p, (r.seq,), last) for t, p, r, last in b] for b in batches],
-                task=task, stage="fork", after=sample)
+    out.prompt_decodes += slot.evaluate(req.prompts, [r.reused_tokens for r in rows], req.marks,
+                                        exact=req.exact, task=task, at_last=at_last)
     return first
 
 
-def _entries(prompts, piece):
-    r, a, b = piece
-    toks = prompts[r.index]
-    return [(toks[i], i, r, i == len(toks) - 1) for i in range(a, b)]
-
-
-def _generate(parts: ForkParts, rows, first, samplers, max_new, task, out) -> None:
+def _generate(slot: ForkedRows, model, rows, first, samplers, max_new, task, out) -> None:
     """Generation for k rows at once: one decode per step holds every unfinished row's token
     (the single-sequence loop is generation.generate; the text streams are shared)."""
-    streams = [TextStream(parts.model) for _ in rows]
+    streams = [TextStream(model) for _ in rows]
     pending = {r.index: first[r.index] for r in rows}
     while pending:
         step = []
         for idx, tok in list(pending.items()):
             r = rows[idx]
             r.tokens.append(tok)
-            if not parts.model.is_eog(tok):
+            if not model.is_eog(tok):
                 streams[idx].add(tok)
-            if parts.model.is_eog(tok) or len(r.tokens) >= max_new[idx]:
+            if model.is_eog(tok) or len(r.tokens) >= max_new[idx]:
                 del pending[idx]
             else:
                 step.append(r)
@@ -235,11 +210,10 @@ def _generate(parts: ForkParts, rows, first, samplers, max_new, task, out) -> No
             break
         # at most n_seq_max - 1 <= 63 tokens: the path a one-token decode takes (SMALL_UBATCH)
         task.check()
-        feed_step(parts.seqs.decode,
-                  [(pending[r.index], parts.seq_tokens.count(r.seq), r.seq) for r in step])
+        slot.step([(r.index, pending[r.index]) for r in step])
         out.gen_decodes += 1
         for i, r in enumerate(step):
-            pending[r.index] = samplers[r.index].sample(parts.ctx, i)
+            pending[r.index] = samplers[r.index].sample(slot.ctx, i)
     for r, stream in zip(rows, streams):
         r.text = stream.text()
 

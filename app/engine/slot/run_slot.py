@@ -11,6 +11,10 @@ Two slots stand behind this one interface:
   every model without sliding-window layers runs there;
 - ``ForkedSlot`` (forked_slot.py): a working sequence of the cache's own context, forked from a
   resident node; sliding-window models run there (their window cells do not survive a copy).
+
+A forked batch's rows, evaluated and generated together, run in its multi-sequence form,
+``ForkedRows`` (forked_rows.py): k sequences forked from one node, fed in the decodes the batch
+policy plans for them.
 """
 from __future__ import annotations
 

@@ -66,3 +66,24 @@ def test_the_cache_reads_nothing_of_a_slot():
                 assert not module.startswith(("slot", "runs")), (src.name, module)
             if isinstance(node, ast.Attribute):
                 assert node.attr not in ("work", "snapshots"), (src.name, node.lineno)
+
+
+def test_runs_evaluate_only_through_a_slot():
+    """Warm runs, compose and forked batches evaluate in a slot (a forked batch's k rows in
+    ForkedRows): no module of runs/ or benchmarks/ feeds batches, decodes, or takes, forks or
+    gives back the cache's sequences itself, but the cold reference, which evaluates in a
+    context of its own."""
+    own_context = {"cold_reference.py"}
+    reaches = {"take_work_seq", "give_back", "fork", "fork_into", "decode"}
+    owners = {"seqs", "cache", "ctx"}  # the cache context's sequences, the cache, a context
+    for package in ("runs", "benchmarks"):
+        for src in (ENGINE / package).glob("*.py"):
+            if src.name in own_context:
+                continue
+            for node in ast.walk(ast.parse(src.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom):
+                    assert not (node.module or "").endswith("batch_feed"), src.name
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    owner = ast.unparse(node.func.value).split(".")[-1]
+                    assert not (node.func.attr in reaches and owner in owners), \
+                        (src.name, node.lineno, ast.unparse(node.func))
