@@ -257,9 +257,14 @@ class Engine:
         """The sliding-window size (0: every layer attends to the whole context)."""
         return self.info.traits.n_swa
 
+    @property
+    def n_ctx(self) -> int:
+        """The context's size in cells: a run's prompt and generated tokens fit in it."""
+        return self.ctx.n_ctx
+
     def check_fits(self, n_tokens: int) -> None:
-        if n_tokens >= self.ctx.n_ctx:
-            raise ContextOverflowError(n_tokens, self.ctx.n_ctx)
+        if n_tokens >= self.n_ctx:
+            raise ContextOverflowError(n_tokens, self.n_ctx)
 
     # ---- evaluation
     def batch_plan(self, seq: int, n_tokens: int, chunk: int | None = None,

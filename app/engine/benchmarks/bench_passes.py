@@ -159,7 +159,7 @@ class _Foresight:
 
 def max_new_tokens(engine, n: int, gen: GenerationConfig) -> int:
     """The tokens a run of an ``n``-token prompt generates at most (run_prompt's bound)."""
-    return max(1, min(gen.max_tokens, engine.ctx.n_ctx - n - 1))
+    return gen.max_new(n, engine.n_ctx)
 
 
 def _prefix_cuts(engine, prefix: list[int], prime_from: int, state) -> list[int]:

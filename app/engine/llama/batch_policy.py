@@ -241,11 +241,12 @@ class BatchPolicy:
     def forked_decodes(self, rows: Sequence[tuple[object, int, int, Iterable[int]]],
                        exact: bool) -> list[list[tuple[object, int, int]]]:
         """The decodes of a forked batch: each row (key, reused, end, segment starts) cut where
-        its one-by-one warm run cuts it, pieces under SMALL_UBATCH tokens, then consecutive
-        pieces packed into decodes of under SMALL_UBATCH tokens (so every token stays on the
-        path its one-by-one run takes) or, not ``exact``, of up to n_batch."""
+        its one-by-one warm run in the shared context cuts it (``exact_chunks``: pieces under
+        SMALL_UBATCH tokens, and n_batch at most), then consecutive pieces packed into decodes
+        of under SMALL_UBATCH tokens (so every token stays on the path its one-by-one run
+        takes) or, not ``exact``, of up to n_batch."""
         pieces = [(key, a, b) for key, reused, end, marks in rows
-                  for a, b in batches(batch_starts(reused, end, EXACT_CHUNK, marks), end)]
+                  for a, b in batches(self.exact_chunks(reused, end, marks), end)]
         return _pack(pieces, min(self.n_batch, SMALL_UBATCH - 1) if exact else self.n_batch)
 
 

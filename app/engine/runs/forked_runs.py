@@ -137,11 +137,11 @@ def run_forked(engine, template: Template, values: list[dict[str, str]], *,
     for i, toks in enumerate(prompts):
         b = min(common_prefix(prefix, toks), len(toks) - 1)
         rows.append(ForkedRow(i, -1, len(toks), b, len(toks) - b))
-    max_new = [max(1, min(gen.max_tokens, engine.ctx.n_ctx - r.prompt_tokens - 1)) for r in rows]
+    max_new = [gen.max_new(r.prompt_tokens, engine.n_ctx) for r in rows]
     need = len(prefix) + sum(r.evaluated_tokens + m for r, m in zip(rows, max_new))
-    if need > engine.ctx.n_ctx:
+    if need > engine.n_ctx:
         raise KvPrimerError(f"these {k} rows need up to {need} KV cells but the context has "
-                            f"{engine.ctx.n_ctx}; run fewer rows per batch or raise the context size")
+                            f"{engine.n_ctx}; run fewer rows per batch or raise the context size")
     marks = [[seg.start for seg in prompt_segments(engine.tokenize, template, v, toks)]
              for v, toks in zip(values, prompts)]
     return run_forked_rows(ForkParts.of(engine), ForkedRequest(prompts, marks, gen, exact),

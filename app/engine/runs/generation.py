@@ -2,8 +2,8 @@
 
 Every one-sequence path (warm, cold, one-shot, the benchmarks' baselines) generates through
 ``generate``, so they sample and decode text identically and differ only in how the prompt got
-into the cache; forked rows step all their sequences in one decode (forked_runs.py) with the
-same ``TextStream``. Either way each step is fed by batch_feed.py's one loop. The logits of
+into the cache; forked rows step all their sequences in one decode (forked_runs.py, in the
+forked rows' slot, slot/forked_rows.py) with the same ``TextStream``. Either way each step is fed by batch_feed.py's one loop. The logits of
 the first ``keep_logits`` positions are kept for the verdict.
 """
 from __future__ import annotations
@@ -27,6 +27,11 @@ class GenerationConfig:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     seed: int = 0
+
+    def max_new(self, n_tokens: int, n_ctx: int) -> int:
+        """The tokens a run of an ``n_tokens`` prompt generates at most in an ``n_ctx``-cell
+        context: ``max_tokens``, within the cells left (one at least)."""
+        return max(1, min(self.max_tokens, n_ctx - n_tokens - 1))
 
 
 @dataclass(frozen=True)

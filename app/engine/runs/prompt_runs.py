@@ -168,7 +168,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
         raise KvPrimerError("the filled prompt is empty; nothing to evaluate")
     engine.check_fits(len(tokens))
     segments = prompt_segments(engine.tokenize, template, values, tokens)
-    max_new = max(1, min(gen.max_tokens, engine.ctx.n_ctx - len(tokens) - 1))
+    max_new = gen.max_new(len(tokens), engine.n_ctx)
     report = RunReport(len(tokens), segments[0].end, reuse, 0, len(tokens), tokenize_ms,
                        state_bytes=state.nbytes if state else 0)
     if warm:

@@ -210,3 +210,14 @@ def test_no_other_module_computes_a_batch_boundary():
                  if src != POLICY and str(src.relative_to(ENGINE)) not in SIZING
                  for hit in _boundary_arithmetic(src)]
     assert offenders == []
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_forked_rows_fit_an_n_batch_under_the_small_ubatch_size(exact):
+    """With n_batch under 64, a forked row is cut in n_batch pieces, as its one-by-one run in
+    the shared context is, and no decode holds more than n_batch tokens."""
+    p = BatchPolicy(32)
+    groups = p.forked_decodes([("a", 10, 150, [10, 100]), ("b", 10, 40, [10])], exact)
+    assert [(a, b) for g in groups for k, a, b in g if k == "a"] == batches(
+        p.exact_chunks(10, 150, [10, 100]), 150)
+    assert all(sum(b - a for _k, a, b in g) <= 32 for g in groups)

@@ -105,3 +105,13 @@ def test_too_many_rows_for_the_sequences_is_refused(engine):
     cap = engine.config.n_seq_max // 2
     with pytest.raises(KvPrimerError, match=f"at most {cap} rows"):
         run_forked(engine, TPL, (ROWS * cap)[:cap + 1])
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_long_suffixes_run_with_an_n_batch_under_the_small_ubatch_size(engine, exact):
+    """n_batch 32: each long suffix is cut in pieces of 32 at most, as its one-by-one run in the
+    shared context is, and the rows give their one-by-one runs' tokens."""
+    batch = run_forked(engine, TPL, LONG, gen=GEN, exact=exact)
+    assert all(r.evaluated_tokens > engine.config.n_batch for r in batch.rows)
+    cmp = compare_with_sequential(engine, TPL, LONG, batch, None, GEN)
+    assert [c.tokens_equal for c in cmp] == [True] * 3
