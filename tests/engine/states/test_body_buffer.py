@@ -61,3 +61,23 @@ def test_a_large_state_file_round_trips(tmp_path):
     s.save(p)
     back = PrefixState.load(p)
     assert back == s and type(back.data) is bytes
+
+
+def test_a_llama_cpp_file_cut_short_while_reading_says_truncated():
+    import io
+    from array import array
+
+    from app.engine.errors import StateFileError
+    from app.engine.states.llama_state_file import read_llama_state
+    from app.engine.states.seq_state_layout import buffer_head, file_head
+
+    raw = file_head(3, 2) + array("i", [5, 6]).tobytes() + b"kv" * 50
+    with pytest.raises(StateFileError, match="truncated") as e:
+        read_llama_state(io.BytesIO(raw), len(raw) + 100, "s.bin")  # the file shrank
+    assert "\n" not in str(e.value)
+    # read whole, the body comes back behind the in-memory head, as bytes
+    with pytest.raises(StateFileError, match="malformed|KV"):
+        read_llama_state(io.BytesIO(raw), len(raw), "s.bin").check_payload(100)
+    from app.engine.states import llama_state_file
+
+    assert llama_state_file._read_body(io.BytesIO(b"xyz"), 3, "s") == buffer_head() + b"xyz"
