@@ -75,6 +75,7 @@ def breakdown(model: str, target: int, n_batch: int = 256, n_threads: int = 0,
         values = {"question": question()}
         state = session_flows.prime(eng, tpl)
         steps.append(("prime", _status()))
+        tiers_after_prime = [t.__dict__ for t in eng.cache.tier_usage()]
         state_file = tmp / "prefix.kvstate"
         state.save(state_file)
         steps.append(("state saved", _status()))
@@ -103,6 +104,7 @@ def breakdown(model: str, target: int, n_batch: int = 256, n_threads: int = 0,
             "parts": {"model_file": m.model,
                       "contexts": [{"name": c.name, "cells": c.cells, "kv": c.kv + c.recurrent,
                                     "compute": c.compute} for c in m.contexts],
+                      "tiers_after_prime": tiers_after_prime,
                       "tiers_after_run": tiers,
                       "state_bytes_held_by_caller": len(state.data)},
         }
@@ -129,6 +131,13 @@ def report(b: dict) -> str:
     for t in p["tiers_after_run"]:
         lines.append(f"  tier {t}")
     lines.append(f"  saved state held by the caller: {p['state_bytes_held_by_caller'] / MB:.0f} MB")
+    # the scale section's RSS goal: peak RSS after the run, the RAM tier's bytes apart
+    from .scale import ram_tier_bytes
+
+    peak = dict(b["steps"])["run (warm + cold)"]["VmHWM"]
+    ram = ram_tier_bytes(p)
+    lines.append(f"  peak RSS after the run {peak / MB:.0f} MB: {(peak - ram) / MB:.0f} MB less "
+                 f"the RAM tier's {ram / MB:.0f} MB")
     return "\n".join(lines)
 
 

@@ -146,6 +146,7 @@ def serve(req: dict) -> dict:
         state = session_flows.prime(eng, tpl)
         prime_ms = (time.perf_counter() - t0) * 1000
         rss["prime"] = peak_rss()
+        tiers_after_prime = [t.__dict__ for t in eng.cache.tier_usage()]
         state_file = tmp / "prefix.kvstate"
         file_bytes = state.save(state_file)
         colds: dict = {}
@@ -179,7 +180,8 @@ def serve(req: dict) -> dict:
             "sizes": {"state_bytes": len(state.data), "state_file_bytes": file_bytes,
                       "raw_kv_bytes": state.n_tokens * info.kv_bytes_per_token,
                       "recurrent_state_bytes": info.traits.recurrent_state_bytes},
-            "limits": limits, "peak_rss": rss, "tiers_after_run": tiers_after_run,
+            "limits": limits, "peak_rss": rss, "tiers_after_prime": tiers_after_prime,
+            "tiers_after_run": tiers_after_run,
             "seconds": round(time.perf_counter() - t_start, 1),
         }
     finally:

@@ -194,13 +194,30 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """`python -m bench.scale_report [--rescore] [results.json]`: the Markdown of a stored
+    scale section; --rescore first computes its ratios and goals again from its figures
+    (bench/scale.py's rescore) and writes them back, top-level scale_* entries included."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    again = "--rescore" in argv
+    argv = [a for a in argv if a != "--rescore"]
     path = Path(argv[0]) if argv else Path(__file__).resolve().parent / "results.json"
-    sc = json.loads(path.read_text(encoding="utf-8")).get("scale")
+    results = json.loads(path.read_text(encoding="utf-8"))
+    sc = results.get("scale")
     if not sc or "runs" not in sc:
         print(f"{path} has no scale section; run `python -m bench --only-scale` first",
               file=sys.stderr)
         return 1
+    if again:
+        from .scale import rescore
+
+        for key in ("ratios", "goals"):  # this section's old entries, then its new ones
+            top = results.setdefault(key, {})
+            for k in [k for k in top if k in sc.get(key, {})]:
+                del top[k]
+        rescore(sc)
+        results["ratios"].update(sc["ratios"])
+        results["goals"].update(sc["goals"])
+        path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(scale_markdown(sc))
     return 0
 

@@ -33,6 +33,7 @@ from typing import BinaryIO
 
 from ..errors import StateFileError
 from ..llama.ggml_types import KV_TYPES
+from .body_buffer import new_body
 from .prefix_state import PrefixState, read_state_meta
 from .seq_payload import row_layout
 from .seq_state_layout import (FILE_HEAD_BYTES, buffer_head, check_version, file_head,
@@ -117,10 +118,7 @@ def read_llama_state(f: BinaryIO, size: int, name: str) -> PrefixState:
     toks = _server_tokens(toks, name)
     if min(toks) < 0:
         raise StateFileError(f"{name} is corrupt: it holds a negative token id")
-    body = f.read(size - FILE_HEAD_BYTES - 4 * n_tokens)
-    if not body:
-        raise StateFileError(f"{name} is truncated: it has tokens but no KV data")
-    data = buffer_head() + body
+    data = _read_body(f, size - FILE_HEAD_BYTES - 4 * n_tokens, name)
     layout = row_layout(data, version)
     # KV types from the first layer; check_payload later requires every layer to match them.
     # An unknown layout leaves them empty, and check_payload names what is malformed.
@@ -132,6 +130,26 @@ def read_llama_state(f: BinaryIO, size: int, name: str) -> PrefixState:
     return PrefixState(tokens=tuple(toks), data=data, model_sha256="",
                        model_name=Path(name).stem, type_k=type_k, type_v=type_v,
                        seq_state_version=version, origin="llama.cpp")
+
+
+def _read_body(f: BinaryIO, n: int, name: str) -> bytes:
+    """The file's ``n`` bytes of KV data as the in-memory form llama.cpp's set_data reads (the
+    buffer head, then the data), read straight into the bytes kept: no second copy."""
+    if n <= 0:
+        raise StateFileError(f"{name} is truncated: it has tokens but no KV data")
+    head = buffer_head()
+    data, view = new_body(len(head) + n)
+    got = len(head)
+    with view:
+        view[:got] = head
+        while got < len(view):
+            k = f.readinto(view[got:])
+            if not k:
+                break
+            got += k
+    if got < len(data):
+        raise StateFileError(f"{name} is truncated: it ended while its KV data was read")
+    return data
 
 
 def _server_tokens(toks: array, name: str) -> array:

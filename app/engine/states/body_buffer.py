@@ -1,0 +1,58 @@
+"""A new bytes object for a state file's KV body, filled by a reader through its view, in
+memory the kernel may back with 2 MiB pages.
+
+A state's body is read straight into the bytes the state keeps (no second copy), but fresh
+memory costs a page fault on each 4 KiB page at its first write: reading a 47 MB state that was
+in the page cache into new memory took about 50 ms on a 2-core Xeon, into memory already
+touched about 9 ms. Asking for transparent huge pages for the buffer's whole 2 MiB pages
+(``madvise(MADV_HUGEPAGE)``, Linux) before the first write makes those faults 512 times fewer:
+the same read then took 7-13 ms. Where the kernel has them off, or the call is missing, the
+buffer is an ordinary one: nothing depends on the advice being taken.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+from ..llama.native import new_bytes
+
+HUGE_PAGE = 2 << 20
+# below this a buffer holds no whole huge page worth asking for
+MIN_ADVISED = 2 * HUGE_PAGE
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def _madvise():
+    if _MADV_HUGEPAGE is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _madvise()
+
+
+def huge_page_span(addr: int, n: int) -> tuple[int, int]:
+    """The whole 2 MiB pages inside ``n`` bytes at ``addr``: (start, length), length 0 when
+    there are none."""
+    start = -(-addr // HUGE_PAGE) * HUGE_PAGE
+    end = (addr + n) // HUGE_PAGE * HUGE_PAGE
+    return start, max(end - start, 0)
+
+
+def new_body(n: int) -> tuple[bytes, memoryview]:
+    """``new_bytes(n)`` (a bytes object not yet filled, and a writable view of it for the
+    reader, to release before anyone else sees the object), advised to huge pages first."""
+    data, view = new_bytes(n)
+    if _MADVISE is not None and n >= MIN_ADVISED:
+        addr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        start, length = huge_page_span(addr, n)
+        if length:
+            _MADVISE(start, length, _MADV_HUGEPAGE)  # advice: a refusal changes nothing
+    return data, view

@@ -1,0 +1,83 @@
+"""A state file's body is read into new bytes whose whole 2 MiB pages are advised to huge
+pages (fewer page faults on the first write); the bytes are ordinary bytes either way."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+
+from app.engine.states import body_buffer
+from app.engine.states.body_buffer import HUGE_PAGE, huge_page_span, new_body
+from app.engine.states.prefix_state import PrefixState
+from tests.engine.states.test_prefix_state_file import make
+
+
+def test_the_span_is_the_whole_huge_pages_inside():
+    assert huge_page_span(0, 3 * HUGE_PAGE) == (0, 3 * HUGE_PAGE)
+    assert huge_page_span(16, 3 * HUGE_PAGE) == (HUGE_PAGE, 2 * HUGE_PAGE)
+    assert huge_page_span(16, HUGE_PAGE + 100)[1] == 0  # no whole page inside
+    assert huge_page_span(HUGE_PAGE - 8, 2 * HUGE_PAGE + 8) == (HUGE_PAGE, 2 * HUGE_PAGE)
+
+
+@pytest.mark.parametrize("n", [0, 5, body_buffer.MIN_ADVISED + 12345])
+def test_a_body_is_plain_bytes_filled_through_its_view(n):
+    data, view = new_body(n)
+    view[:] = bytes(i % 251 for i in range(n))
+    view.release()
+    assert type(data) is bytes and len(data) == n
+    assert data == bytes(i % 251 for i in range(n))
+
+
+def _vm_flags(addr: int) -> set[str]:
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return set(line.split()[1:])
+    return set()
+
+
+@pytest.mark.skipif(body_buffer._MADVISE is None
+                    or not Path("/sys/kernel/mm/transparent_hugepage").exists(),
+                    reason="no transparent huge pages here")
+def test_a_large_body_is_advised_to_huge_pages():
+    n = 3 * HUGE_PAGE
+    data, view = new_body(n)
+    view.release()
+    addr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    start, length = huge_page_span(addr, n)
+    assert length >= HUGE_PAGE
+    assert "hg" in _vm_flags(start)  # VM_HUGEPAGE: the advice reached the kernel
+
+
+def test_a_large_state_file_round_trips(tmp_path):
+    s = make(data=bytes(range(256)) * (body_buffer.MIN_ADVISED // 256 + 7))
+    p = tmp_path / "big.kvstate"
+    s.save(p)
+    back = PrefixState.load(p)
+    assert back == s and type(back.data) is bytes
+
+
+def test_a_llama_cpp_file_cut_short_while_reading_says_truncated():
+    import io
+    from array import array
+
+    from app.engine.errors import StateFileError
+    from app.engine.states.llama_state_file import read_llama_state
+    from app.engine.states.seq_state_layout import buffer_head, file_head
+
+    raw = file_head(3, 2) + array("i", [5, 6]).tobytes() + b"kv" * 50
+    with pytest.raises(StateFileError, match="truncated") as e:
+        read_llama_state(io.BytesIO(raw), len(raw) + 100, "s.bin")  # the file shrank
+    assert "\n" not in str(e.value)
+    # read whole, the body comes back behind the in-memory head, as bytes
+    with pytest.raises(StateFileError, match="malformed|KV"):
+        read_llama_state(io.BytesIO(raw), len(raw), "s.bin").check_payload(100)
+    from app.engine.states import llama_state_file
+
+    assert llama_state_file._read_body(io.BytesIO(b"xyz"), 3, "s") == buffer_head() + b"xyz"
