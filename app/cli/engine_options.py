@@ -61,7 +61,9 @@ def engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-resident-mb", type=float, default=_C.resident_bytes / _MB,
                    metavar="MB", help="cap on cells kept in the context (0: three quarters of it)")
     g.add_argument("--cache-ram-mb", type=float, default=_C.ram_bytes / _MB, metavar="MB",
-                   help=f"cap on snapshots of evicted prompts kept in memory ({_C.ram_bytes // _MB})")
+                   help="cap on snapshots of evicted prompts kept in memory (0: room for a "
+                        "prefix as long as the context, at least 512, at most half the memory "
+                        "the engine leaves)")
     g.add_argument("--cache-file-mb", type=float, default=_C.file_bytes / _MB, metavar="MB",
                    help=f"cap on snapshots spilled to files ({_C.file_bytes // _MB})")
 

@@ -108,7 +108,8 @@ class Engine:
         self.cache = RadixCache(EngineAccess(
             self.ctx, self.seqs, self.seq_tokens, self.model,
             self.info.kv_bytes_per_token, self.batching, config.n_seq_max, self.n_swa > 0,
-            self.family, lambda: self.grouping_exact), config.cache)
+            self.family, lambda: self.grouping_exact),
+            replace(config.cache, ram_bytes=self.memory.tiers_cap))  # its cap as budgeted
         self.work_slot = WorkSlot(self.work, self.cache, self.seqs, self.batching)
 
     def _memory_budget(self) -> MemoryBudget:

@@ -124,7 +124,9 @@ class EngineSettingsForm(QWidget):
                               "uses the rest")
         self.cache_resident = spin(0, 1 << 22, "Cap on cached prompts' cells kept in the "
                                    "context", "¾ of the context")
-        self.cache_ram = spin(0, 1 << 22, "Cap on snapshots of evicted prompts kept in memory")
+        self.cache_ram = spin(0, 1 << 22, "Cap on snapshots of evicted prompts kept in memory "
+                              "(auto: room for a prefix as long as the context, within half "
+                              "the memory the engine leaves)", "auto")
         self.cache_file = spin(0, 1 << 22, "Cap on snapshots spilled to files")
         for name, s in (("cacheResidentMb", self.cache_resident), ("cacheRamMb", self.cache_ram),
                         ("cacheFileMb", self.cache_file)):

@@ -130,7 +130,7 @@ def test_undo_of_a_setting_restores_the_session_and_the_widgets_follow(qtbot, ma
     undo.trigger()
     assert "prefix" in s.options.bench_modes and w.bench.mode_boxes["prefix"].isChecked()
     undo.trigger()
-    assert s.options.engine.cache == o.engine.cache and form.cache_ram.value() == 512
+    assert s.options.engine.cache == o.engine.cache and form.cache_ram.value() == 0
     undo.trigger()
     assert s.options.engine.n_ctx == 4096 and form.n_ctx.value() == 4096
     undo.trigger()

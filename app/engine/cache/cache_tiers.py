@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CacheError
+from ..llama.memory_budget import RAM_TIER_FLOOR
 from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
 from .cell_compaction import relayout
@@ -45,7 +46,9 @@ APPROX_RESTORED = ("restored from a snapshot on a sliding-window model: approxim
 @dataclass(frozen=True)
 class CacheLimits:
     resident_bytes: int = 0  # 0: three quarters of the context's cells
-    ram_bytes: int = 512 << 20
+    # 0: room for a prefix as long as the context, within the memory left (memory_budget.py
+    # resolves it before the cache opens)
+    ram_bytes: int = 0
     file_bytes: int = 2 << 30
     folder: str | None = None  # None: a temporary folder, removed on close
 
@@ -97,6 +100,12 @@ class CacheTiers(RecurrentSnapshots):
             self.parts.kv_bytes_per_token * self.parts.ctx.n_ctx * 3 // 4
             + self._largest_rs * self.parts.n_seq_max)
 
+    @property
+    def ram_cap(self) -> int:
+        # an engine hands the cache its resolved cap; 0 reaching here (a cache made by hand)
+        # means the floor
+        return self.limits.ram_bytes or RAM_TIER_FLOOR
+
     def tier_bytes(self, tier: str) -> int:
         if tier == "resident":  # shared cells move as ancestors come and go: count them now
             return sum(self.resident_bytes(n) + n.rs_bytes for n in self.tree if n.seq is not None)
@@ -107,7 +116,7 @@ class CacheTiers(RecurrentSnapshots):
         return sum(len(c.data) for c in self._copies.values())
 
     def usage(self) -> list[TierUsage]:
-        caps = {"resident": self.resident_cap, "ram": self.limits.ram_bytes,
+        caps = {"resident": self.resident_cap, "ram": self.ram_cap,
                 "file": self.limits.file_bytes}
         kept = {"ram": (len(self._copies), self.copy_bytes())}
         return [TierUsage(t, self.tier_bytes(t), cap, sum(1 for n in self.tree if n.tier == t),
@@ -294,7 +303,7 @@ class CacheTiers(RecurrentSnapshots):
     def enforce(self) -> None:
         while self.tier_bytes("resident") > self.resident_cap and self._spill_one():
             pass
-        while self.tier_bytes("ram") > self.limits.ram_bytes:
+        while self.tier_bytes("ram") > self.ram_cap:
             if self._copies:  # copies are only a shortcut: they go first
                 oldest = min(self._copies, key=lambda k: self._copies[k].last_used)
                 del self._copies[oldest]

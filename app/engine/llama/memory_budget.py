@@ -275,6 +275,24 @@ def context_sets(config, flash_attn: bool | None,
             ("work", config.context_params(work_sequences(stateful), flash_attn))]  # cold too
 
 
+# the RAM tier's least cap: llama-server's --cache-ram defaults to 8 GiB, LlamaRAMCache to 2 GiB
+RAM_TIER_FLOOR = 512 << 20
+
+
+def ram_tier_cap(asked: int, whole_context: int, room: int | None) -> int:
+    """The RAM tier's cap: ``asked`` when the user set one; else room for a prefix as long as
+    the context (``whole_context`` bytes), so the longest prefix a run can have spills to RAM
+    rather than to a file (a 32k prefix on the default model is 750 MB, over a fixed 512 MiB),
+    at least RAM_TIER_FLOOR and at most half the memory the rest of the engine leaves
+    (``room``; None: not known), so the cap alone never makes an engine refuse."""
+    if asked:
+        return asked
+    want = max(RAM_TIER_FLOOR, whole_context)
+    if room is None:
+        return want
+    return max(RAM_TIER_FLOOR, min(want, room // 2))
+
+
 def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: int = 0,
                 available: tuple[int, str] | None = None, use_extra_bufts: bool = True,
                 facts: dict | None = None) -> MemoryBudget:
@@ -296,7 +314,10 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
         contexts.append(ContextMemory(name, cells, p.n_seq_max, per_token * cells,
                                       recurrent_state_bytes * p.n_seq_max, compute))
     avail, source = available if available is not None else memory_available()
-    return MemoryBudget(facts["file_bytes"], tuple(contexts), config.cache.ram_bytes, avail,
+    rest = MemoryBudget(facts["file_bytes"], tuple(contexts), 0, avail).total
+    whole = per_token * padded_cells(config.n_ctx) + recurrent_state_bytes
+    ram = ram_tier_cap(config.cache.ram_bytes, whole, avail - rest if avail else None)
+    return MemoryBudget(facts["file_bytes"], tuple(contexts), ram, avail,
                         source, "llama.cpp" if planned else "estimate")
 
 

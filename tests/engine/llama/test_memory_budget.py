@@ -11,6 +11,7 @@ import pytest
 
 from app.cli import main
 from app.engine import Engine, EngineConfig
+from app.engine.cache.cache_tiers import CacheLimits
 from app.engine.errors import MemoryBudgetError
 from app.engine.llama import memory_budget as mb
 from app.engine.llama.llama_backend import add_log_listener, remove_log_listener
@@ -73,7 +74,9 @@ def _check_parts(eng: Engine, log: BufferLog, compute_tolerance: float) -> None:
     # the weights: llama.cpp's tensor bytes; its buffers round each tensor up to an alignment
     assert log.model and abs(budget.model - log.model) <= 0.02 * log.model + 64 * 1024
     assert budget.total == (budget.model + budget.kv + budget.compute + budget.tiers_cap)
-    assert budget.tiers_cap == eng.config.cache.ram_bytes
+    # the cap the budget counted is the cap the cache keeps to
+    assert budget.tiers_cap == eng.cache.tiers.ram_cap
+    assert eng.config.cache.ram_bytes or budget.tiers_cap >= mb.RAM_TIER_FLOOR
 
 
 def test_the_budget_matches_llama_cpps_buffers_on_a_tiny_model(tiny_model):
@@ -218,3 +221,29 @@ def test_the_budget_is_one_line_of_its_parts():
     assert b.fits and "\n" not in b.text()
     assert b.text().startswith(f"{mb.size_text(b.total)} of 8.0 GB available")
     assert not mb.MemoryBudget(1, (), 0, 0).available and mb.MemoryBudget(1, (), 0, 0).fits
+
+
+def test_the_ram_tiers_cap_holds_a_prefix_as_long_as_the_context():
+    MiB, floor = 1 << 20, mb.RAM_TIER_FLOOR
+    # a 32k prefix on the default model (750 MB) spills to RAM, not to a file
+    assert mb.ram_tier_cap(0, 750 * MiB, None) == 750 * MiB
+    assert mb.ram_tier_cap(0, 750 * MiB, 8 << 30) == 750 * MiB
+    # never under the floor, never over half the memory the rest of the engine leaves
+    assert mb.ram_tier_cap(0, 100 * MiB, None) == floor
+    assert mb.ram_tier_cap(0, 4 << 30, 3 << 30) == 1536 * MiB
+    assert mb.ram_tier_cap(0, 750 * MiB, 600 * MiB) == floor
+    # a cap the user set is the cap
+    assert mb.ram_tier_cap(64 * MiB, 750 * MiB, 8 << 30) == 64 * MiB
+
+
+def test_the_engine_budgets_and_keeps_the_same_ram_cap(tiny_model, monkeypatch):
+    _low_memory(monkeypatch, 64 << 30)
+    config = EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=64, n_threads=1)
+    with Engine(config) as eng:
+        whole = eng.info.kv_bytes_per_token * mb.padded_cells(2048)
+        assert eng.cache.tiers.ram_cap == eng.info.memory.tiers_cap == max(mb.RAM_TIER_FLOOR, whole)
+        assert eng.config.cache.ram_bytes == 0  # auto stays auto in what is saved
+    set_cap = EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=64, n_threads=1,
+                           cache=CacheLimits(ram_bytes=3 << 20))
+    with Engine(set_cap) as eng:
+        assert eng.cache.tiers.ram_cap == eng.info.memory.tiers_cap == 3 << 20
