@@ -12,8 +12,14 @@ cold run per row serves every mode whose warm history used the same batch starts
 cold run, which measures the model's own batch-grouping noise, runs at most once per row: only
 when a mode's warm run differs from its cold run, or on every row when asked (``noise``).
 
-Each call records the machine's load while it ran (machine_load.py); a row measured while
-other programs used more than a quarter of the cores is flagged. The headline of each mode
+Each call records the machine's load while it ran (machine_load.py), read pass by pass (the
+task's reports mark the parts): a row is flagged when other programs used more than a quarter
+of the cores over a call or over any half second of it (averaged over a call whose cold run
+lasts ten times its warm run, a spell over the warm run alone was lost). The runs of a round
+(one row, every mode side by side) whose warm runs saw different loads, one busy and one not
+or shares more than STRADDLE_SHARE apart, are made again, at most RETRIES times; the steadiest
+try is kept (the cold runs are kept already, so a try is warm runs only, and the job's plan is
+told of them), and a row still straddling a change is flagged. The headline of each mode
 against prefix mode comes from each row's side-by-side runs (mode_pairs.paired_figures). The
 job's progress comes from a plan of every pass made before it starts (bench_passes.py). Each
 row keeps the breakdown of its median warm run (warm_cost.py). A row that fails (too long, bad
@@ -23,11 +29,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import Cancelled, KvPrimerError, MissingValuesError
-from ..llama.machine_load import LoadMeter, MachineLoad
-from ..progress_plan import DonePass
+from ..llama.machine_load import WINDOW_S, LoadMeter, MachineLoad
+from ..progress_plan import DonePass, PlannedPass
 from ..runs.generation import GenerationConfig
 from ..states.prefix_state import PrefixState
 from ..runs.prompt_runs import check_reuse_modes, job_reusable_depths, refuse_compose, run_prompt
@@ -39,6 +45,13 @@ from ..runs.verdict import Verdict
 from ..runs.warm_cost import WarmBreakdown
 from .bench_passes import done_passes, plan_bench
 from .mode_pairs import bench_order, paired_figures, paired_ratio
+
+# a round is measured again when its warm runs' loads differ by more than this share of the
+# cores: a reading over half a second (machine_load.WINDOW_S) is good to about ±0.04 of the
+# cores, so two readings differ by up to ~0.08 by chance; past 0.1 the load changed, and a run
+# given a tenth of the cores less takes ~10% longer (the pairs' goal is ±5%)
+STRADDLE_SHARE = 0.1
+RETRIES = 2  # tries of a round at most, beyond the first
 
 
 @dataclass
@@ -75,13 +88,23 @@ class BenchRow:
     breakdown: WarmBreakdown | None = None  # where the median warm run's time went
     warm_runs_ms: list[float] = field(default_factory=list)  # each repeat's, in round order
     vs_prefix: float | None = None  # warm time against prefix mode's, side by side (median)
-    load: float | None = None  # other programs' share of the cores, the busiest of its calls
+    load: float | None = None  # other programs' share of the cores, the busiest half second
     under_load: bool = False  # measured while other programs used the cores: less sure
+    remeasured: int = 0  # runs made again because the load changed between a round's runs
+    load_changed: bool = False  # a round's runs still saw different loads after the retries
     # compose: module tokens recomputed in context, their share of the modules' tokens, and
     # the signal that chose them (recompute_choice.py)
     recomputed_tokens: int = 0
     recompute_share: float | None = None
     recompute_signal: str = ""
+
+    def load_words(self) -> str:
+        """"re-measured: load changed" for a row whose round was made again; "" if none."""
+        if not self.remeasured:
+            return ""
+        if self.load_changed:
+            return "re-measured: load changed, and still changed (less sure)"
+        return "re-measured: load changed"
 
     def verdict(self) -> Verdict | None:
         """The first repeat's verdict (None for a row that failed): its words come from it."""
@@ -131,6 +154,7 @@ class BenchResult:
             }
         out["paired"] = {f"{f.mode}_vs_{f.base}": f.as_dict() for f in self.paired()}
         out["rows_under_load"] = self.rows_under_load()
+        out["rows_remeasured"], out["rows_load_changed"] = self.rows_remeasured()
         first = out.get(self.modes[0], {}) if self.modes else {}
         # the one-mode figures as before, for readers of older JSON
         out.update({k: first.get(k) for k in ("warm_ms_median", "cold_ms_median",
@@ -149,6 +173,11 @@ class BenchResult:
     def rows_under_load(self) -> list[int]:
         """The rows (numbers) measured, in some mode, while the machine was busy."""
         return sorted({r.row for r in self.rows if r.under_load})
+
+    def rows_remeasured(self) -> tuple[list[int], list[int]]:
+        """The rows (numbers) made again as the load changed, and those still straddling."""
+        return (sorted({r.row for r in self.rows if r.remeasured}),
+                sorted({r.row for r in self.rows if r.load_changed}))
 
     def mode_lines(self) -> list[str]:
         """The benchmark in words, one line per reuse mode (and one if it was cancelled): the
@@ -174,6 +203,13 @@ class BenchResult:
             lines.append(f"measured under load (other programs used over a quarter of the "
                          f"cores): row{'s' if len(busy) > 1 else ''} "
                          f"{', '.join(str(n) for n in busy)}; their times are less sure")
+        again, changed = self.rows_remeasured()
+        if again:
+            still = (f"; still changed on {', '.join(str(n) for n in changed)}: less sure"
+                     if changed else "")
+            lines.append(f"re-measured (load changed between a row's side-by-side runs): "
+                         f"row{'s' if len(again) > 1 else ''} "
+                         f"{', '.join(str(n) for n in again)}{still}")
         if self.cancelled:
             lines.append("cancelled before every row ran")
         return lines
@@ -222,11 +258,12 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                                   state=state, noise=noise)
     task.begin_job("bench", len(order), plan=plan)  # "row 7 of 10 · chain", time left
     runs: dict[tuple[int, str], _RowRuns] = {}
-    colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by the modes
-    before: dict[int, int] = {}  # per row: the cache generation its calls reuse nodes before
     # chain cuts a batch only where another row of the benchmark can reuse the segment
     reusable = (job_reusable_depths(engine, template, [r.values for r in rows])
                 if "chain" in modes else [None] * len(rows))
+    calls = _Calls(engine, template, state, recompute, gen, task, noise, reusable, load_meter,
+                   _Watch(plan))
+    hook, task.on_report = task.on_report, calls.watch.report
     try:
         for s_i, step in enumerate(order):
             row = rows[step.row]
@@ -238,29 +275,141 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                 # beats the kernel measurement's (taken at another time, under another load)
                 if passes:
                     plan.prefill_prior = passes[0].prefill_s / plan.units(passes[0])
-            if step.row not in before:
-                before[step.row] = engine.cache.generation + 1
             got = runs.setdefault((step.row, step.mode), _RowRuns())
-            rows_colds = colds.setdefault(step.row, {})
             if got.error is None:
-                keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
-                generation = engine.cache.generation
-                meter = load_meter()
-                with meter:
-                    got.run(engine, template, row, step.mode, state, recompute, gen, task,
-                            rows_colds, before[step.row], True if noise else None,
-                            reusable[step.row])
-                got.loads.append(meter.result())
-                if len(got.reports) > ran:
-                    passes += done_passes(engine, got.reports[-1], keys, rows_colds, made,
-                                          generation)
+                passes += calls.run(step, row, got)
+            nxt = order[s_i + 1] if s_i + 1 < len(order) else None
+            if nxt is None or (nxt.row, nxt.round) != (step.row, step.round):
+                first = s_i
+                while first > 0 and (order[first - 1].row, order[first - 1].round) == (
+                        step.row, step.round):
+                    first -= 1
+                passes += calls.steady_round(
+                    [(i, order[i], runs[(order[i].row, order[i].mode)])
+                     for i in range(first, s_i + 1)], row)
+            calls.watch.step_ends()
             task.end_item(passes)
-            if s_i + 1 == len(order) or order[s_i + 1].row != step.row:
-                _add_row(result, step.row, row, modes, runs, rows_colds, state)
+            if nxt is None or nxt.row != step.row:
+                _add_row(result, step.row, row, modes, runs, calls.colds.get(step.row, {}), state)
                 task.partial(result)
     except Cancelled:
         result.cancelled = True
+    finally:
+        task.on_report = hook
     return result
+
+
+class _Watch:
+    """The machine's load as the job runs: each call's LoadMeter marked at every report of
+    the task (a batch of a pass: the part since the last one is that pass's), and the plan
+    told the cores free lately and over each step."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.meter: LoadMeter | None = None
+        self.loads: list[MachineLoad] = []  # the running step's calls'
+
+    def report(self, stage: str, done: int) -> None:
+        m = self.meter
+        if m is None:
+            return
+        m.mark(stage if done > 0 else "")
+        free = m.recent_free()
+        if free is not None:
+            self.plan.note_load(now=free)
+
+    def call_ends(self, load: MachineLoad) -> None:
+        self.meter = None
+        self.loads.append(load)
+        if load.wall_s >= WINDOW_S:
+            self.plan.note_load(now=load.free_share(recent=True))
+
+    def step_ends(self) -> None:
+        got = [x for x in self.loads if x.other_cores is not None and x.wall_s > 0]
+        wall = sum(x.wall_s for x in got)
+        if wall >= WINDOW_S:
+            others = sum(x.other_cores * x.wall_s for x in got) / wall
+            self.plan.note_load(step=MachineLoad(others, got[0].n_cores, "").free_share())
+        self.loads = []
+
+
+class _Calls:
+    """A benchmark's calls: each run measured (its load, pass by pass), and a round run
+    again while its runs straddle a change of the machine's load."""
+
+    def __init__(self, engine, template, state, recompute, gen, task, noise, reusable,
+                 load_meter, watch: _Watch):
+        self.engine, self.template, self.state = engine, template, state
+        self.recompute, self.gen, self.task, self.noise = recompute, gen, task, noise
+        self.reusable, self.load_meter, self.watch = reusable, load_meter, watch
+        self.colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by modes
+        self.before: dict[int, int] = {}  # per row: the cache generation its calls reuse before
+
+    def run(self, step, row, got: "_RowRuns") -> list:
+        """One call; the passes it ran, for the plan."""
+        engine = self.engine
+        if step.row not in self.before:
+            self.before[step.row] = engine.cache.generation + 1
+        rows_colds = self.colds.setdefault(step.row, {})
+        keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
+        generation = engine.cache.generation
+        meter = self.watch.meter = self.load_meter()
+        try:
+            with meter:
+                got.run(engine, self.template, row, step.mode, self.state, self.recompute,
+                        self.gen, self.task, rows_colds, self.before[step.row],
+                        True if self.noise else None, self.reusable[step.row])
+        finally:
+            self.watch.call_ends(meter.result())
+        got.loads.append(meter.result())
+        got.pair_loads.append(meter.result("warm"))
+        if len(got.reports) > ran:
+            return done_passes(engine, got.reports[-1], keys, rows_colds, made, generation)
+        return []
+
+    def steady_round(self, calls: list, row) -> list:
+        """``calls`` (plan index, Step, _RowRuns): a round just run. While its warm runs saw
+        different loads, run it again (RETRIES times at most); keep the steadiest try. The
+        passes the tries ran, their warm runs as "remeasure"."""
+        n = len(calls)
+        if n < 2 or any(g.error is not None or len(g.reports) != st.round + 1
+                        for _i, st, g in calls):
+            return []
+        tries = [[(g.reports[-1], g.loads[-1], g.pair_loads[-1]) for _i, _st, g in calls]]
+        passes: list = []
+        plan = self.watch.plan
+        while _straddles([t[2] for t in tries[-1]]) and len(tries) <= RETRIES:
+            plan.extend([PlannedPass("remeasure", p.start, p.end, p.generate)
+                         for i, _st, _g in calls for p in plan.steps[i].passes
+                         if p.kind == "warm"])
+            for _i, st, g in calls:
+                ran = self.run(st, row, g)
+                passes += [replace(d, kind="remeasure") if d.kind == "warm" else d for d in ran]
+                if g.error is not None:
+                    return passes
+            tries.append([(g.reports[-1], g.loads[-1], g.pair_loads[-1])
+                          for _i, _st, g in calls])
+        if len(tries) == 1:
+            return passes
+        best = min(tries, key=lambda t: (_straddles([x[2] for x in t]),
+                                         max(x[2].share or 0.0 for x in t)))
+        for k, (_i, _st, g) in enumerate(calls):
+            for got_list, at in ((g.reports, 0), (g.loads, 1), (g.pair_loads, 2)):
+                del got_list[len(got_list) - len(tries):]
+                got_list.append(best[k][at])
+            g.remeasured += len(tries) - 1
+            g.load_changed = g.load_changed or _straddles([x[2] for x in best])
+        return passes
+
+
+def _straddles(loads: list[MachineLoad]) -> bool:
+    """Warm runs of a round that saw different loads: one busy and one not, or shares more
+    than STRADDLE_SHARE apart (readings over less than WINDOW_S are too coarse to tell)."""
+    read = [x for x in loads if x.share is not None and x.wall_s >= WINDOW_S]
+    if len(read) < 2:
+        return False
+    shares = [x.share for x in read]
+    return len({x.busy for x in read}) > 1 or max(shares) - min(shares) > STRADDLE_SHARE
 
 
 def _prime(engine, template, state, task, prime_from: int) -> list:
@@ -280,7 +429,10 @@ class _RowRuns:
     """One row's calls in one mode, round by round."""
     reports: list = field(default_factory=list)
     loads: list[MachineLoad] = field(default_factory=list)
+    pair_loads: list[MachineLoad] = field(default_factory=list)  # around each warm run
     error: str | None = None
+    remeasured: int = 0  # runs made again (a round's loads differed)
+    load_changed: bool = False  # a round kept still straddles a change of load
 
     def run(self, engine, template, row, mode, state, recompute, gen, task, colds, before,
             oneshot, reusable) -> None:
@@ -318,9 +470,10 @@ def _add_row(result: BenchResult, index: int, row: Row, modes, runs, colds, stat
 
 def _bench_row(row: Row, mode: str, got: _RowRuns, colds: dict, state) -> BenchRow:
     out = BenchRow(row=row.number, reuse=mode, state_bytes=state.nbytes if state else 0)
-    shares = [x.share for x in got.loads if x.share is not None]
+    shares = [x.peak_share for x in got.loads if x.peak_share is not None]
     out.load = max(shares) if shares else None
-    out.under_load = any(x.busy for x in got.loads)
+    out.under_load = any(x.busy_at_times for x in got.loads)
+    out.remeasured, out.load_changed = got.remeasured, got.load_changed
     if got.error is not None or not got.reports:
         out.error = got.error or "the row did not run"
         return out
