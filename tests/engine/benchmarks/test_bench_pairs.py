@@ -135,13 +135,15 @@ def test_the_benchmark_panel_shows_the_paired_headline_and_the_busy_row(qtbot):
     rows = [row(1, "prefix", [100.0], load=0.02),
             row(2, "prefix", [400.0], load=0.8, under_load=True),
             row(1, "chain", [100.0], load=0.01, vs_prefix=1.0),
-            row(2, "chain", [400.0], load=0.1, vs_prefix=1.0)]
+            row(2, "chain", [400.0], load=0.1, vs_prefix=1.0, remeasured=1)]
     s.set_bench(BenchResult(model={}, rows=rows, modes=("prefix", "chain")))
     col = {v.table.horizontalHeaderItem(c).text(): c for c in range(v.table.columnCount())}
     busy = v.table.item(1, col["load"])
     assert busy.text() == "80% busy" and busy.foreground().color().name() == UNDER_LOAD_COLOR
     assert "other programs" in busy.toolTip()
     assert v.table.item(0, col["load"]).text() == "2%"
+    again = v.table.item(3, col["load"])  # chain's row 2: its round was measured again
+    assert again.text() == "10% ↻" and again.toolTip() == "re-measured: load changed"
     assert v.table.item(2, col["vs prefix (×)"]).text() == "×1.00"
     assert v.table.item(0, col["vs prefix (×)"]).text() == ""
     text = v.summary.text()

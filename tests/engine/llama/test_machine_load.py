@@ -42,7 +42,7 @@ def test_short_parts_are_read_together_for_half_a_second():
     m = FakeMachine()
     meter = m.meter()
     with meter:
-        for i in range(20):  # 1/16 s parts: a tick or six of /proc/stat each
+        for i in range(20):  # 1/16 s parts: a few ticks of /proc/stat each
             m.run(0.0625, 2.0 if i == 3 else 0.0)
             meter.mark("warm" if i < 2 else "cold")
     load = meter.result()
