@@ -263,7 +263,7 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                 if "chain" in modes else [None] * len(rows))
     calls = _Calls(engine, template, state, recompute, gen, task, noise, reusable, load_meter,
                    _Watch(plan))
-    hook, task.on_report = task.on_report, calls.watch.report
+    hook, task.on_report = getattr(task, "on_report", None), calls.watch.report
     try:
         for s_i, step in enumerate(order):
             row = rows[step.row]
@@ -290,7 +290,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
             calls.watch.step_ends()
             task.end_item(passes)
             if nxt is None or nxt.row != step.row:
-                _add_row(result, step.row, row, modes, runs, calls.colds.get(step.row, {}), state)
+                _add_row(result, step.row, row, modes, runs, calls.colds.get(step.row, {}),
+                         state)
                 task.partial(result)
     except Cancelled:
         result.cancelled = True
