@@ -17,7 +17,7 @@ task's reports mark the parts): a row is flagged when other programs used more t
 of the cores over a call or over any half second of it (averaged over a call whose cold run
 lasts ten times its warm run, a spell over the warm run alone was lost). The runs of a round
 (one row, every mode side by side) whose warm runs saw different loads, one busy and one not
-or shares more than STRADDLE_SHARE apart, are made again, at most RETRIES times; the steadiest
+or shares more than a tenth of the cores apart, are made again (load_rounds.py), at most RETRIES times; the steadiest
 try is kept (the cold runs are kept already, so a try is warm runs only, and the job's plan is
 told of them), and a row still straddling a change is flagged. The headline of each mode
 against prefix mode comes from each row's side-by-side runs (mode_pairs.paired_figures). The
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from ..errors import Cancelled, KvPrimerError, MissingValuesError
-from ..llama.machine_load import WINDOW_S, LoadMeter, MachineLoad
-from ..progress_plan import DonePass, PlannedPass
+from ..llama.machine_load import LoadMeter, MachineLoad
+from ..progress_plan import DonePass
 from ..runs.generation import GenerationConfig
 from ..states.prefix_state import PrefixState
 from ..runs.prompt_runs import check_reuse_modes, job_reusable_depths, refuse_compose, run_prompt
@@ -43,15 +43,9 @@ from ..task_state import TaskState
 from ..prompts.template import Template
 from ..runs.verdict import Verdict
 from ..runs.warm_cost import WarmBreakdown
-from .bench_passes import done_passes, plan_bench
+from .bench_passes import plan_bench
+from .load_rounds import LoadedCalls, LoadWatch
 from .mode_pairs import bench_order, paired_figures, paired_ratio
-
-# a round is measured again when its warm runs' loads differ by more than this share of the
-# cores: a reading over half a second (machine_load.WINDOW_S) is good to about ±0.04 of the
-# cores, so two readings differ by up to ~0.08 by chance; past 0.1 the load changed, and a run
-# given a tenth of the cores less takes ~10% longer (the pairs' goal is ±5%)
-STRADDLE_SHARE = 0.1
-RETRIES = 2  # tries of a round at most, beyond the first
 
 
 @dataclass
@@ -261,8 +255,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
     # chain cuts a batch only where another row of the benchmark can reuse the segment
     reusable = (job_reusable_depths(engine, template, [r.values for r in rows])
                 if "chain" in modes else [None] * len(rows))
-    calls = _Calls(engine, template, state, recompute, gen, task, noise, reusable, load_meter,
-                   _Watch(plan))
+    calls = LoadedCalls(engine, template, state, recompute, gen, task, noise, reusable,
+                        load_meter, LoadWatch(plan))
     hook, task.on_report = getattr(task, "on_report", None), calls.watch.report
     try:
         for s_i, step in enumerate(order):
@@ -298,119 +292,6 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
     finally:
         task.on_report = hook
     return result
-
-
-class _Watch:
-    """The machine's load as the job runs: each call's LoadMeter marked at every report of
-    the task (a batch of a pass: the part since the last one is that pass's), and the plan
-    told the cores free lately and over each step."""
-
-    def __init__(self, plan):
-        self.plan = plan
-        self.meter: LoadMeter | None = None
-        self.loads: list[MachineLoad] = []  # the running step's calls'
-
-    def report(self, stage: str, done: int) -> None:
-        m = self.meter
-        if m is None:
-            return
-        m.mark(stage if done > 0 else "")
-        free = m.recent_free()
-        if free is not None:
-            self.plan.note_load(now=free)
-
-    def call_ends(self, load: MachineLoad) -> None:
-        self.meter = None
-        self.loads.append(load)
-        if load.wall_s >= WINDOW_S:
-            self.plan.note_load(now=load.free_share(recent=True))
-
-    def step_ends(self) -> None:
-        got = [x for x in self.loads if x.other_cores is not None and x.wall_s > 0]
-        wall = sum(x.wall_s for x in got)
-        if wall >= WINDOW_S:
-            others = sum(x.other_cores * x.wall_s for x in got) / wall
-            self.plan.note_load(step=MachineLoad(others, got[0].n_cores, "").free_share())
-        self.loads = []
-
-
-class _Calls:
-    """A benchmark's calls: each run measured (its load, pass by pass), and a round run
-    again while its runs straddle a change of the machine's load."""
-
-    def __init__(self, engine, template, state, recompute, gen, task, noise, reusable,
-                 load_meter, watch: _Watch):
-        self.engine, self.template, self.state = engine, template, state
-        self.recompute, self.gen, self.task, self.noise = recompute, gen, task, noise
-        self.reusable, self.load_meter, self.watch = reusable, load_meter, watch
-        self.colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by modes
-        self.before: dict[int, int] = {}  # per row: the cache generation its calls reuse before
-
-    def run(self, step, row, got: "_RowRuns") -> list:
-        """One call; the passes it ran, for the plan."""
-        engine = self.engine
-        if step.row not in self.before:
-            self.before[step.row] = engine.cache.generation + 1
-        rows_colds = self.colds.setdefault(step.row, {})
-        keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
-        generation = engine.cache.generation
-        meter = self.watch.meter = self.load_meter()
-        try:
-            with meter:
-                got.run(engine, self.template, row, step.mode, self.state, self.recompute,
-                        self.gen, self.task, rows_colds, self.before[step.row],
-                        True if self.noise else None, self.reusable[step.row])
-        finally:
-            self.watch.call_ends(meter.result())
-        got.loads.append(meter.result())
-        got.pair_loads.append(meter.result("warm"))
-        if len(got.reports) > ran:
-            return done_passes(engine, got.reports[-1], keys, rows_colds, made, generation)
-        return []
-
-    def steady_round(self, calls: list, row) -> list:
-        """``calls`` (plan index, Step, _RowRuns): a round just run. While its warm runs saw
-        different loads, run it again (RETRIES times at most); keep the steadiest try. The
-        passes the tries ran, their warm runs as "remeasure"."""
-        n = len(calls)
-        if n < 2 or any(g.error is not None or len(g.reports) != st.round + 1
-                        for _i, st, g in calls):
-            return []
-        tries = [[(g.reports[-1], g.loads[-1], g.pair_loads[-1]) for _i, _st, g in calls]]
-        passes: list = []
-        plan = self.watch.plan
-        while _straddles([t[2] for t in tries[-1]]) and len(tries) <= RETRIES:
-            plan.extend([PlannedPass("remeasure", p.start, p.end, p.generate)
-                         for i, _st, _g in calls for p in plan.steps[i].passes
-                         if p.kind == "warm"])
-            for _i, st, g in calls:
-                ran = self.run(st, row, g)
-                passes += [replace(d, kind="remeasure") if d.kind == "warm" else d for d in ran]
-                if g.error is not None:
-                    return passes
-            tries.append([(g.reports[-1], g.loads[-1], g.pair_loads[-1])
-                          for _i, _st, g in calls])
-        if len(tries) == 1:
-            return passes
-        best = min(tries, key=lambda t: (_straddles([x[2] for x in t]),
-                                         max(x[2].share or 0.0 for x in t)))
-        for k, (_i, _st, g) in enumerate(calls):
-            for got_list, at in ((g.reports, 0), (g.loads, 1), (g.pair_loads, 2)):
-                del got_list[len(got_list) - len(tries):]
-                got_list.append(best[k][at])
-            g.remeasured += len(tries) - 1
-            g.load_changed = g.load_changed or _straddles([x[2] for x in best])
-        return passes
-
-
-def _straddles(loads: list[MachineLoad]) -> bool:
-    """Warm runs of a round that saw different loads: one busy and one not, or shares more
-    than STRADDLE_SHARE apart (readings over less than WINDOW_S are too coarse to tell)."""
-    read = [x for x in loads if x.share is not None and x.wall_s >= WINDOW_S]
-    if len(read) < 2:
-        return False
-    shares = [x.share for x in read]
-    return len({x.busy for x in read}) > 1 or max(shares) - min(shares) > STRADDLE_SHARE
 
 
 def _prime(engine, template, state, task, prime_from: int) -> list:
