@@ -282,7 +282,8 @@ def cmd_bench(args) -> int:
             print(f"{r.row:>4} {r.reuse:<8} {r.prefix_tokens + r.suffix_tokens:>6} "
                   f"{r.reused_tokens:>6} {r.evaluated_tokens:>5} {r.cold_ms:>9.1f} "
                   f"{r.warm_ms:>8.1f} {r.speedup:>6.1f}x  {r.verdict().describe()}"
-                  + (f" · recomputed {r.recompute_share:.0%}" if r.recompute_share else ""))
+                  + (f" · recomputed {r.recompute_share:.0%}" if r.recompute_share else "")
+                  + (f" · {r.load_words()}" if r.remeasured else ""))
         for line in res.mode_lines():
             print(line)
 

@@ -21,6 +21,11 @@ with their measured times (``DonePass``), and the plan learns:
   once in three steps (the noise run) kept a stale speed. Before any step, the prior the job
   gave (its prime, or the kernel measurement);
 - seconds per generated token, the same way (the median of the last steps');
+- the cores the job had: other programs' use of the cores during each step (machine_load.py)
+  scales its speeds to a quiet machine's (a step run with half the cores free took twice as
+  long), and the passes left are timed with the cores free now, the latest reading: after a
+  busy spell the level does not wait for the slow steps to leave the median, and it drops as
+  soon as a spell starts. Without readings every step counts as quiet;
 - per kind, how much of the planned work really ran (the plan foresees every pass, so it
   stays near 1; it absorbs what a plan cannot know, a kept run dropped for room, say);
 - the step's time outside its passes (tokenizing, forking cells, the verdict), per part
@@ -41,8 +46,11 @@ MEMORY = 0.9
 # follows a drift within a few steps, and one odd step does not move it
 LEVEL_STEPS = 5
 
-# the order of a step's passes (a benchmark's call): a pass reported means those before it ended
-PASS_ORDER = ("prime", "module", "warm", "cold", "oneshot")
+# the order of a step's passes (a benchmark's call): a pass reported means those before it ended;
+# "remeasure": a warm run made again after the step's passes (its pair saw the load change)
+PASS_ORDER = ("prime", "module", "warm", "cold", "oneshot", "remeasure")
+# a kind costing what another costs: a warm run made again is a warm run
+RATIO_OF = {"remeasure": "warm"}
 
 # a decode of one token reads every weight, as a batch does for many tokens: until one is
 # measured, a generated token is taken to cost this many prefill units
@@ -109,6 +117,10 @@ class JobPlan:
         self._first_start: float | None = None
         self._shown = 0.0  # the largest share said so far
         self._pass: tuple | None = None  # the running pass: kind, done, total, its time left
+        self._free_step = 1.0  # the share of the cores free during the running step
+        self._free_now = 1.0  # ... in the latest reading
+        self._remeasuring = False  # the running step is making warm runs again
+        self._re_begun = 0  # ... and has begun this many of them
 
     # ---- the job's side
     def begin(self, now: float) -> None:
@@ -116,6 +128,7 @@ class JobPlan:
             self._next += 1
         self._started = now
         self._pass = None
+        self._free_step, self._remeasuring, self._re_begun = self._free_now, False, 0
         if self._first_start is None:
             self._first_start = now
 
@@ -131,12 +144,13 @@ class JobPlan:
         inside = 0.0
         planned = {p.kind for p in step.passes}
         measured, gen_s, gen_n = [], 0.0, 0
+        free = self._free_step  # seconds here are seconds times this on a quiet machine
         for d in passes:
             u = self._units(d.start, d.end)
             self._run_units[d.kind] = self._run_units.get(d.kind, 0.0) + u
             if u > 0 and d.prefill_s > 0:
-                measured.append((d.kind, u, d.prefill_s))
-            gen_s, gen_n = gen_s + d.generate_s, gen_n + d.generate
+                measured.append((RATIO_OF.get(d.kind, d.kind), u, d.prefill_s * free))
+            gen_s, gen_n = gen_s + d.generate_s * free, gen_n + d.generate
             if d.kind in planned:  # a kind not foreseen here counts with the step's rest
                 inside += d.prefill_s + d.generate_s
         if measured:
@@ -152,7 +166,26 @@ class JobPlan:
         """The running step reports a pass of ``kind`` (its own time left, from its batches,
         when known): the passes before it in the step are over."""
         if kind in PASS_ORDER and self._started is not None:
+            if self._remeasuring:  # every pass now is part of the runs made again
+                if kind == "warm" and done == 0:
+                    self._re_begun += 1
+                kind, left_s = "remeasure", None
             self._pass = (kind, done, total, left_s)
+
+    def note_load(self, step: float | None = None, now: float | None = None) -> None:
+        """Readings of the share of the cores other programs left free (1: quiet): over the
+        running step so far (``step``), and lately (``now``), which times the passes left."""
+        if step is not None:
+            self._free_step = step
+        if now is not None:
+            self._free_now = now
+
+    def extend(self, passes: list[PlannedPass]) -> None:
+        """The running step runs ``passes`` more (a pair measured again): counted from now."""
+        if self._next < len(self.steps) and self._started is not None:
+            self.steps[self._next].passes.extend(passes)
+            self._remeasuring = True
+            self._pass = None
 
     def skip(self, index: int) -> None:
         """Step ``index`` will not run (its row failed in an earlier step)."""
@@ -195,11 +228,12 @@ class JobPlan:
         ratio (1 for a kind not measured yet), else the prior."""
         if self._level is None:
             return self.prefill_prior
-        return self._level * self._ratio.get(kind, 1.0)
+        ratio = self._ratio.get(kind, self._ratio.get(RATIO_OF.get(kind, kind), 1.0))
+        return self._level * ratio / self._free_now
 
     def gen_rate(self) -> float | None:
         if self._gen_rates:
-            return _median(self._gen_rates[-LEVEL_STEPS:])
+            return _median(self._gen_rates[-LEVEL_STEPS:]) / self._free_now
         if self.gen_prior is not None:
             return self.gen_prior
         p = self.prefill_rate("warm")
@@ -247,10 +281,18 @@ class JobPlan:
         kind, done, total, left_s = self._pass
         at = PASS_ORDER.index(kind)
         left = self.overhead(step.part) / 2  # the step's own work is partly still to come
+        seen = 0  # the runs made again: those begun before the running one are over
         for p in step.passes:
             est = self._pass_seconds(p)
             if est is None:
                 return None
+            if p.kind == kind == "remeasure":
+                seen += 1
+                if seen < self._re_begun:
+                    continue
+                if seen > self._re_begun:
+                    left += est
+                    continue
             if p.kind not in PASS_ORDER or PASS_ORDER.index(p.kind) > at:
                 left += est
             elif p.kind == kind:

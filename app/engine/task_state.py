@@ -217,6 +217,9 @@ class TaskState:
         self.on_partial = on_partial
         self._passes: dict[str, PassClock] = {}
         self._job: _JobClock | None = None
+        # told of every report first (stage, tokens done): a benchmark reads the machine's
+        # load pass by pass with it
+        self.on_report: Callable[[str, int], None] | None = None
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -230,6 +233,8 @@ class TaskState:
             raise Cancelled("cancelled", kept_tokens)
 
     def report(self, stage: str, done: int, total: int) -> None:
+        if self.on_report is not None:
+            self.on_report(stage, done)
         now = time.perf_counter()
         clock = self._passes.get(stage)
         if clock is None or done == 0 or done < clock.last[0]:  # a new pass of this stage

@@ -48,9 +48,10 @@ BENCH_COLUMNS = [
     ("speedup", "speedup (×)", "cold ÷ warm"),
     ("vs_prefix", "vs prefix (×)", "Warm time against prefix mode's on the same row, the two "
                                    "measured side by side (median over the repeats)"),
-    ("load", "load", "Other programs' share of the cores while the row ran (the busiest of its "
-                     "runs); a row above a quarter is measured under load: its times are less "
-                     "sure"),
+    ("load", "load", "Other programs' share of the cores while the row ran (its busiest half "
+                     "second); a row above a quarter is measured under load: its times are less "
+                     "sure. ↻: re-measured, the load changed between the row's side-by-side "
+                     "runs"),
     ("equivalence", "verdict", "bit-identical; within-noise: same tokens, logits no further "
                                "from cold than the model's own batch-grouping noise; diverged"),
     ("tokens_equal", "same tokens", "The warm run generated exactly the cold run's tokens"),
@@ -92,13 +93,16 @@ def cell_text(key: str, value) -> str:
 
 
 def _load_cell(r) -> "Cell":
-    """The row's load, in the warning colour and said in words when it was measured under load."""
+    """The row's load, in the warning colour and said in words when it was measured under load
+    or measured again (the load changed between its side-by-side runs)."""
     text = cell_text("load", r.load)
-    if not r.under_load:
-        return Cell(text, True)
-    return Cell(f"{text} busy", True, UNDER_LOAD_COLOR,
-                "measured while other programs used over a quarter of the cores: its times "
-                "are less sure")
+    again = r.load_words()
+    if not r.under_load and not r.load_changed:
+        return Cell(f"{text} ↻" if again else text, True, "", again)
+    words = ("measured while other programs used over a quarter of the cores: its times "
+             "are less sure" if r.under_load else "")
+    return Cell(f"{text} busy" + (" ↻" if again else ""), True, UNDER_LOAD_COLOR,
+                "; ".join(w for w in (words, again) if w))
 
 
 @dataclass(frozen=True)

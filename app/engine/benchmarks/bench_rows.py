@@ -12,8 +12,14 @@ cold run per row serves every mode whose warm history used the same batch starts
 cold run, which measures the model's own batch-grouping noise, runs at most once per row: only
 when a mode's warm run differs from its cold run, or on every row when asked (``noise``).
 
-Each call records the machine's load while it ran (machine_load.py); a row measured while
-other programs used more than a quarter of the cores is flagged. The headline of each mode
+Each call records the machine's load while it ran (machine_load.py), read pass by pass (the
+task's reports mark the parts): a row is flagged when other programs used more than a quarter
+of the cores over a call or over any half second of it (averaged over a call whose cold run
+lasts ten times its warm run, a spell over the warm run alone was lost). The runs of a round
+(one row, every mode side by side) whose warm runs saw different loads, one busy and one not
+or shares more than a tenth of the cores apart, are made again (load_rounds.py), at most RETRIES times; the steadiest
+try is kept (the cold runs are kept already, so a try is warm runs only, and the job's plan is
+told of them), and a row still straddling a change is flagged. The headline of each mode
 against prefix mode comes from each row's side-by-side runs (mode_pairs.paired_figures). The
 job's progress comes from a plan of every pass made before it starts (bench_passes.py). Each
 row keeps the breakdown of its median warm run (warm_cost.py). A row that fails (too long, bad
@@ -37,7 +43,8 @@ from ..task_state import TaskState
 from ..prompts.template import Template
 from ..runs.verdict import Verdict
 from ..runs.warm_cost import WarmBreakdown
-from .bench_passes import done_passes, plan_bench
+from .bench_passes import plan_bench
+from .load_rounds import LoadedCalls, LoadWatch
 from .mode_pairs import bench_order, paired_figures, paired_ratio
 
 
@@ -75,13 +82,23 @@ class BenchRow:
     breakdown: WarmBreakdown | None = None  # where the median warm run's time went
     warm_runs_ms: list[float] = field(default_factory=list)  # each repeat's, in round order
     vs_prefix: float | None = None  # warm time against prefix mode's, side by side (median)
-    load: float | None = None  # other programs' share of the cores, the busiest of its calls
+    load: float | None = None  # other programs' share of the cores, the busiest half second
     under_load: bool = False  # measured while other programs used the cores: less sure
+    remeasured: int = 0  # runs made again because the load changed between a round's runs
+    load_changed: bool = False  # a round's runs still saw different loads after the retries
     # compose: module tokens recomputed in context, their share of the modules' tokens, and
     # the signal that chose them (recompute_choice.py)
     recomputed_tokens: int = 0
     recompute_share: float | None = None
     recompute_signal: str = ""
+
+    def load_words(self) -> str:
+        """"re-measured: load changed" for a row whose round was made again; "" if none."""
+        if not self.remeasured:
+            return ""
+        if self.load_changed:
+            return "re-measured: load changed, and still changed (less sure)"
+        return "re-measured: load changed"
 
     def verdict(self) -> Verdict | None:
         """The first repeat's verdict (None for a row that failed): its words come from it."""
@@ -131,6 +148,7 @@ class BenchResult:
             }
         out["paired"] = {f"{f.mode}_vs_{f.base}": f.as_dict() for f in self.paired()}
         out["rows_under_load"] = self.rows_under_load()
+        out["rows_remeasured"], out["rows_load_changed"] = self.rows_remeasured()
         first = out.get(self.modes[0], {}) if self.modes else {}
         # the one-mode figures as before, for readers of older JSON
         out.update({k: first.get(k) for k in ("warm_ms_median", "cold_ms_median",
@@ -149,6 +167,11 @@ class BenchResult:
     def rows_under_load(self) -> list[int]:
         """The rows (numbers) measured, in some mode, while the machine was busy."""
         return sorted({r.row for r in self.rows if r.under_load})
+
+    def rows_remeasured(self) -> tuple[list[int], list[int]]:
+        """The rows (numbers) made again as the load changed, and those still straddling."""
+        return (sorted({r.row for r in self.rows if r.remeasured}),
+                sorted({r.row for r in self.rows if r.load_changed}))
 
     def mode_lines(self) -> list[str]:
         """The benchmark in words, one line per reuse mode (and one if it was cancelled): the
@@ -174,6 +197,13 @@ class BenchResult:
             lines.append(f"measured under load (other programs used over a quarter of the "
                          f"cores): row{'s' if len(busy) > 1 else ''} "
                          f"{', '.join(str(n) for n in busy)}; their times are less sure")
+        again, changed = self.rows_remeasured()
+        if again:
+            still = (f"; still changed on {', '.join(str(n) for n in changed)}: less sure"
+                     if changed else "")
+            lines.append(f"re-measured (load changed between a row's side-by-side runs): "
+                         f"row{'s' if len(again) > 1 else ''} "
+                         f"{', '.join(str(n) for n in again)}{still}")
         if self.cancelled:
             lines.append("cancelled before every row ran")
         return lines
@@ -222,11 +252,12 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                                   state=state, noise=noise)
     task.begin_job("bench", len(order), plan=plan)  # "row 7 of 10 · chain", time left
     runs: dict[tuple[int, str], _RowRuns] = {}
-    colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by the modes
-    before: dict[int, int] = {}  # per row: the cache generation its calls reuse nodes before
     # chain cuts a batch only where another row of the benchmark can reuse the segment
     reusable = (job_reusable_depths(engine, template, [r.values for r in rows])
                 if "chain" in modes else [None] * len(rows))
+    calls = LoadedCalls(engine, template, state, recompute, gen, task, noise, reusable,
+                        load_meter, LoadWatch(plan))
+    hook, task.on_report = getattr(task, "on_report", None), calls.watch.report
     try:
         for s_i, step in enumerate(order):
             row = rows[step.row]
@@ -238,28 +269,28 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                 # beats the kernel measurement's (taken at another time, under another load)
                 if passes:
                     plan.prefill_prior = passes[0].prefill_s / plan.units(passes[0])
-            if step.row not in before:
-                before[step.row] = engine.cache.generation + 1
             got = runs.setdefault((step.row, step.mode), _RowRuns())
-            rows_colds = colds.setdefault(step.row, {})
             if got.error is None:
-                keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
-                generation = engine.cache.generation
-                meter = load_meter()
-                with meter:
-                    got.run(engine, template, row, step.mode, state, recompute, gen, task,
-                            rows_colds, before[step.row], True if noise else None,
-                            reusable[step.row])
-                got.loads.append(meter.result())
-                if len(got.reports) > ran:
-                    passes += done_passes(engine, got.reports[-1], keys, rows_colds, made,
-                                          generation)
+                passes += calls.run(step, row, got)
+            nxt = order[s_i + 1] if s_i + 1 < len(order) else None
+            if nxt is None or (nxt.row, nxt.round) != (step.row, step.round):
+                first = s_i
+                while first > 0 and (order[first - 1].row, order[first - 1].round) == (
+                        step.row, step.round):
+                    first -= 1
+                passes += calls.steady_round(
+                    [(i, order[i], runs[(order[i].row, order[i].mode)])
+                     for i in range(first, s_i + 1)], row)
+            calls.watch.step_ends()
             task.end_item(passes)
-            if s_i + 1 == len(order) or order[s_i + 1].row != step.row:
-                _add_row(result, step.row, row, modes, runs, rows_colds, state)
+            if nxt is None or nxt.row != step.row:
+                _add_row(result, step.row, row, modes, runs, calls.colds.get(step.row, {}),
+                         state)
                 task.partial(result)
     except Cancelled:
         result.cancelled = True
+    finally:
+        task.on_report = hook
     return result
 
 
@@ -280,7 +311,10 @@ class _RowRuns:
     """One row's calls in one mode, round by round."""
     reports: list = field(default_factory=list)
     loads: list[MachineLoad] = field(default_factory=list)
+    pair_loads: list[MachineLoad] = field(default_factory=list)  # around each warm run
     error: str | None = None
+    remeasured: int = 0  # runs made again (a round's loads differed)
+    load_changed: bool = False  # a round kept still straddles a change of load
 
     def run(self, engine, template, row, mode, state, recompute, gen, task, colds, before,
             oneshot, reusable) -> None:
@@ -318,9 +352,10 @@ def _add_row(result: BenchResult, index: int, row: Row, modes, runs, colds, stat
 
 def _bench_row(row: Row, mode: str, got: _RowRuns, colds: dict, state) -> BenchRow:
     out = BenchRow(row=row.number, reuse=mode, state_bytes=state.nbytes if state else 0)
-    shares = [x.share for x in got.loads if x.share is not None]
+    shares = [x.peak_share for x in got.loads if x.peak_share is not None]
     out.load = max(shares) if shares else None
-    out.under_load = any(x.busy for x in got.loads)
+    out.under_load = any(x.busy_at_times for x in got.loads)
+    out.remeasured, out.load_changed = got.remeasured, got.load_changed
     if got.error is not None or not got.reports:
         out.error = got.error or "the row did not run"
         return out

@@ -41,7 +41,9 @@ def test_a_benchmark_runs_the_modes_of_each_row_side_by_side(engine, monkeypatch
         return real(eng, tpl, values, **kw)
 
     monkeypatch.setattr(bench_module, "run_prompt", record)
-    res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN)
+    # a quiet machine (a busy one could have a round measured again)
+    res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
+                                  load_meter=Readings([0.0]))
     assert calls == [("0", "prefix"), ("0", "chain"), ("1", "chain"), ("1", "prefix"),
                      ("2", "chain"), ("2", "prefix"), ("3", "prefix"), ("3", "chain")]
     # the results still read mode by mode, each row's warm runs kept in round order
@@ -107,14 +109,16 @@ class Readings:
 
 
 def test_a_row_measured_under_load_is_flagged(engine, capsys):
-    # rows 1, 3, 4 quiet; one of row 2's calls while others used 1.5 of 2 cores
-    readings = Readings([0.0, 0.0, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0])
+    # rows 1, 3, 4 quiet; both of row 2's calls while others used 1.5 of 2 cores (the same
+    # load on both sides: nothing to measure again)
+    readings = Readings([0.0, 0.0, 1.5, 1.5, 0.0, 0.0, 0.0, 0.0])
     res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
                                   load_meter=readings)
     assert readings.calls == 8
     assert res.rows_under_load() == [2]
     flagged = [(r.row, r.reuse) for r in res.rows if r.under_load]
-    assert len(flagged) == 1 and flagged[0][0] == 2
+    assert sorted(flagged) == [(2, "chain"), (2, "prefix")]
+    assert not any(r.remeasured for r in res.rows)
     assert max(r.load for r in res.rows) == pytest.approx(0.75)
     assert res.summary()["rows_under_load"] == [2]
     assert "measured under load (other programs used over a quarter of the cores): row 2" \
@@ -131,15 +135,126 @@ def test_the_benchmark_panel_shows_the_paired_headline_and_the_busy_row(qtbot):
     rows = [row(1, "prefix", [100.0], load=0.02),
             row(2, "prefix", [400.0], load=0.8, under_load=True),
             row(1, "chain", [100.0], load=0.01, vs_prefix=1.0),
-            row(2, "chain", [400.0], load=0.1, vs_prefix=1.0)]
+            row(2, "chain", [400.0], load=0.1, vs_prefix=1.0, remeasured=1)]
     s.set_bench(BenchResult(model={}, rows=rows, modes=("prefix", "chain")))
     col = {v.table.horizontalHeaderItem(c).text(): c for c in range(v.table.columnCount())}
     busy = v.table.item(1, col["load"])
     assert busy.text() == "80% busy" and busy.foreground().color().name() == UNDER_LOAD_COLOR
     assert "other programs" in busy.toolTip()
     assert v.table.item(0, col["load"]).text() == "2%"
+    again = v.table.item(3, col["load"])  # chain's row 2: its round was measured again
+    assert again.text() == "10% ↻" and again.toolTip() == "re-measured: load changed"
     assert v.table.item(2, col["vs prefix (×)"]).text() == "×1.00"
     assert v.table.item(0, col["vs prefix (×)"]).text() == ""
     text = v.summary.text()
     assert "chain ×1.00 of prefix's warm time, side by side (median of 2 rows)" in text
     assert "measured under load" in text and "row 2" in text
+
+
+def recorded_reports(monkeypatch) -> list:
+    """The reports of every call from now on, in order: (row's last character, mode, report)."""
+    got = []
+    real = bench_module.run_prompt
+
+    def record(eng, tpl, values, **kw):
+        rep = real(eng, tpl, values, **kw)
+        got.append((values["c"][-1], kw["reuse"], rep))
+        return rep
+
+    monkeypatch.setattr(bench_module, "run_prompt", record)
+    return got
+
+
+def test_a_pair_straddling_a_change_of_load_is_measured_again(engine, monkeypatch):
+    # row 2's chain run quiet, its prefix run beside 1.5 busy cores: the round runs again
+    # (quiet), and row 2's pair is the new one
+    calls = recorded_reports(monkeypatch)
+    readings = Readings([0.0, 0.0, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
+                                  load_meter=readings)
+    assert readings.calls == 10
+    assert [(c, m) for c, m, _r in calls] == [
+        ("0", "prefix"), ("0", "chain"), ("1", "chain"), ("1", "prefix"),
+        ("1", "chain"), ("1", "prefix"),  # measured again
+        ("2", "chain"), ("2", "prefix"), ("3", "prefix"), ("3", "chain")]
+    again = {m: r for c, m, r in calls[4:6]}
+    row2 = {r.reuse: r for r in res.rows if r.row == 2}
+    for mode, r in row2.items():
+        assert r.warm_runs_ms == [again[mode].warm.ttft_ms]
+        assert r.remeasured == 1 and not r.load_changed and not r.under_load
+        assert r.load_words() == "re-measured: load changed"
+    assert row2["chain"].vs_prefix == pytest.approx(again["chain"].warm.ttft_ms
+                                                    / again["prefix"].warm.ttft_ms)
+    assert not any(r.remeasured for r in res.rows if r.row != 2)
+    assert all(r.verdict().exact for r in res.rows)  # every row still bit-identical
+    assert res.summary()["rows_remeasured"] == [2] and res.summary()["rows_load_changed"] == []
+    assert "re-measured (load changed between a row's side-by-side runs): row 2" \
+        in bench_summary(res)
+
+
+def test_a_pair_tried_twice_more_and_still_straddling_is_flagged(engine):
+    # row 1's prefix runs always quiet, its chain runs always busy: two more tries, then the
+    # row is flagged; the plan counted every warm run made again
+    plans = []
+    real = bench_module.plan_bench
+
+    def keep(*args, **kwargs):
+        plan, start = real(*args, **kwargs)
+        plans.append(plan)
+        return plan, start
+
+    bench_module.plan_bench, saved = keep, bench_module.plan_bench
+    try:
+        readings = Readings([0.0, 1.5] * 3 + [0.0] * 6)
+        res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
+                                      load_meter=readings)
+    finally:
+        bench_module.plan_bench = saved
+    assert readings.calls == 12
+    row1 = [r for r in res.rows if r.row == 1]
+    assert all(r.remeasured == 2 and r.load_changed for r in row1)
+    assert "still changed" in row1[0].load_words()
+    assert res.rows_remeasured() == ([1], [1])
+    assert "still changed on 1: less sure" in bench_summary(res)
+    plan, = plans
+    first = plan.steps[1]  # the round's last call, where its tries ran
+    assert sorted(p.kind for p in first.passes).count("remeasure") == 4
+    assert sorted(d.kind for d in first.done).count("remeasure") == 4
+    assert plan.pass_kinds() == plan.run_kinds()
+
+
+class SpellOverTheWarmRun:
+    """LoadMeters on a fake machine whose other programs run only while a warm run does: each
+    batch of a warm run takes 0.3 s beside 1.5 busy cores, each of any other pass 3 s quiet
+    (the cold run, ten times as long). Averaged over a call that is 0.1 of the cores or less."""
+
+    def __init__(self):
+        self.t = {"clock": 0.0, "busy": 0.0}
+        self.meters = []
+
+    def progress(self, p):  # the time up to the next report is the reported pass's
+        dt, cores = (0.3, 1.5) if p.stage == "warm" else (3.0, 0.0)
+        self.t["clock"] += dt
+        self.t["busy"] += cores * dt
+
+    def __call__(self):
+        t = self.t
+        self.meters.append(LoadMeter(busy_s=lambda: t["busy"], own_s=lambda: 0.0,
+                                     clock=lambda: t["clock"], n_cores=2))
+        return self.meters[-1]
+
+
+def test_a_busy_spell_over_part_of_a_call_flags_the_row(engine):
+    from app.engine.task_state import TaskState
+
+    spell = SpellOverTheWarmRun()
+    res = bench_module.bench_rows(engine, TPL, ROWS[:2], modes=("prefix", "chain"), gen=GEN,
+                                  load_meter=spell, task=TaskState(on_progress=spell.progress))
+    assert res.rows_under_load() == [1, 2]
+    assert all(r.under_load and r.load > 0.25 for r in res.rows)
+    assert not any(r.remeasured for r in res.rows)  # both sides of each pair alike
+    # over a whole call with a cold run the spell averages out below a quarter (a call that
+    # found its cold run made is its warm run alone): read so, the flag missed it
+    assert len(spell.meters) == 4
+    diluted = [m for m in spell.meters if m.result().share < 0.25]
+    assert len(diluted) >= 2 and all(m.result("warm").share > 0.25 for m in diluted)

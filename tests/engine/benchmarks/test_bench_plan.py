@@ -57,9 +57,11 @@ def scripted_job(seed: int):
     return JobPlan(steps, K), truth
 
 
-def run_scripted(clock, plan, truth, seed, labels=None, slow=lambda t: 1.0):
+def run_scripted(clock, plan, truth, seed, labels=None, slow=lambda t: 1.0, free=None):
     """Run the job on the fake clock, reporting each pass in batches as the engine does;
-    returns the (time, time left) of every report and the job's whole time."""
+    returns the (time, time left) of every report and the job's whole time. ``free(t)``: the
+    share of the cores other programs leave the job at t (it then runs that much slower), read
+    to the plan as bench_rows reads it (after each batch, and over each step)."""
     rng = np.random.default_rng(seed + 100)
     seen: list[tuple[float, float | None]] = []
     task = TaskState(on_progress=lambda p: seen.append((clock.now, p.job.eta_s if p.job else None)))
@@ -68,23 +70,31 @@ def run_scripted(clock, plan, truth, seed, labels=None, slow=lambda t: 1.0):
     for i, passes in enumerate(truth):
         label = plan.steps[i].label if plan is not None else labels[i]
         task.begin_item(i // 3 + 1, 10, part=label.split(" · ")[1])
-        done = []
+        done, step_free, step_s = [], 0.0, 0.0
         for d in passes:
             f = slow(clock.now - t0) * (1 + rng.uniform(-0.08, 0.08))
             pre = 0.0
             for a in range(d.start, d.end, 256):  # batches of 256
                 b = min(a + 256, d.end)
-                dt = TRUE_RATE[d.kind] * work_units(a, b, K) * f
+                share = free(clock.now - t0) if free else 1.0
+                dt = TRUE_RATE[d.kind] * work_units(a, b, K) * f / share
                 clock.now += dt
                 pre += dt
+                step_free, step_s = step_free + share * dt, step_s + dt
+                if free and plan is not None:
+                    plan.note_load(now=share)
                 task.report(d.kind, b - d.start, d.end - d.start)
-            g = d.generate * TRUE_GEN * f
+            share = free(clock.now - t0) if free else 1.0
+            g = d.generate * TRUE_GEN * f / share
             clock.now += g
+            step_free, step_s = step_free + share * g, step_s + g
             done.append(DonePass(d.kind, d.start, d.end, d.generate, pre, g))
             # the prime gives the first speed, as bench_rows does
             if d.kind == "prime" and plan is not None and plan.prefill_prior is None:
                 plan.prefill_prior = pre / plan.units(d)
         clock.now += TRUE_OVERHEAD * (1 + rng.uniform(-0.2, 0.2))
+        if free and plan is not None and step_s > 0:
+            plan.note_load(step=step_free / step_s, now=free(clock.now - t0))
         task.end_item(done)
     return seen, clock.now - t0, t0
 
@@ -115,6 +125,56 @@ def test_time_left_holds_when_the_machine_is_busy_for_a_while(clock, seed):
                                    slow=lambda t: 1.33 if 150 <= t < 210 else 1.0)
     for err in errors_at(seen, total, t0):
         assert abs(err) <= 0.20, errors_at(seen, total, t0)
+
+
+SPELL_END = 240
+
+
+def spell(t: float) -> float:
+    """Two busy processes from 60 s to 240 s into the job: it keeps 0.4 of the cores."""
+    return 0.4 if 60 <= t < SPELL_END else 1.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_time_left_recovers_as_soon_as_a_busy_spell_ends(clock, seed):
+    # each step's speed is scaled to a quiet machine's by the cores it had, and the steps
+    # left are timed with the cores free now: once the spell ends, the slow steps it left
+    # in the last few do not hold the estimate up
+    plan, truth = scripted_job(seed)
+    seen, total, t0 = run_scripted(clock, plan, truth, seed, free=spell)
+    after = [t for t, _eta in seen if t - t0 >= SPELL_END]
+    assert after and total > 250
+    marks = [m for m in (0.25, 0.5, 0.75) if m * total >= SPELL_END] + [
+        (after[0] - t0 + d) / total for d in (1, 20, 40)]
+    for err in errors_at(seen, total, t0, marks):
+        assert abs(err) <= 0.20, errors_at(seen, total, t0, marks)
+
+
+def test_without_the_cores_free_the_estimate_misses_after_a_busy_spell(clock):
+    """The same spell with no readings of the load (the plan's speeds as measured): the
+    median of the last steps still holds the slow steps after the spell ends."""
+    plan, truth = scripted_job(0)
+    seen, total, t0 = run_scripted(clock, plan, truth, 0,
+                                   slow=lambda t: 1 / spell(t))
+    after = next(t for t, _eta in seen if t - t0 >= SPELL_END)
+    marks = [(after - t0 + d) / total for d in (1, 20, 40)]
+    assert max(abs(e) for e in errors_at(seen, total, t0, marks)) > 0.40
+
+
+def test_a_step_on_a_busy_machine_counts_at_a_quiet_machines_speed():
+    passes = [PlannedPass("warm", 100, 200, 0), PlannedPass("cold", 0, 200, 0)]
+    plan = JobPlan([PlanStep(str(i), list(passes)) for i in range(4)], k=0.0)
+    t = 0.0
+    for free in (1.0, 0.5):  # the second step had half the cores: twice as long
+        plan.begin(t)
+        plan.note_load(step=free, now=free)
+        t += 3.0 / free
+        plan.end(t, [DonePass("warm", 100, 200, 0, 1.0 / free),
+                     DonePass("cold", 0, 200, 0, 2.0 / free)])
+    assert plan.prefill_rate("cold") == pytest.approx(0.01 / 0.5)  # half the cores now
+    plan.note_load(now=1.0)  # the spell ended
+    assert plan.prefill_rate("cold") == pytest.approx(0.01)
+    assert plan.time_left(t) == pytest.approx(2 * 3.0)
 
 
 @pytest.mark.parametrize("seed", range(6))
