@@ -11,6 +11,7 @@ from app.engine.benchmarks.bench_rows import BenchResult, BenchRow, bench_summar
 from app.engine.benchmarks.mode_pairs import bench_order, mode_order
 from app.engine.llama.machine_load import LoadMeter
 from app.engine.prompts.rows import Row
+from .test_bench_plan import kept_plans
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 3
@@ -192,24 +193,13 @@ def test_a_pair_straddling_a_change_of_load_is_measured_again(engine, monkeypatc
         in bench_summary(res)
 
 
-def test_a_pair_tried_twice_more_and_still_straddling_is_flagged(engine):
+def test_a_pair_tried_twice_more_and_still_straddling_is_flagged(engine, monkeypatch):
     # row 1's prefix runs always quiet, its chain runs always busy: two more tries, then the
     # row is flagged; the plan counted every warm run made again
-    plans = []
-    real = bench_module.plan_bench
-
-    def keep(*args, **kwargs):
-        plan, start = real(*args, **kwargs)
-        plans.append(plan)
-        return plan, start
-
-    bench_module.plan_bench, saved = keep, bench_module.plan_bench
-    try:
-        readings = Readings([0.0, 1.5] * 3 + [0.0] * 6)
-        res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
-                                      load_meter=readings)
-    finally:
-        bench_module.plan_bench = saved
+    plans = kept_plans(monkeypatch)
+    readings = Readings([0.0, 1.5] * 3 + [0.0] * 6)
+    res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
+                                  load_meter=readings)
     assert readings.calls == 12
     row1 = [r for r in res.rows if r.row == 1]
     assert all(r.remeasured == 2 and r.load_changed for r in row1)
