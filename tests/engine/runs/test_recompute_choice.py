@@ -100,6 +100,12 @@ def test_a_first_module_in_place_gives_its_share_to_the_later_modules():
     assert row_counts(sizes, Recompute(share=0.0), True) == [0, 0, 0]
     assert row_counts([30], Recompute(share=0.5), True) == [0]
     assert row_runs(sizes, Recompute(share=0.15), True) == [[], [(0, 5)], [(0, 13)]]
+    # the result says what it kept and why
+    assert RecomputeChoice("8", 16, 120, 2, in_place=40).describe() == (
+        "recomputed 16 of 120 module tokens (13%) in context: the first 8 tokens of each later "
+        "module; the first module's 40 tokens not, as it lies where it was made, right after "
+        "the static prefix")
+    assert RecomputeChoice("8", 16, 120, 2, in_place=40).as_dict()["in_place"] == 40
 
 
 def test_a_spread_keeps_the_budget_in_proportion():
