@@ -77,7 +77,9 @@ def reuse_options(p: argparse.ArgumentParser, default: str) -> None:
                         f"{default}")
     p.add_argument("--recompute", default=None, metavar="K|P%",
                    help="compose: evaluate each module's first K tokens, or its first P%%, "
-                        f"again in context ({str(_O.recompute).replace('%', '%%')})")
+                        "again in context (a first module right after the static prefix is "
+                        "the cold run's already: none of it, its P%% to the later modules) "
+                        f"({str(_O.recompute).replace('%', '%%')})")
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:

@@ -114,13 +114,16 @@ def test_run_with_recompute_and_compose(files, capsys):
     assert rep["verdict"]["max_logit_diff"] > 0  # <c2>'s module never saw <c1>
     assert [s["source"].split(" = ")[0] for s in rep["reused_by_source"]] == [
         "static prefix", "module <c1>", "module <c2>"]
-    assert all("(recomputed 1)" in s["source"] for s in rep["reused_by_source"][1:])
+    # <c1> lies where its module was made: its cells are the cold run's, so only <c2>'s are
+    # recomputed
+    assert ["(recomputed 1)" in s["source"] for s in rep["reused_by_source"][1:]] == [False, True]
+    assert rep["recompute"]["tokens"] == 1 and rep["recompute"]["in_place"] > 0
     # --recompute covering every module: nothing composed is left, the run is the cold run
     assert main(["run", str(d / "t.tmpl"), *m, *vals, "--reuse", "compose", "--recompute", "100",
                  "--json", "--max-tokens", "2"]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert whole["verdict"]["equivalence"] == "bit-identical"
-    assert whole["reused_tokens"] == whole["prefix_tokens"]
+    assert whole["reused_tokens"] == whole["prefix_tokens"] + whole["recompute"]["in_place"]
 
 
 def test_diff_at_none_exists_nowhere():

@@ -31,7 +31,7 @@ from ..prompts.prompt_tokens import common_prefix
 from ..progress_plan import JobPlan, PlannedPass, PlanStep, StepPasses, work_units
 from ..runs.generation import GenerationConfig
 from ..runs.module_compose import composed_history
-from ..runs.recompute_choice import Recompute, module_runs
+from ..runs.recompute_choice import Recompute, row_runs
 from ..runs.reuse_modes import check_recompute
 from ..runs.warm_runs import KEEP_LOGITS
 from .mode_pairs import Step
@@ -111,6 +111,13 @@ class _Foresight:
         return self.engine.batching.warm(start, n, self.marks(start, n, segs, storing, reusable),
                                          windowed=self.windowed)
 
+    def module_runs(self, segs) -> list[list[tuple[int, int]]]:
+        """Each composed module's recomputed runs, as compose chooses them: the first module
+        right after the static prefix lies where it was made and is kept (``first_in_place``)."""
+        modules = segs[1:-1]
+        in_place = bool(modules) and modules[0].start == segs[0].end
+        return row_runs([s.end - s.start for s in modules], self.recompute, in_place)
+
     def compose_history(self, segs, n: int) -> list[int]:
         """The batch starts of a composed run's history: module_compose's own plan of it
         (``composed_history``), or where a sliding-window model shares one cold run."""
@@ -118,8 +125,8 @@ class _Foresight:
         if self.windowed:
             return self.engine.batching.composed_reference(self.prefix_cuts, p, n,
                                                            [s.start for s in segs])
+        runs = self.module_runs(segs)
         modules = segs[1:-1]
-        runs = [module_runs(s.end - s.start, self.recompute) for s in modules]
         return composed_history(self.engine.batching, [c for c in self.prefix_cuts if c < p],
                                 modules, runs, segs[-1].start, n)
 
@@ -128,9 +135,9 @@ class _Foresight:
         module's cached cells stand in for cells the cold run computes otherwise: shifted
         after another module, or, on a kernel whose results depend on the batches, cut by a
         recomputed run."""
-        for seg in segs[1:-1]:
+        for seg, runs in zip(segs[1:-1], self.module_runs(segs)):
             size = seg.end - seg.start
-            k = sum(b - a for a, b in module_runs(size, self.recompute))
+            k = sum(b - a for a, b in runs)
             if k < size and (seg.start != segs[0].end or (k and not self.exact)):
                 return True
         return False

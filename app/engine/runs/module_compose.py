@@ -11,6 +11,9 @@ The module's tokens attended to the static prefix only, never to the modules bef
 the result differs from a cold run: the verdict measures by how much. ``recompute`` evaluates
 some tokens of each module in context instead of copying them (a count of first tokens, as
 EPIC does, or a share chosen by a signal: recompute_choice.py), trading time for accuracy.
+The first module is the exception when it lies right after the static prefix at the positions
+it was made at (``first_in_place``): its cells are what a cold run computes, so none of it is
+recomputed and a share's tokens go to the later modules.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
 from ..llama.batch_policy import BatchPolicy
 from ..slot.run_slot import NodeEnd, Slot
-from .recompute_choice import Recompute, RecomputeChoice, module_runs
+from .recompute_choice import Recompute, RecomputeChoice, row_runs
 from .run_parts import RunParts
 
 
@@ -79,6 +82,21 @@ def plan_modules(parts: RunParts, tokens: list[int], segments: list[Segment], hi
             build_s += time.perf_counter() - t0
         modules.append((seg, node))
     return ModulePlan(hit, prefix, tuple(modules), build_s * 1000)
+
+
+def first_in_place(plan: ModulePlan, tokens: list[int]) -> bool:
+    """Whether the row's first composed module lies where it was made: a module's cells were
+    computed by evaluating its tokens right after the static prefix's cells (``plan_modules``),
+    so where the row places it there too (the exact part ends at the static prefix, the module
+    starts at the prefix's depth, the row's tokens before it are the prefix's), evaluating it in
+    context computes those cells again (up to batch grouping). Not so for a later module, a
+    module after a deeper exact part, or a static prefix whose last tokens merged with the
+    first value's (the module then starts elsewhere, after other text)."""
+    if not plan.modules:
+        return False
+    p = plan.prefix.depth
+    seg = plan.modules[0][0]
+    return seg.start == p == plan.hit.reused and tokens[:p] == plan.prefix.tokens()
 
 
 @dataclass(frozen=True)
@@ -143,7 +161,8 @@ def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int],
     module, one re-rotation per row, at the next decode), and the sequence takes them in turn
     between the other runs' evaluations. Otherwise each part is moved in its turn."""
     slot.bring(plan.hit, tokens)
-    chosen = [module_runs(seg.end - seg.start, recompute) for seg, _node in plan.modules]
+    in_place = first_in_place(plan, tokens)
+    chosen = row_runs([seg.end - seg.start for seg, _node in plan.modules], recompute, in_place)
     parts = assembly([seg for seg, _node in plan.modules], chosen)
     p = plan.prefix.depth
     held = False
@@ -173,7 +192,11 @@ def compose(slot: Slot, cache: RadixCache, plan: ModulePlan, tokens: list[int],
         sources.append((f"module {seg.label}" + (f" (recomputed {k})" if k else ""), n - k))
     reused = plan.modules[-1][0].end if plan.modules else plan.hit.reused
     evaluations = sum(part.module is None for part in parts)
-    choice = RecomputeChoice(recompute.text, recomputed, module_tokens, evaluations)
+    # the first module's tokens the setting would have recomputed, had it not lain in place
+    n0 = plan.modules[0][0].end - plan.modules[0][0].start if plan.modules else 0
+    kept = n0 if in_place and recompute.tokens_of(n0) and not chosen[0] else 0
+    choice = RecomputeChoice(recompute.text, recomputed, module_tokens, evaluations,
+                             in_place=kept)
     return Composition(reused, tuple(sources), recomputed, choice)
 
 

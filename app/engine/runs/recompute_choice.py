@@ -12,6 +12,13 @@ greedy-equal rows, top-1 agreement or KL than taking each module's first tokens,
 a scoring pass per run and scattered the chosen tokens into many runs (one decode each), so it
 took about twice the time. The first tokens are one run per module and need no scoring pass.
 ``choose_runs`` takes any per-token scores, so another signal only has to provide them.
+
+A row's first module needs no recompute when it lies where it was made: right after the static
+prefix, at the positions it was cached at (a module is built by evaluating its tokens after the
+static prefix's cells). Its cached cells are then what evaluating it in context computes, up to
+batch grouping. ``row_runs`` leaves it out and spends a share's tokens on the later modules
+instead (the same total as each module's share would take); a count of first tokens is per
+module, so leaving the first one out saves its evaluation.
 """
 from __future__ import annotations
 
@@ -107,6 +114,44 @@ def module_runs(n: int, setting: Recompute) -> list[tuple[int, int]]:
     return choose_runs(first_k_scores(n), setting.tokens_of(n))
 
 
+def spread(budget: int, sizes: list[int]) -> list[int]:
+    """``budget`` tokens over modules of ``sizes``, in proportion to their sizes (the same
+    share of each; the remainders to the largest fractions, ties to the earlier module), none
+    above its size."""
+    total = sum(sizes)
+    if budget >= total:
+        return list(sizes)
+    if budget <= 0:
+        return [0] * len(sizes)
+    exact = [budget * n / total for n in sizes]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(sizes)), key=lambda i: (counts[i] - exact[i], i))
+    for i in order[:budget - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def row_counts(sizes: list[int], setting: Recompute, first_in_place: bool) -> list[int]:
+    """Tokens to recompute of each composed module of a row (``sizes``, in order). Where the
+    first module lies where it was made (``first_in_place``) it takes none: a count setting
+    saves its evaluation, a share gives its tokens to the later modules (the row recomputes as
+    many tokens as the share of every module would, at most all of the later ones)."""
+    counts = [setting.tokens_of(n) for n in sizes]
+    if not first_in_place or not sizes:
+        return counts
+    if setting.share is None:
+        return [0, *counts[1:]]
+    return [0, *spread(sum(counts), sizes[1:])]
+
+
+def row_runs(sizes: list[int], setting: Recompute,
+             first_in_place: bool) -> list[list[tuple[int, int]]]:
+    """The runs of each module of a row to recompute (``row_counts`` tokens each, chosen by the
+    signal in use)."""
+    return [choose_runs(first_k_scores(n), k)
+            for n, k in zip(sizes, row_counts(sizes, setting, first_in_place))]
+
+
 @dataclass(frozen=True)
 class RecomputeChoice:
     """What a composed run recomputed and why: the setting, the signal that chose the tokens,
@@ -116,6 +161,9 @@ class RecomputeChoice:
     module_tokens: int  # all tokens of the composed modules
     runs: int  # evaluations they took (one per run of consecutive tokens)
     signal: str = SIGNAL
+    # the first module's tokens kept as cached, not recomputed: it lay where it was made,
+    # right after the static prefix (its cells are what a cold run computes); 0: it did not
+    in_place: int = 0
 
     @property
     def share(self) -> float:
@@ -128,6 +176,15 @@ class RecomputeChoice:
             why = f"the first {self.setting} of each module (signal {self.signal})"
         else:
             why = f"the first {self.setting} tokens of each module"
+        if self.in_place:
+            kept = (f"; the first module's {self.in_place:,} tokens not, as it lies where it "
+                    "was made, right after the static prefix")
+            if self.setting.endswith("%"):
+                why = (f"each later module's first tokens, up to {self.setting} of all the "
+                       f"modules' tokens (signal {self.signal})")
+            else:
+                why = f"the first {self.setting} tokens of each later module"
+            why += kept
         return (f"recomputed {self.tokens:,} of {self.module_tokens:,} module tokens "
                 f"({self.share:.0%}) in context: {why}")
 

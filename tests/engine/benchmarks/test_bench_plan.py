@@ -323,7 +323,8 @@ def test_the_plan_counts_every_pass_the_benchmark_runs(engine, monkeypatch, nois
 
 
 RUNS = {"none": lambda n: [], "all": lambda n: [(0, n)], "halves": lambda n: [(0, n // 2), (n // 2, n)],
-        "middle": lambda n: [(2, 5)], "first": lambda n: [(0, 3)]}
+        "middle": lambda n: [(2, 5)], "first": lambda n: [(0, 3)],
+        "as chosen": None}  # compose's own choice: the first module in place kept
 
 
 @pytest.mark.parametrize("runs", sorted(RUNS))
@@ -338,8 +339,11 @@ def test_a_composed_row_runs_the_history_its_plan_foresees(engine, monkeypatch, 
     from app.engine.runs.recompute_choice import Recompute
 
     chosen = RUNS[runs]
-    monkeypatch.setattr(module_compose, "module_runs", lambda n, _s: chosen(n))
-    monkeypatch.setattr(bench_passes, "module_runs", lambda n, _s: chosen(n))
+    if chosen is not None:
+        def forced(sizes, _setting, _in_place):
+            return [chosen(n) for n in sizes]
+        monkeypatch.setattr(module_compose, "row_runs", forced)
+        monkeypatch.setattr(bench_passes, "row_runs", forced)
     values = rows_with_repeats()[0].values
     prefix = engine.tokenize(TPL.prefix_prompt())
     engine.prime_node(TPL)
@@ -355,7 +359,7 @@ def test_a_composed_row_runs_the_history_its_plan_foresees(engine, monkeypatch, 
     modules = segs[1:-1]
     head = [c for c in engine.cache.lookup(prefix).node.all_cuts() if c < segs[0].end]
     assert planned == module_compose.composed_history(
-        engine.batching, head, modules, [chosen(s.end - s.start) for s in modules],
-        segs[-1].start, len(tokens))
+        engine.batching, head, modules, foresight.module_runs(segs), segs[-1].start,
+        len(tokens))
     if runs == "all":  # the modules' runs meet: one evaluation, no cut where the second starts
         assert modules[1].start not in planned

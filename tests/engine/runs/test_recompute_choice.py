@@ -12,7 +12,8 @@ from app.cli import main
 from app.engine import GenerationConfig, KvPrimerError, Template, run_prompt
 from app.engine.runs import module_compose, warm_runs
 from app.engine.runs.recompute_choice import (Recompute, RecomputeChoice, choose_runs,
-                                              default_recompute, module_runs, parse_recompute)
+                                              default_recompute, module_runs, parse_recompute,
+                                              row_counts, row_runs, spread)
 
 TPL = Template.parse("<|im_start|>system\nyou are a helpful assistant. the context is:\n"
                      + "hello world of the answer and question. " * 3
@@ -83,22 +84,61 @@ def test_the_selection_picks_what_the_signal_ranks_highest_in_runs():
     assert module_runs(20, Recompute(share=0.0)) == []
 
 
+def test_a_first_module_in_place_gives_its_share_to_the_later_modules():
+    sizes = [40, 20, 60]
+    old = [Recompute(share=0.15).tokens_of(n) for n in sizes]  # 6, 3, 9: 18 in all
+    assert row_counts(sizes, Recompute(share=0.15), False) == old
+    moved = row_counts(sizes, Recompute(share=0.15), True)
+    assert moved[0] == 0 and sum(moved) == sum(old) and moved[1:] == [5, 13]  # 18 × 20/80, 60/80
+    # a count is per module: the first one's evaluation is saved
+    assert row_counts(sizes, Recompute(count=8), True) == [0, 8, 8]
+    assert row_counts(sizes, Recompute(count=8), False) == [8, 8, 8]
+    # at most all of the later modules; nothing asked, nothing given
+    assert row_counts(sizes, Recompute(share=1.0), True) == [0, 20, 60]
+    assert row_counts(sizes, Recompute(share=0.8), True) == [0, 20, 60]  # 96 asked, 80 there
+    assert row_counts(sizes, Recompute(share=0.6), True) == [0, 18, 54]  # 72 of 80
+    assert row_counts(sizes, Recompute(share=0.0), True) == [0, 0, 0]
+    assert row_counts([30], Recompute(share=0.5), True) == [0]
+    assert row_runs(sizes, Recompute(share=0.15), True) == [[], [(0, 5)], [(0, 13)]]
+    # the result says what it kept and why
+    assert RecomputeChoice("8", 16, 120, 2, in_place=40).describe() == (
+        "recomputed 16 of 120 module tokens (13%) in context: the first 8 tokens of each later "
+        "module; the first module's 40 tokens not, as it lies where it was made, right after "
+        "the static prefix")
+    assert RecomputeChoice("8", 16, 120, 2, in_place=40).as_dict()["in_place"] == 40
+
+
+def test_a_spread_keeps_the_budget_in_proportion():
+    assert spread(3, [10, 10, 10]) == [1, 1, 1]
+    assert spread(2, [10, 10, 10]) == [1, 1, 0]  # ties: the earlier module
+    assert spread(7, [1, 30]) == [0, 7]
+    assert spread(40, [5, 10]) == [5, 10]
+    assert spread(0, [5, 10]) == [0, 0]
+    for budget in range(0, 31):
+        got = spread(budget, [4, 9, 17])
+        assert sum(got) == budget and all(0 <= k <= n for k, n in zip(got, [4, 9, 17]))
+
+
 # ---- composed runs on the tiny model
 
 
 def test_a_full_share_is_the_cold_run_bit_for_bit(engine):
     rep = compose(engine, "100%")
     assert rep.verdict.equivalence == "bit-identical"
-    assert rep.reused_tokens == rep.prefix_tokens  # nothing composed is left
+    sizes = module_sizes(rep)
+    # <c1> lies where its module was made: its cached cells are kept, the rest recomputed
+    assert rep.reused_tokens == rep.prefix_tokens + sizes[0]
     c = rep.recompute
-    assert c.tokens == c.module_tokens == sum(module_sizes(rep)) and c.share == 1.0
-    assert c.runs == 1  # no cached cell between the modules' runs: one evaluation
+    assert c.module_tokens == sum(sizes) and c.tokens == sum(sizes[1:]) and c.in_place == sizes[0]
+    assert c.share == sum(sizes[1:]) / sum(sizes)
+    assert c.runs == 1  # no cached cell between the later modules' runs: one evaluation
 
 
 def test_a_zero_share_is_plain_compose(engine):
     plain = compose(engine, 0)
     zero = compose(engine, "0%")
     assert zero.recompute.tokens == 0 and zero.recompute.runs == 0
+    assert zero.recompute.in_place == 0  # nothing asked: nothing to keep from recompute
     assert zero.reused_tokens == plain.reused_tokens and zero.sources == plain.sources
     assert zero.warm.tokens == plain.warm.tokens
     assert len(zero.warm.logits) == len(plain.warm.logits) > 0
@@ -110,19 +150,64 @@ def test_a_share_recomputes_its_part_of_each_module_and_says_why(engine):
     plain = compose(engine, 0)
     rep = compose(engine, "30%")
     sizes = module_sizes(rep)
-    want = [max(1, round(0.3 * n)) for n in sizes]
+    # <c1> lies where its module was made: <c2> takes the tokens 30% of each would
+    want = [0, sum(max(1, round(0.3 * n)) for n in sizes)]
+    assert len(sizes) == 2 and want[1] < sizes[1]
     c = rep.recompute
     assert c.tokens == sum(want) and c.module_tokens == sum(sizes) and c.setting == "30%"
+    assert c.in_place == sizes[0]
     assert rep.reused_tokens == plain.reused_tokens - sum(want)
-    assert [f"(recomputed {k})" in name for (name, _n), k
-            in zip(rep.sources[1:], want)] == [True] * len(want)
+    assert [(name.split(" = ")[0], name.endswith(f"(recomputed {want[1]})"))
+            for name, _n in rep.sources[1:]] == [("module <c1>", False), ("module <c2>", True)]
     assert c.describe() == (f"recomputed {sum(want)} of {sum(sizes)} module tokens "
-                            f"({c.share:.0%}) in context: the first 30% of each module "
-                            "(signal first_k)")
+                            f"({c.share:.0%}) in context: each later module's first tokens, up "
+                            "to 30% of all the modules' tokens (signal first_k); the first "
+                            f"module's {sizes[0]} tokens not, as it lies where it was made, "
+                            "right after the static prefix")
     assert rep.verdict.note == ("composed modules never attended to each other (but the "
                                 f"{sum(want)} tokens recomputed in context)")
     # closer to the cold run than plain compose: <c2>'s first cells now saw <c1>
     assert rep.verdict.kl_divergence < plain.verdict.kl_divergence
+
+
+def test_the_first_module_in_place_is_kept_with_the_cold_runs_cells(engine):
+    """<c1>'s module was made right after the static prefix, where the row puts it: it is not
+    recomputed, and its cells in the composed row are byte for byte those of a cold run in the
+    same batches (<c2>'s, made without <c1> before it, are not)."""
+    compose(engine, "30%")  # builds the modules
+    rep = compose(engine, "30%", cold=False)  # warm only: the work context keeps the row
+    sizes = module_sizes(rep)
+    p, n0, n1 = rep.prefix_tokens, sizes[0], sizes[1]
+    assert rep.recompute.in_place == n0 and rep.recompute.tokens > 0
+    work = engine.work
+    assert work.composed_from == p + n0  # the row is a cold run's up to <c2>
+    warm_c1, warm_c2 = work.cells(p, p + n0), work.cells(p + n0, p + n0 + n1)
+    tokens, cuts = list(work.tokens), list(work.cuts)
+    work.reset()
+    end = p + n0 + n1
+    work.evaluate(tokens[:end], engine.batching.replay(end, cuts), want_logits=False)
+    assert work.cells(p, p + n0) == warm_c1
+    assert work.cells(p + n0, end) != warm_c2
+
+
+def test_a_first_module_is_in_place_only_right_after_the_static_prefix():
+    from types import SimpleNamespace as NS
+    from app.engine.prompts.prompt_segments import Segment
+    base = list(range(10))
+    prefix = NS(depth=10, tokens=lambda: base)
+    row = base + [50, 51, 52, 60, 61, 70]
+
+    def plan(reused, *starts, pre=prefix):
+        mods = tuple((Segment(a, b, f"m{a}", "c"), None) for a, b in starts)
+        return module_compose.ModulePlan(NS(reused=reused), pre, mods, 0.0)
+    assert module_compose.first_in_place(plan(10, (10, 13), (13, 15)), row)
+    # a first module after a deeper exact part, or starting elsewhere than the prefix's end
+    assert not module_compose.first_in_place(plan(13, (13, 15)), row)
+    assert not module_compose.first_in_place(plan(9, (9, 13)), row)
+    # the static prefix's last tokens merged with the first value's: other text before it
+    merged = NS(depth=10, tokens=lambda: base[:9] + [99])
+    assert not module_compose.first_in_place(plan(10, (10, 13), pre=merged), row)
+    assert not module_compose.first_in_place(plan(10), row)  # no module at all
 
 
 def test_runs_inside_a_module_build_the_sequence_left_to_right(engine, monkeypatch):
@@ -133,18 +218,18 @@ def test_runs_inside_a_module_build_the_sequence_left_to_right(engine, monkeypat
     recomputes exactly its tokens."""
     plain_reused = compose(engine, 0).reused_tokens
 
-    def split(n, _setting):
-        return [(0, n // 2), (n // 2, n)]
-    monkeypatch.setattr(module_compose, "module_runs", split)
+    def every_module(runs_of):  # the same runs in every module, the first one included
+        return lambda sizes, _setting, _in_place: [runs_of(n) for n in sizes]
+    monkeypatch.setattr(module_compose, "row_runs", every_module(lambda n: [(0, n // 2),
+                                                                            (n // 2, n)]))
     whole = compose(engine, "100%")
     assert whole.verdict.equivalence == "bit-identical"
-    assert whole.recompute.runs == 1
+    assert whole.recompute.runs == 1 and whole.recompute.in_place == 0
 
-    def middle(n, _setting):
-        return [(2, 5)]
-    monkeypatch.setattr(module_compose, "module_runs", middle)
+    monkeypatch.setattr(module_compose, "row_runs", every_module(lambda n: [(2, 5)]))
     rep = compose(engine, "10%")
     assert rep.recompute.tokens == 3 * len(module_sizes(rep)) and rep.recompute.runs == 2
+    assert rep.recompute.in_place == 0  # <c1> was recomputed in part: the count says so
     assert rep.reused_tokens == plain_reused - rep.recompute.tokens
     assert rep.verdict is not None and rep.verdict.positions > 0
 
@@ -188,33 +273,37 @@ class DecodeLog:
 
 
 def test_each_module_moves_once_per_row_and_the_row_re_rotates_once(engine, monkeypatch):
-    """Shift-once assembly: the first module's run is evaluated in place, then every module's
-    cached cells are moved to their places in the row (one move per module that moved), so the
-    row's decodes re-rotate K once, not once per placed part; each run is one decode (runs
-    under a batch), and the sequence is still built left to right."""
+    """Shift-once assembly: every module's cached cells are moved to their places in the row
+    (one move per module that moved; <c1>, where it was made, is not recomputed), so the row's
+    decodes re-rotate K once, not once per placed part; each run is one decode (runs under a
+    batch), and the sequence is still built left to right."""
     for share in ("30%", "0%"):
         run_prompt(engine, TPL3, VALS3, reuse="compose", recompute=share, gen=GEN)  # modules
     log = DecodeLog(engine, monkeypatch)
     rep = run_prompt(engine, TPL3, VALS3, reuse="compose", recompute="30%", gen=GEN)
     sizes = module_sizes(rep)
     assert len(sizes) == 3 and rep.build_ms == 0
+    counts = row_counts(sizes, Recompute(share=0.3), True)
+    assert counts[0] == 0 and sum(counts) == sum(max(1, round(0.3 * n)) for n in sizes)
     # <c1> lies where its module was made; <c2> and <c3> move, once each, by their whole span
     assert [d for _p0, _p1, d in log.shifts] == [sizes[0], sizes[0] + sizes[1]]
-    assert [p1 - p0 for p0, p1, _d in log.shifts] == [n - max(1, round(0.3 * n))
-                                                      for n in sizes[1:]]
-    assert log.decodes == [max(1, round(0.3 * n)) for n in sizes]  # one decode a run
-    assert rep.recompute.runs == 3
+    assert [p1 - p0 for p0, p1, _d in log.shifts] == [n - k for n, k in zip(sizes[1:],
+                                                                           counts[1:])]
+    assert log.decodes == counts[1:]  # one decode a run
+    assert rep.recompute.runs == 2 and rep.recompute.tokens == sum(counts)
     assert log.rotations == 1  # the whole row, generation included
     # plain compose: the same moves, one re-rotation, no decode before the last segment
     log = DecodeLog(engine, monkeypatch)
     zero = run_prompt(engine, TPL3, VALS3, reuse="compose", recompute="0%", gen=GEN)
     assert [d for _p0, _p1, d in log.shifts] == [sizes[0], sizes[0] + sizes[1]]
     assert log.decodes == [] and log.rotations == 1 and zero.recompute.runs == 0
-    # everything recomputed: nothing moves, the modules are one evaluation in n_batch batches
+    # everything recomputed but <c1>: nothing moves, the later modules are one evaluation in
+    # n_batch batches
     log = DecodeLog(engine, monkeypatch)
     full = run_prompt(engine, TPL3, VALS3, reuse="compose", recompute="100%", gen=GEN)
     assert log.shifts == [] and log.rotations == 0 and full.recompute.runs == 1
-    assert log.decodes == [min(32, sum(sizes) - i) for i in range(0, sum(sizes), 32)]
+    rest = sum(sizes[1:])
+    assert log.decodes == [min(32, rest - i) for i in range(0, rest, 32)]
     assert full.verdict.equivalence == "bit-identical"
 
 

@@ -142,11 +142,16 @@ def test_compose_recompute_evaluates_the_first_tokens_of_each_module_in_context(
     vals = {"c1": A, "c2": B, "question": "why?"}
     k0 = run(engine, vals, reuse="compose")
     k2 = run(engine, vals, reuse="compose", recompute=2)
-    assert k2.reused_tokens == k0.reused_tokens - 2 * 2
-    assert k2.evaluated_tokens == k0.evaluated_tokens + 2 * 2
-    assert any("(recomputed 2)" in s for s, _n in k2.sources)
+    # <c1> lies where its module was made (its cells are the cold run's): only <c2> is
+    # recomputed
+    assert k2.reused_tokens == k0.reused_tokens - 2
+    assert k2.evaluated_tokens == k0.evaluated_tokens + 2
+    assert [s.split(" = ")[0] + ("*" if "(recomputed 2)" in s else "")
+            for s, _n in k2.sources] == ["static prefix", "module <c1>", "module <c2>*"]
+    n1 = dict((s.split(" = ")[0], m) for s, m in k0.sources)["module <c1>"]
+    assert k2.recompute.in_place == n1
     big = run(engine, vals, reuse="compose", recompute=1000)  # whole modules: nothing composed
-    assert big.reused_tokens == big.prefix_tokens and big.verdict.exact
+    assert big.reused_tokens == big.prefix_tokens + n1 and big.verdict.exact
     with pytest.raises(KvPrimerError, match="recompute k must be 0 or more"):
         run(engine, vals, reuse="compose", recompute=-1)
 
