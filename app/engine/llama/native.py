@@ -177,6 +177,10 @@ class NativeContext:
         n = len(entries)
         if not 0 < n <= self._batch_cap:
             raise ContextError(f"a batch holds 1 to {self._batch_cap} tokens, not {n}")
+        outputs = sum(1 for e in entries if e[3])
+        if outputs > self._outputs_cap:
+            raise ContextError(f"a batch asks for {outputs} tokens' logits, more than the "
+                               f"{self._outputs_cap} this context was made for")
         b = self.batch
         for i, (tok, pos, seqs, logits) in enumerate(entries):
             b.token[i] = tok
@@ -185,10 +189,6 @@ class NativeContext:
             for j, s in enumerate(seqs):
                 b.seq_id[i][j] = s
             b.logits[i] = logits
-        outputs = sum(1 for e in entries if e[3])
-        if outputs > self._outputs_cap:
-            raise ContextError(f"a batch asks for {outputs} tokens' logits, more than the "
-                               f"{self._outputs_cap} this context was made for")
         b.n_tokens = n
         if self._fit is not None:  # llama.cpp runs a one-token decode on the generation threads
             gen, batch = self._threads
