@@ -14,10 +14,12 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+from collections.abc import Callable
 
 from ..llama.native import new_bytes
 
 HUGE_PAGE = 2 << 20
+CHUNK = 4 << 20  # read at a time: a chunk is still in the CPU's cache for ``on_chunk``
 # below this a buffer holds no whole huge page worth asking for
 MIN_ADVISED = 2 * HUGE_PAGE
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -56,3 +58,23 @@ def new_body(n: int) -> tuple[bytes, memoryview]:
         if length:
             _MADVISE(start, length, _MADV_HUGEPAGE)  # advice: a refusal changes nothing
     return data, view
+
+
+def read_body(f, n: int, head: bytes = b"",
+              on_chunk: Callable[[memoryview], None] | None = None) -> tuple[bytes, int]:
+    """``head`` then the next ``n`` bytes of ``f``, read straight into one new bytes object
+    (``new_body``) CHUNK at a time, each chunk handed to ``on_chunk`` as it arrives; and how
+    many of the ``n`` bytes the file had (fewer: it ended early, the rest is not filled)."""
+    data, view = new_body(len(head) + n)
+    at = len(head)
+    with view:
+        view[:at] = head
+        end = len(view)
+        while at < end:
+            k = f.readinto(view[at:min(at + CHUNK, end)])
+            if not k:
+                break
+            if on_chunk is not None:
+                on_chunk(view[at:at + k])
+            at += k
+    return data, at - len(head)

@@ -33,7 +33,7 @@ from typing import BinaryIO
 
 from ..errors import StateFileError
 from ..llama.ggml_types import KV_TYPES
-from .body_buffer import new_body
+from .body_buffer import read_body
 from .prefix_state import PrefixState, read_state_meta
 from .seq_payload import row_layout
 from .seq_state_layout import (FILE_HEAD_BYTES, buffer_head, check_version, file_head,
@@ -137,17 +137,8 @@ def _read_body(f: BinaryIO, n: int, name: str) -> bytes:
     buffer head, then the data), read straight into the bytes kept: no second copy."""
     if n <= 0:
         raise StateFileError(f"{name} is truncated: it has tokens but no KV data")
-    head = buffer_head()
-    data, view = new_body(len(head) + n)
-    got = len(head)
-    with view:
-        view[:got] = head
-        while got < len(view):
-            k = f.readinto(view[got:])
-            if not k:
-                break
-            got += k
-    if got < len(data):
+    data, got = read_body(f, n, head=buffer_head())
+    if got < n:
         raise StateFileError(f"{name} is truncated: it ended while its KV data was read")
     return data
 

@@ -38,7 +38,7 @@ import xxhash
 from ..errors import StateFileError, StateFitError
 from ..llama.ggml_types import KV_TYPES
 from ..user_files import atomic_write, open_user_file
-from .body_buffer import new_body
+from .body_buffer import read_body
 from .seq_payload import check_seq_payload
 from .seq_state_layout import check_version
 
@@ -225,24 +225,13 @@ class PrefixState:
                    created=meta["created"], text=meta["text"], **meta["fields"])
 
 
-_CHUNK = 4 << 20  # hashed while the kernel reads the next ones ahead
-
-
 def _read_hashed(f, n: int, h) -> bytes:
     """The next ``n`` bytes of ``f`` as one bytes object, read straight into it (in huge
     pages where the kernel gives them: body_buffer.py) and hashed chunk by chunk as they
     arrive: one pass over memory, each chunk hashed while it is still in the CPU's cache, and
     (from a file not in the page cache) while the disk reads ahead."""
     _advise_sequential(f)
-    data, view = new_body(n)
-    got = 0
-    with view:
-        while got < n:
-            k = f.readinto(view[got:min(got + _CHUNK, n)])
-            if not k:
-                break
-            h.update(view[got:got + k])
-            got += k
+    data, got = read_body(f, n, on_chunk=h.update)
     return data if got == n else data[:got]  # a short read fails the checksum
 
 

@@ -3,6 +3,7 @@ pages (fewer page faults on the first write); the bytes are ordinary bytes eithe
 from __future__ import annotations
 
 import ctypes
+import io
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,6 @@ def test_a_large_state_file_round_trips(tmp_path):
 
 
 def test_a_llama_cpp_file_cut_short_while_reading_says_truncated():
-    import io
     from array import array
 
     from app.engine.errors import StateFileError
@@ -81,3 +81,16 @@ def test_a_llama_cpp_file_cut_short_while_reading_says_truncated():
     from app.engine.states import llama_state_file
 
     assert llama_state_file._read_body(io.BytesIO(b"xyz"), 3, "s") == buffer_head() + b"xyz"
+
+
+def test_read_body_puts_the_head_first_and_hands_every_chunk_over(monkeypatch):
+    monkeypatch.setattr(body_buffer, "CHUNK", 7)  # several chunks from a small file
+    raw = bytes(range(40))
+    seen = []
+    data, got = body_buffer.read_body(io.BytesIO(raw), 40, head=b"HD",
+                                      on_chunk=lambda v: seen.append(bytes(v)))
+    assert (data, got) == (b"HD" + raw, 40)
+    assert b"".join(seen) == raw and max(len(c) for c in seen) == 7
+    # a file shorter than asked: how much of it there was, the rest left unfilled
+    data, got = body_buffer.read_body(io.BytesIO(raw[:10]), 40, head=b"HD")
+    assert got == 10 and len(data) == 42 and data[:12] == b"HD" + raw[:10]

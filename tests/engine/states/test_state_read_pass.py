@@ -8,14 +8,14 @@ import io
 import pytest
 
 from app.engine.errors import StateFileError
-from app.engine.states import prefix_state
+from app.engine.states import body_buffer
 from app.engine.states.prefix_state import PrefixState
 from tests.engine.states.test_prefix_state_file import make
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 1024, 4 << 20])
 def test_chunked_reads_give_the_state_back(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(prefix_state, "_CHUNK", chunk)
+    monkeypatch.setattr(body_buffer, "CHUNK", chunk)
     s = make(data=bytes(range(256)) * 40 + b"end")
     p = tmp_path / "a.kvstate"
     s.save(p)
