@@ -64,18 +64,18 @@ def paired_file_load(path: Path, n: int = 8) -> dict:
     from a dropped page cache and again cached: medians (ms) and the medians of the paired
     ratios (advised / plain). Shows what page faults on a fresh buffer cost a load."""
     from app.engine.llama.native import new_bytes
-    from app.engine.states import prefix_state
+    from app.engine.states import body_buffer
     from app.engine.states.body_buffer import new_body
 
     from .scale_ours import drop_from_page_cache
 
     ways = {"plain": new_bytes, "huge_pages": new_body}
     got: dict[tuple[str, str], list[float]] = {(w, c): [] for w in ways for c in ("dropped", "cached")}
-    real = prefix_state.new_body
+    real = body_buffer.new_body  # the buffer read_body fills
     try:
         for i in range(n):
             for way in (ways if i % 2 == 0 else reversed(list(ways))):  # alternate who goes first
-                prefix_state.new_body = ways[way]
+                body_buffer.new_body = ways[way]
                 for cache in ("dropped", "cached"):
                     if cache == "dropped":
                         drop_from_page_cache(path)
@@ -83,7 +83,7 @@ def paired_file_load(path: Path, n: int = 8) -> dict:
                     PrefixState.load(path)
                     got[(way, cache)].append((time.perf_counter() - t0) * 1000)
     finally:
-        prefix_state.new_body = real
+        body_buffer.new_body = real
     out: dict = {"bytes": path.stat().st_size, "repeats": n}
     for cache in ("dropped", "cached"):
         plain, huge = got[("plain", cache)], got[("huge_pages", cache)]
