@@ -13,6 +13,7 @@ from .llama.model_traits import ModelTraits
 from .llama.ggml_types import kv_bytes_per_token
 from .llama.llama_backend import cpu_backend
 from .llama.native import ContextParams, gpu_offload_supported
+from .slot.run_slot import runs_forked
 
 # sequences of a hybrid or recurrent model's cache context (EngineConfig.for_model): the user's,
 # the cache's scratch and holding ones, and a few resident nodes
@@ -68,12 +69,13 @@ class EngineConfig:
         recurrent state for every sequence a context has room for, whether it holds tokens or
         not (tens of MB each on a real hybrid), so a stateful model's cache context gets at most
         STATEFUL_SEQ_MAX sequences; its RAM and file tiers keep the nodes that find none.
-        A sliding-window model's warm runs generate in the cache's shared cells, where a split
-        over several threads is not the cold run's: the default (0) gives it one thread."""
+        A model whose runs fork in the cache's context (a sliding-window model: run_slot.py)
+        generates in the cache's shared cells, where a split over several threads is not the
+        cold run's: the default (0) gives it one thread."""
         config = self
         if (traits.recurrent or traits.hybrid) and self.n_seq_max > STATEFUL_SEQ_MAX:
             config = replace(config, n_seq_max=STATEFUL_SEQ_MAX)
-        if traits.n_swa > 0 and self.n_threads_gen == 0:
+        if runs_forked(traits) and self.n_threads_gen == 0:
             config = replace(config, n_threads_gen=1)
         return config
 

@@ -27,6 +27,7 @@ from .llama.kernel_choice import (RETRY_S, KernelChoice, age_words, distrust, fi
 from .llama.kernel_measure import KernelMeasurement
 from .llama.kernel_watch import KernelWatch
 from .llama.native import ContextParams, NativeModel
+from .slot.run_slot import runs_forked
 
 __all__ = ["RETRY_S", "MAX_RETRIES", "KernelStatus", "EngineKernels"]
 
@@ -107,7 +108,7 @@ class EngineKernels:
     def of(cls, model: NativeModel, config, model_sha256: str, traits) -> "EngineKernels":
         """For an engine with ``config`` (EngineConfig) on a model with ``traits``."""
         return cls(model, config.context_params(config.n_seq_max), model_sha256,
-                   config.flash_attn, windowed=traits.n_swa > 0,
+                   config.flash_attn, windowed=runs_forked(traits),
                    quantized_v=config.type_v not in ("f16", "f32", "bf16"),
                    no_attention=traits.recurrent and not traits.hybrid,
                    remeasure=config.remeasure_kernels)

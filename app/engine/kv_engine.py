@@ -47,7 +47,7 @@ from .task_state import TaskState
 from .prompts.template import FilledPrompt, Template
 from .slot.forked_rows import forked_rows
 from .slot.forked_slot import forked_slot
-from .slot.run_slot import NodeEnd, Slot
+from .slot.run_slot import NodeEnd, Slot, runs_forked
 from .slot.work_context import WorkContext
 from .slot.work_slot import WorkSlot
 
@@ -160,11 +160,13 @@ class Engine:
         """The engine's context settings and attention kernel, for a context of its own."""
         return self.config.context_params(n_seq_max, self._flash_attn)
 
+    # ---- the run's slot: where runs evaluate is decided once (slot/run_slot.py, runs_forked)
     @property
     def runs_in_work_context(self) -> bool:
         """Warm runs evaluate in the work context (work_context.py), cells laid out as a cold
-        run lays them out; sliding-window models fork in the cache's context instead."""
-        return self.n_swa == 0
+        run lays them out; sliding-window models fork in the cache's context instead. Modules
+        that plan or report a run ask this; those that evaluate take ``slot``."""
+        return not runs_forked(self.info.traits)
 
     @property
     def grouping_exact(self) -> bool:

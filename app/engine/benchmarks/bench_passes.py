@@ -66,7 +66,7 @@ class _Foresight:
     def __init__(self, engine, gen: GenerationConfig, recompute: Recompute, prefix: list[int],
                  prefix_cuts: list[int]):
         self.engine, self.gen, self.recompute, self.prefix = engine, gen, recompute, prefix
-        self.windowed = engine.n_swa > 0
+        self.windowed = not engine.runs_in_work_context  # the slot's batches and marks
         self.exact = engine.grouping_exact
         self.prefix_cuts = list(prefix_cuts)  # the static prefix's history, as primed
         self.chained: list[tuple] = []  # rows before this one as chain cached them: tokens, cuts
@@ -176,7 +176,7 @@ def _prefix_cuts(engine, prefix: list[int], prime_from: int, state) -> list[int]
         return engine.batching.saved_state(state.n_tokens)
     hit = engine.cache.lookup(prefix) if prefix else None
     cached = [c for c in hit.node.all_cuts() if c < prime_from] if hit and hit.node else []
-    windowed = engine.n_swa > 0
+    windowed = not engine.runs_in_work_context
     return cached + engine.batching.prime(prime_from, len(prefix), windowed=windowed,
                                           cache_empty=not cached and windowed)
 

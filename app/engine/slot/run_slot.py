@@ -11,6 +11,9 @@ Two slots stand behind this one interface:
   every model without sliding-window layers runs there;
 - ``ForkedSlot`` (forked_slot.py): a working sequence of the cache's own context, forked from a
   resident node; sliding-window models run there (their window cells do not survive a copy).
+``runs_forked`` is the one place that decides which: the engine's slot accessors
+(``Engine.runs_in_work_context``, ``Engine.slot``), its generation threads and its kernel choice
+ask it; every other module asks the engine or takes the slot it opens.
 
 A forked batch's rows, evaluated and generated together, run in its multi-sequence form,
 ``ForkedRows`` (forked_rows.py): k sequences forked from one node, fed in the decodes the batch
@@ -27,8 +30,16 @@ import numpy as np
 from ..cache.radix_cache import CacheHit, RadixCache
 from ..cache.radix_tree import RadixNode
 from ..llama.batch_policy import BatchPolicy, chain_node_ends
+from ..llama.model_traits import ModelTraits
 from ..llama.native import NativeContext
 from ..task_state import TaskState
+
+
+def runs_forked(traits: ModelTraits) -> bool:
+    """A model's runs evaluate in a sequence the cache lends (ForkedSlot), not in the work
+    context (WorkSlot): a model with a sliding window, whose window cells do not survive a trim
+    or a copy into another context (llama.cpp restores them approximately)."""
+    return traits.n_swa > 0
 
 
 @dataclass(frozen=True)

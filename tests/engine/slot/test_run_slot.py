@@ -9,7 +9,7 @@ import pytest
 
 from app.engine import Engine, EngineConfig, Template
 from app.engine.slot.forked_slot import ForkedSlot
-from app.engine.slot.run_slot import NodeEnd
+from app.engine.slot.run_slot import NodeEnd, runs_forked
 from app.engine.slot.work_slot import WorkSlot
 from tests.cache_checks import assert_tree_consistent
 from tests.paths import REPO_ROOT
@@ -87,3 +87,78 @@ def test_runs_evaluate_only_through_a_slot():
                     owner = ast.unparse(node.func.value).split(".")[-1]
                     assert not (node.func.attr in reaches and owner in owners), \
                         (src.name, node.lineno, ast.unparse(node.func))
+
+
+# modules and functions that read the sliding window for what the window itself changes, not
+# for where a run evaluates: nothing else of the engine reads it
+WINDOW_READERS = {
+    ("llama/model_traits.py", None): "reads it from the model",
+    ("slot/run_slot.py", "runs_forked"): "where runs evaluate: the one decision",
+    ("kv_engine.py", "n_swa"): "the engine's window, for front ends",
+    ("kv_engine.py", "_open_contexts"): "the debug log's parse and the cache's restored cells",
+}
+SLOT_KINDS = {"runs_forked", "forked_slot", "ForkedSlot", "WorkSlot"}
+
+
+def _window_reads_and_slot_kinds(src: Path):
+    """(function, line) of each read of ``n_swa``, and (name, line) of each use of a slot kind
+    or of the decision, in one module."""
+    tree = ast.parse(src.read_text(encoding="utf-8"))
+    reads, kinds = [], []
+
+    def visit(node, function):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                else function
+            if isinstance(child, ast.Attribute) and child.attr == "n_swa":
+                reads.append((function, child.lineno))
+            if isinstance(child, ast.Name) and child.id in SLOT_KINDS:
+                kinds.append((child.id, child.lineno))
+            if isinstance(child, ast.alias) and child.name in SLOT_KINDS:
+                kinds.append((child.name, node.lineno))
+            visit(child, inner)
+
+    visit(tree, None)
+    return reads, kinds
+
+
+def test_one_place_decides_where_runs_evaluate():
+    """Work context or forked sequence: run_slot.runs_forked decides it from the model's window;
+    the engine's slot accessors, the generation threads and the kernel choice ask it, and
+    every other module asks the engine (``runs_in_work_context``) or takes the slot it opens.
+    No other module reads the window to choose, opens or names a slot kind."""
+    asks = {"kv_engine.py", "engine_config.py", "engine_kernels.py"}  # runs_forked's callers
+    for src in sorted(ENGINE.rglob("*.py")):
+        rel = src.relative_to(ENGINE).as_posix()
+        reads, kinds = _window_reads_and_slot_kinds(src)
+        for function, line in reads:
+            assert (rel, function) in WINDOW_READERS or (rel, None) in WINDOW_READERS, \
+                f"{rel}:{line} ({function}) reads n_swa: ask Engine.runs_in_work_context"
+        if rel.startswith("slot/"):
+            continue
+        for name, line in kinds:
+            assert rel in asks and (name == "runs_forked" or rel == "kv_engine.py"), \
+                f"{rel}:{line} names {name}: take the engine's slot or ask runs_in_work_context"
+
+
+def test_the_decision_check_sees_a_module_that_decides_again(tmp_path):
+    src = tmp_path / "planner.py"
+    src.write_text("from ..slot.work_slot import WorkSlot\n"
+                   "def plan(engine, slot):\n"
+                   "    windowed = engine.n_swa > 0\n"
+                   "    return windowed or isinstance(slot, WorkSlot)\n", encoding="utf-8")
+    reads, kinds = _window_reads_and_slot_kinds(src)
+    assert reads == [("plan", 3)]
+    assert kinds == [("WorkSlot", 1), ("WorkSlot", 4)]
+
+
+@pytest.mark.parametrize("arch, forked", [("llama", False), ("gemma3", True)])
+def test_runs_fork_on_sliding_window_models_only(arch_models, arch, forked):
+    """The decision, read from the model: the engine's accessors and its slot agree with it."""
+    with Engine(EngineConfig(model_path=str(arch_models[arch]), n_ctx=512, n_batch=32,
+                             n_threads=1)) as e:
+        assert runs_forked(e.info.traits) is forked
+        assert e.runs_in_work_context is not forked
+        with e.slot() as slot:
+            assert slot.windowed is forked
+            assert (slot.ctx is e.ctx) is forked
