@@ -198,11 +198,19 @@ def state_to_save(engine, template: Template, state: PrefixState | None,
     """The state Save writes after a run: ``state`` (the session's) when it is a prefix of the
     template's static prefix, else the state of the cached static prefix (primed if need be).
     Runs never need it: they fork the radix cache's node."""
+    kept = session_state_kept(engine, template, state)
+    return kept if kept is not None else engine.prime(template, task=task)
+
+
+def session_state_kept(engine, template: Template,
+                       state: PrefixState | None) -> PrefixState | None:
+    """``state`` (the session's) when Save can write it as it is after a run of ``template``:
+    a prefix of its static prefix; else None (the static prefix is primed after the runs)."""
     if state is not None:
         prefix = engine.tokenize(template.prefix_prompt())
         if common_prefix(state.tokens, prefix) == state.n_tokens:
             return state
-    return prime(engine, template, task)
+    return None
 
 
 def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome:
@@ -211,6 +219,10 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
     task = task or TaskState()
     o = plan.options
     records = []
+    # the snapshot Save writes: the session's state as it is, known from the plan before the
+    # runs, or else the static prefix, primed after them
+    snapshot = plan.snapshot and plan.paths != "cold"
+    state = session_state_kept(engine, plan.template, plan.state) if snapshot else None
     # several rows known: chain cuts a batch only where another of them can reuse the segment
     # (batch_policy.chain_marks); a single row cuts at every segment, for later runs
     reusable = [None] * len(plan.rows)
@@ -230,9 +242,8 @@ def run_rows(engine, plan: RunPlan, task: TaskState | None = None) -> RunOutcome
         engine.note_run(rep.warm)  # runs far off the kernel measurement make it measure again
         task.end_item()
         task.partial(records[-1])
-    state = None
-    if plan.snapshot and plan.paths != "cold":
-        state = state_to_save(engine, plan.template, plan.state, task)
+    if snapshot and state is None:
+        state = engine.prime(plan.template, task=task)
     return RunOutcome(tuple(records), state)
 
 
