@@ -270,10 +270,8 @@ def bench_rows(engine, template: Template, rows: list[Row], *, repeat: int = 1,
                 if passes:
                     plan.prefill_prior = passes[0].prefill_s / plan.units(passes[0])
             got = runs.setdefault((step.row, step.mode), _RowRuns())
-            prev = order[s_i - 1] if s_i > 0 else None
             if got.error is None:
-                passes += calls.run(step, row, got, first=prev is None or (
-                    prev.row, prev.round) != (step.row, step.round))
+                passes += calls.run(step, row, got)
             nxt = order[s_i + 1] if s_i + 1 < len(order) else None
             if nxt is None or (nxt.row, nxt.round) != (step.row, step.round):
                 first = s_i

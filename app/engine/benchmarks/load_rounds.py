@@ -9,12 +9,6 @@ or shares more than STRADDLE_SHARE apart, runs again, RETRIES times at most; the
 is kept. The cold runs are kept from the first try, so a try is warm runs only: the plan is
 told of them ("remeasure" passes) before they run.
 
-Each round (and each try of it) begins with a warm run nobody times: prefix mode on the row,
-storing nothing. The first call of a round took longer than the same evaluation later in it
-(rows where chain and prefix mode evaluate one batch after the same prefix: the first of the
-two up to a fifth slower in 9 of 10 rounds, measured beside other work), so with one repeat a
-paired ratio said which mode ran first as much as what the modes cost.
-
 A row's calls generate on one thread count, taken as its first call starts (ThreadFit.pinned):
 the count is part of what decides a cold run's bits (cold_reference.ColdKey), so with auto
 threads a load that changed within a row would give its later calls and its tries other
@@ -27,10 +21,7 @@ from dataclasses import replace
 
 from ..llama.machine_load import WINDOW_S, LoadMeter, MachineLoad
 from ..llama.thread_fit import shared_fit
-from ..errors import KvPrimerError
 from ..progress_plan import PlannedPass
-from ..runs.prompt_runs import run_prompt
-from ..task_state import TaskState
 from .bench_passes import done_passes
 
 # a round is measured again when its warm runs' loads differ by more than this share of the
@@ -89,14 +80,11 @@ class LoadedCalls:
         self.row_at: int | None = None  # the row running
         self.gen_threads = 0  # ... and the thread count its calls generate on
 
-    def run(self, step, row, got, first: bool = False) -> list:
-        """One call; the passes it ran, for the plan. ``first``: it begins a round (or a try
-        of one), which an untimed warm run precedes."""
+    def run(self, step, row, got) -> list:
+        """One call; the passes it ran, for the plan."""
         engine = self.engine
         if step.row not in self.before:
             self.before[step.row] = engine.cache.generation + 1
-        if first and got.error is None:
-            self.warm_up(step, row)
         rows_colds = self.colds.setdefault(step.row, {})
         keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
         generation = engine.cache.generation
@@ -117,19 +105,6 @@ class LoadedCalls:
             return done_passes(engine, got.reports[-1], keys, rows_colds, made, generation)
         return []
 
-    def warm_up(self, step, row) -> None:
-        """An untimed warm run of the row in prefix mode, storing nothing (see the module
-        docstring); a row that cannot run fails in its own call instead."""
-        if self.template.blank(row.values):
-            return
-        self.task.check()
-        try:
-            run_prompt(self.engine, self.template, row.values, reuse="prefix", state=self.state,
-                       gen=self.gen, cold=False, oneshot=False, keep=False, task=TaskState(),
-                       reuse_before=self.before[step.row])
-        except KvPrimerError:
-            pass
-
     def steady_round(self, calls: list, row) -> list:
         """``calls`` (plan index, Step, _RowRuns): a round just run. While its warm runs saw
         different loads, run it again (RETRIES times at most); keep the steadiest try. The
@@ -145,8 +120,8 @@ class LoadedCalls:
             plan.extend([PlannedPass("remeasure", p.start, p.end, p.generate)
                          for i, _st, _g in calls for p in plan.steps[i].passes
                          if p.kind == "warm"])
-            for k, (_i, st, g) in enumerate(calls):
-                ran = self.run(st, row, g, first=k == 0)
+            for _i, st, g in calls:
+                ran = self.run(st, row, g)
                 passes += [replace(d, kind="remeasure") if d.kind == "warm" else d for d in ran]
                 if g.error is not None:
                     return passes

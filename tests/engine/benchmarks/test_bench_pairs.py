@@ -315,32 +315,3 @@ def test_a_round_measured_again_runs_its_warm_runs_only(tiny_model, monkeypatch)
     assert len(made) == len(set(made))
     assert len({(k.prompt, k.gen_threads) for k in made}) == len({k.prompt for k in made})
     assert all(r.verdict().exact for r in res.rows)
-
-
-def test_each_round_begins_with_an_untimed_warm_run(engine, monkeypatch):
-    # the first call of a round ran slower than the same evaluation after it: each round
-    # (and each try of it) begins with a prefix-mode warm run that nobody times, which stores
-    # nothing, makes no cold run and leaves the plan what the calls ran
-    from app.engine.benchmarks import load_rounds
-
-    timed = recorded_reports(monkeypatch)
-    untimed = []
-    real = load_rounds.run_prompt
-
-    def record(eng, tpl, values, **kw):
-        untimed.append((values["c"][-1], len(timed), kw))
-        return real(eng, tpl, values, **kw)
-
-    monkeypatch.setattr(load_rounds, "run_prompt", record)
-    plans = kept_plans(monkeypatch)
-    readings = Readings([0.0, 0.0, 0.0, 1.5] + [0.0] * 6)  # row 2's round tried again
-    res = bench_module.bench_rows(engine, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
-                                  load_meter=readings)
-    # before calls 0, 2, 4 (row 2's try), 6 and 8: each round's first
-    assert [(c, at) for c, at, _kw in untimed] == [("0", 0), ("1", 2), ("1", 4), ("2", 6),
-                                                   ("3", 8)]
-    assert all(kw["reuse"] == "prefix" and not kw["keep"] and not kw["cold"]
-               for _c, _at, kw in untimed)
-    plan, = plans
-    assert plan.pass_kinds() == plan.run_kinds()
-    assert all(r.verdict().exact for r in res.rows)
