@@ -8,12 +8,19 @@ job's plan (progress_plan.JobPlan) is told the cores free lately and over each s
 or shares more than STRADDLE_SHARE apart, runs again, RETRIES times at most; the steadiest try
 is kept. The cold runs are kept from the first try, so a try is warm runs only: the plan is
 told of them ("remeasure" passes) before they run.
+
+A row's calls generate on one thread count, taken as its first call starts (ThreadFit.pinned):
+the count is part of what decides a cold run's bits (cold_reference.ColdKey), so with auto
+threads a load that changed within a row would give its later calls and its tries other
+counts, and with them cold and noise runs of their own that the plan does not count (it shares
+a row's cold runs between its modes, repeats and tries).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ..llama.machine_load import WINDOW_S, LoadMeter, MachineLoad
+from ..llama.thread_fit import shared_fit
 from ..progress_plan import PlannedPass
 from .bench_passes import done_passes
 
@@ -70,6 +77,8 @@ class LoadedCalls:
         self.reusable, self.load_meter, self.watch = reusable, load_meter, watch
         self.colds: dict[int, dict] = {}  # per row: cold runs by batch starts, shared by modes
         self.before: dict[int, int] = {}  # per row: the cache generation its calls reuse before
+        self.row_at: int | None = None  # the row running
+        self.gen_threads = 0  # ... and the thread count its calls generate on
 
     def run(self, step, row, got) -> list:
         """One call; the passes it ran, for the plan."""
@@ -79,9 +88,12 @@ class LoadedCalls:
         rows_colds = self.colds.setdefault(step.row, {})
         keys, made, ran = set(rows_colds), engine.cold.evaluations, len(got.reports)
         generation = engine.cache.generation
+        fit = shared_fit()
+        if self.row_at != step.row:
+            self.row_at, self.gen_threads = step.row, fit.generation_threads()
         meter = self.watch.meter = self.load_meter()
         try:
-            with meter:
+            with fit.pinned(self.gen_threads), meter:
                 got.run(engine, self.template, row, step.mode, self.state, self.recompute,
                         self.gen, self.task, rows_colds, self.before[step.row],
                         True if self.noise else None, self.reusable[step.row])

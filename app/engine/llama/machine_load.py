@@ -6,7 +6,13 @@ ms/token beside other work, enough to invert a kernel choice. So a measurement r
 time that OTHER processes used during it: the machine's busy time minus this process's own,
 over the wall time of the timed work, in cores. Sources, best first:
 
-- Linux: /proc/stat (the whole machine's busy jiffies) and os.times (this process);
+- Linux: /proc/stat (the whole machine's busy jiffies) and os.times (this process). Processes
+  niced below us (a build or a test suite at nice 19) are left out while we run at normal
+  priority: the scheduler gives them only the CPU we leave idle, so they do not slow us, yet
+  counted as others' use they fill every gap between our batches and read as a busy machine
+  (the batch threads then stay at one, which leaves them a core, and a job's time left stays
+  at a busy machine's speed). /proc/stat counts their user time apart ("nice"); while we run
+  niced ourselves they compete with us, and count;
 - Windows: GetSystemTimes (kernel + user - idle) and os.times;
 - elsewhere (macOS, BSD): os.getloadavg's one-minute average, less the one thread that measured:
   coarse and late, so the figure says which source it came from.
@@ -93,19 +99,41 @@ class MachineLoad:
                 "recent_cores": self.recent_cores}
 
 
-def _proc_busy_s() -> float | None:
-    """The whole machine's busy CPU seconds since boot, from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
+def _stat_line() -> str:
+    with open("/proc/stat") as f:
+        return f.readline()
+
+
+def stat_busy_s(line: str, niced: bool) -> float | None:
+    """Busy CPU seconds in /proc/stat's "cpu" line; ``niced``: with the user time of niced
+    processes (the "nice" field)."""
+    fields = line.split()
     if not fields or fields[0] != "cpu" or len(fields) < 5:
         return None
     # user nice system idle iowait irq softirq steal (guest time is inside user already)
     vals = [int(v) for v in fields[1:9]]
     busy = sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)
+    if not niced:
+        busy -= vals[1]
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def runs_niced() -> bool:
+    """This process runs below normal priority (then niced processes compete with it)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0) > 0
+    except (AttributeError, OSError):
+        return False
+
+
+def _proc_busy_s() -> float | None:
+    """The machine's busy CPU seconds since boot, from /proc/stat: of the processes that
+    compete with this one (niced ones only while this one is niced too)."""
+    try:
+        line = _stat_line()
+    except OSError:
+        return None
+    return stat_busy_s(line, runs_niced())
 
 
 def _windows_busy_s() -> float | None:

@@ -248,3 +248,70 @@ def test_a_busy_spell_over_part_of_a_call_flags_the_row(engine):
     assert len(spell.meters) == 4
     diluted = [m for m in spell.meters if m.result().share < 0.25]
     assert len(diluted) >= 2 and all(m.result("warm").share > 0.25 for m in diluted)
+
+
+class ThreadsByLoad(Readings):
+    """Readings whose calls also see the generation thread count the load gives them: a
+    busy call generates on one thread, a quiet one on two; the tries made again see
+    ``again`` (a third count, that no first try used)."""
+
+    def __init__(self, busy_cores_per_call, fit, again=None):
+        super().__init__(busy_cores_per_call)
+        self.fit, self.again = fit, dict(again or {})
+
+    def __call__(self):
+        cores = self.per_call[min(self.calls, len(self.per_call) - 1)]
+        self.fit.count = self.again.get(self.calls, 1 if cores > 0.5 else 2)
+        return super().__call__()
+
+
+def test_a_round_measured_again_runs_its_warm_runs_only(tiny_model, monkeypatch):
+    # the load changed, so auto threads would give the row's later call and its tries other
+    # generation counts: a cold run's bits depend on it (its key holds it), so the row's cold
+    # and noise runs would be made again, which the plan does not count. A row generates on
+    # the count its first call began with: its tries are warm runs only, the plan is what
+    # ran, and every row is still bit-identical
+    from app.engine import Engine, EngineConfig
+    from app.engine.llama import native, thread_fit
+    from app.engine.runs import cold_reference
+
+    class ScriptedFit(thread_fit.ThreadFit):
+        count = 2
+
+        def threads(self):
+            return self.count
+
+    fit = ScriptedFit(n_cores=3, busy_s=lambda: 0.0, own_s=lambda: 0.0, clock=lambda: 0.0)
+    monkeypatch.setattr(thread_fit, "_SHARED", fit)
+    for module in (native, cold_reference):
+        monkeypatch.setattr(module, "llama_default_threads", lambda: 3)
+    plans = kept_plans(monkeypatch)
+    made = []
+    eng = Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32, n_threads=0))
+    try:
+        real = eng.cold.reference
+
+        def count(key, *args, **kw):
+            made.append(key)
+            return real(key, *args, **kw)
+
+        monkeypatch.setattr(eng.cold, "reference", count)
+        # row 2 (calls 2, 3): chain quiet, prefix beside 1.5 busy cores; its try made again
+        # (calls 4, 5) quiet, on three threads
+        readings = ThreadsByLoad([0.0, 0.0, 0.0, 1.5] + [0.0] * 6, fit, again={4: 3, 5: 3})
+        res = bench_module.bench_rows(eng, TPL, ROWS, modes=("prefix", "chain"), gen=GEN,
+                                      noise=True, load_meter=readings)
+    finally:
+        eng.close()
+    assert readings.calls == 10
+    assert [r.row for r in res.rows if r.remeasured] == [2, 2]
+    plan, = plans
+    assert plan.pass_kinds() == plan.run_kinds(), [
+        (st.label, k, r) for st, k, r in zip(plan.steps, plan.pass_kinds(), plan.run_kinds())
+        if k != r]
+    again = plan.steps[3]  # row 2's last call: the round's tries ran there
+    assert sorted(d.kind for d in again.done) == ["remeasure", "remeasure", "warm"]
+    # every cold and noise run made once, each row's on one thread count
+    assert len(made) == len(set(made))
+    assert len({(k.prompt, k.gen_threads) for k in made}) == len({k.prompt for k in made})
+    assert all(r.verdict().exact for r in res.rows)

@@ -6,12 +6,16 @@ actual time, also after a slow start; the tiny model checks that the plan is exa
 passes each call of the benchmark really runs."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from app.engine import GenerationConfig, Template, run_prompt
 from app.engine.benchmarks import bench_rows as bench_module
+from app.engine.benchmarks.load_rounds import LoadWatch
 from app.engine.benchmarks.mode_pairs import bench_order
+from app.engine.llama.machine_load import LoadMeter
 from app.engine.progress_plan import DonePass, JobPlan, PlannedPass, PlanStep, work_units
 from app.engine.prompts.rows import Row
 from app.engine.runs.recompute_choice import default_recompute
@@ -363,3 +367,79 @@ def test_a_composed_row_runs_the_history_its_plan_foresees(engine, monkeypatch, 
         len(tokens))
     if runs == "all":  # the modules' runs meet: one evaluation, no cut where the second starts
         assert modules[1].start not in planned
+
+
+class NicedSuite:
+    """A fake /proc/stat on 2 cores: the job at normal priority, a busy process at normal
+    priority during the spell, and a test suite at nice 19 that takes whatever the job leaves
+    (it never slows the job: the scheduler gives it only the idle CPU)."""
+
+    def __init__(self, clock):
+        self.clock, self.own, self.user, self.nice = clock, 0.0, 0.0, 0.0
+
+    def run(self, seconds: float, own_cores: float, busy_cores: float) -> None:
+        self.clock.now += seconds
+        self.own += own_cores * seconds
+        self.user += (own_cores + busy_cores) * seconds
+        self.nice += max(0.0, 2.0 - own_cores - busy_cores) * seconds
+
+    def stat_line(self) -> str:
+        tick = os.sysconf("SC_CLK_TCK")
+        return f"cpu  {round(self.user * tick)} {round(self.nice * tick)} 0 0 0 0 0 0 0 0\n"
+
+    def meter(self) -> LoadMeter:
+        return LoadMeter(own_s=lambda: self.own, clock=lambda: self.clock.now, n_cores=2)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_time_left_recovers_after_a_spell_beside_a_niced_suite(clock, monkeypatch, seed):
+    """The job read through its LoadMeters as bench_rows reads it. During the spell the
+    job's thread fit gave it one thread, and after it the niced suite, taking the core that
+    left free between batches, kept it there: the job generates on one core, the suite fills
+    the other. Counted as others' load, that read as half the machine busy at the end of
+    every call, and the steps after the spell were timed at half their speed."""
+    from app.engine.llama import machine_load
+
+    suite = NicedSuite(clock)
+    monkeypatch.setattr(machine_load, "_stat_line", suite.stat_line)
+    monkeypatch.setattr(machine_load, "runs_niced", lambda: False)
+    plan, truth = scripted_job(seed)
+    rng = np.random.default_rng(seed + 100)
+    seen: list[tuple[float, float | None]] = []
+    task = TaskState(on_progress=lambda p: seen.append((clock.now, p.job.eta_s if p.job else None)))
+    watch = LoadWatch(plan)
+    task.on_report = watch.report
+    t0 = clock.now
+    task.begin_job("bench", len(truth), plan=plan)
+    for i, passes in enumerate(truth):
+        task.begin_item(i // 3 + 1, 10, part=plan.steps[i].label.split(" · ")[1])
+        meter = watch.meter = suite.meter()
+        done = []
+        with meter:
+            for d in passes:
+                f = 1 + rng.uniform(-0.08, 0.08)
+                pre = 0.0
+                for a in range(d.start, d.end, 256):
+                    b = min(a + 256, d.end)
+                    share = spell(clock.now - t0)
+                    dt = TRUE_RATE[d.kind] * work_units(a, b, K) * f / share
+                    suite.run(dt, 2.0 * share, 2.0 * (1 - share))
+                    pre += dt
+                    task.report(d.kind, b - d.start, d.end - d.start)
+                share = spell(clock.now - t0)
+                g = d.generate * TRUE_GEN * f / share
+                one_core = clock.now - t0 >= 60  # one generation thread since the spell began
+                suite.run(g, (1.0 if one_core else 2.0) * share, 2.0 * (1 - share))
+                done.append(DonePass(d.kind, d.start, d.end, d.generate, pre, g))
+                if d.kind == "prime":
+                    plan.prefill_prior = pre / plan.units(d)
+            suite.run(TRUE_OVERHEAD * (1 + rng.uniform(-0.2, 0.2)), 2.0, 0.0)
+        watch.call_ends(meter.result())
+        watch.step_ends()
+        task.end_item(done)
+    total = clock.now - t0
+    after = [t for t, _eta in seen if t - t0 >= SPELL_END]
+    marks = [m for m in (0.25, 0.5, 0.75) if m * total >= SPELL_END] + [
+        (after[0] - t0 + d) / total for d in (1, 20, 40)]
+    for err in errors_at(seen, total, t0, marks):
+        assert abs(err) <= 0.20, errors_at(seen, total, t0, marks)

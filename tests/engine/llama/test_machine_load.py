@@ -3,6 +3,8 @@ shows in its busiest half second and in the part around the pass it covered, tho
 measurement's average hides it."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app.engine.llama.machine_load import WINDOW_S, LoadMeter, MachineLoad
@@ -58,3 +60,32 @@ def test_an_unknown_load_leaves_every_core_free():
     assert unknown.free_share() == 1.0 and not unknown.busy_at_times
     assert MachineLoad(1.9, 2, "x").free_share() == pytest.approx(0.2)  # at least a fifth
     assert LoadMeter(busy_s=lambda: 0.0, own_s=lambda: 0.0).result("warm").other_cores is None
+
+
+def test_processes_niced_below_ours_are_not_others_load(monkeypatch):
+    # a test suite at nice 19 fills the cores a job at normal priority leaves between its
+    # batches: /proc/stat counts it apart ("nice"), and it is no load on that job; a job
+    # niced itself competes with it
+    from app.engine.llama import machine_load
+
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = {"user": 0, "nice": 0}
+    monkeypatch.setattr(machine_load, "_stat_line", lambda: (
+        f"cpu  {stat['user']} {stat['nice']} 0 1000 0 0 0 0 0 0\n"))
+    t = {"clock": 0.0}
+
+    def run(seconds: float, user_cores: float, nice_cores: float) -> None:
+        t["clock"] += seconds
+        stat["user"] += round(seconds * user_cores * tick)
+        stat["nice"] += round(seconds * nice_cores * tick)
+
+    for niced, expected in ((False, 0.5), (True, 1.5)):
+        monkeypatch.setattr(machine_load, "runs_niced", lambda niced=niced: niced)
+        meter = LoadMeter(own_s=lambda: 0.0, clock=lambda: t["clock"], n_cores=2)
+        assert meter.source == "/proc/stat"
+        with meter:
+            run(2.0, 0.5, 1.0)  # a busy process at normal priority, and a niced one
+        assert meter.result().other_cores == pytest.approx(expected)
+    line = "cpu  100 500 50 1000 20 0 0 0 0 0"
+    assert machine_load.stat_busy_s(line, niced=True) == pytest.approx(650 / tick)
+    assert machine_load.stat_busy_s(line, niced=False) == pytest.approx(150 / tick)
