@@ -102,6 +102,11 @@ def run_rows(sc: dict) -> list[dict]:
     return rows
 
 
+def _per_run(rows: list[dict], title: str, line) -> list[str]:
+    """A blank line, ``title``, then ``line(row)`` for each run that did not fail."""
+    return ["", title] + [f"  {x['run']:<24} {line(x)}" for x in rows if "error" not in x]
+
+
 def format_scale(sc: dict) -> str:
     m, st = sc["machine"], sc["settings"]
     lines = [f"Scale section: {', '.join(f'{k} ({v})' for k, v in st['models'].items())}",
@@ -125,32 +130,26 @@ def format_scale(sc: dict) -> str:
         if x["resident_from"] and x["resident_from"] != ["resident"]:
             lines.append(f"{'':<24} its \"resident\" runs found the prefix in: "
                          f"{', '.join(x['resident_from'])} (over the resident tier's cap)")
-    lines += ["", "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load vs a "
-              "sequential read of a file of its size (page cache dropped / cached)"]
-    for x in rows:
-        if "error" not in x:
-            lines.append(f"  {x['run']:<24} RAM {x['ram_gbs']} vs memcpy {x['memcpy_gbs']}; "
-                         f"file {x['file_gbs']} vs read {x['read_cold_gbs']} / cached "
-                         f"{x['read_cached_gbs']}"
-                         + ("" if x["dropped"] else " (page cache NOT dropped)"))
-    lines += ["", "warm from a .kvstate / its floor (the limit + a sequential read of the same "
-              "bytes, page cache dropped): median of the repeats' ratios (their range)"]
-    for x in rows:
-        if "error" not in x:
-            lines.append(f"  {x['run']:<24} {x['floor']} over {x['floor_samples']} samples; read "
-                         f"{x['floor_read_gbs']} GB/s"
-                         + ("" if x["floor_paired"] else " (one read at the run's end, not "
-                            "paired)"))
-    lines += ["", "peers on the same prompts (time to first token, ms): plain llama-cpp-python "
-              "cold, LlamaRAMCache, LlamaDiskCache; llama-server --cache-ram (tokens reused), "
-              "slot restore"]
-    for x in rows:
-        if "error" not in x:
-            lines.append(f"  {x['run']:<24} cold {_ms(x['plain_cold'])}, RAM {_ms(x['llamacpp_ram'])}, "
-                         f"disk {_ms(x['llamacpp_disk'])}; server cache-ram "
-                         f"{_ms(x['server_cache_ram'])} ({x['server_reused']}), slot "
-                         f"{_ms(x['server_slot'])}"
-                         + (f"  [{x['peer_errors']}]" if x["peer_errors"] else ""))
+    lines += _per_run(rows, "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load "
+                      "vs a sequential read of a file of its size (page cache dropped / cached)",
+                      lambda x: f"RAM {x['ram_gbs']} vs memcpy {x['memcpy_gbs']}; file "
+                                f"{x['file_gbs']} vs read {x['read_cold_gbs']} / cached "
+                                f"{x['read_cached_gbs']}"
+                                + ("" if x["dropped"] else " (page cache NOT dropped)"))
+    lines += _per_run(rows, "warm from a .kvstate / its floor (the limit + a sequential read of the "
+                      "same bytes, page cache dropped): median of the repeats' ratios (their range)",
+                      lambda x: f"{x['floor']} over {x['floor_samples']} samples; read "
+                                f"{x['floor_read_gbs']} GB/s"
+                                + ("" if x["floor_paired"] else " (one read at the run's end, "
+                                   "not paired)"))
+    lines += _per_run(rows, "peers on the same prompts (time to first token, ms): plain "
+                      "llama-cpp-python cold, LlamaRAMCache, LlamaDiskCache; llama-server "
+                      "--cache-ram (tokens reused), slot restore",
+                      lambda x: f"cold {_ms(x['plain_cold'])}, RAM {_ms(x['llamacpp_ram'])}, "
+                                f"disk {_ms(x['llamacpp_disk'])}; server cache-ram "
+                                f"{_ms(x['server_cache_ram'])} ({x['server_reused']}), slot "
+                                f"{_ms(x['server_slot'])}"
+                                + (f"  [{x['peer_errors']}]" if x["peer_errors"] else ""))
     lines += ["", f"{'goal (real sizes)':<92} {'value':>8} {'goal':>9}  verdict (worst run)"]
     for g in sc.get("goal_rows", []):
         verdict = "-" if g["met"] is None else "met" if g["met"] else "MISSED"
