@@ -3,7 +3,9 @@ llama_state_seq_set_data call under it, fed the bytes in place and after a copy 
 array (what the copy would cost the engine). Figures to explain the warm path, not goals.
 
 ``paired_file_load`` (`python -m bench.restore_probe STATE.kvstate`) times the file's read into
-plain new memory against memory advised to huge pages, interleaved in one process."""
+plain new memory against memory advised to huge pages, interleaved in one process;
+``paired_overlap_load`` (``--overlap``) the checksum after each read against the read in a
+thread of its own; ``file_path_breakdown`` each step of `run --state` inside the real path."""
 from __future__ import annotations
 
 import ctypes
@@ -58,6 +60,28 @@ def probe_restore(engine: Engine, state: PrefixState, path: Path, n: int = 5, se
     return out
 
 
+def _paired_loads(path: Path, n: int, ways: dict, restore) -> dict[tuple[str, str], list[float]]:
+    """``PrefixState.load(path)`` timed (ms) each of ``ways`` (name -> a call that sets the
+    loader up that way), interleaved in one process and alternating who goes first, each from
+    a dropped page cache and again cached; ``restore()`` sets the loader back."""
+    from .scale_ours import drop_from_page_cache
+
+    got: dict[tuple[str, str], list[float]] = {(w, c): [] for w in ways for c in ("dropped", "cached")}
+    try:
+        for i in range(n):
+            for way in (ways if i % 2 == 0 else reversed(list(ways))):
+                ways[way]()
+                for cache in ("dropped", "cached"):
+                    if cache == "dropped":
+                        drop_from_page_cache(path)
+                    t0 = time.perf_counter()
+                    PrefixState.load(path)
+                    got[(way, cache)].append((time.perf_counter() - t0) * 1000)
+    finally:
+        restore()
+    return got
+
+
 def paired_file_load(path: Path, n: int = 8) -> dict:
     """A .kvstate read (``PrefixState.load``) into plain new memory and into memory advised to
     huge pages (what the loader does, states/body_buffer.py), interleaved in one process, each
@@ -67,29 +91,123 @@ def paired_file_load(path: Path, n: int = 8) -> dict:
     from app.engine.states import body_buffer
     from app.engine.states.body_buffer import new_body
 
-    from .scale_ours import drop_from_page_cache
+    def use(fn):
+        return lambda: setattr(body_buffer, "new_body", fn)  # the buffer read_body fills
 
-    ways = {"plain": new_bytes, "huge_pages": new_body}
-    got: dict[tuple[str, str], list[float]] = {(w, c): [] for w in ways for c in ("dropped", "cached")}
-    real = body_buffer.new_body  # the buffer read_body fills
-    try:
-        for i in range(n):
-            for way in (ways if i % 2 == 0 else reversed(list(ways))):  # alternate who goes first
-                body_buffer.new_body = ways[way]
-                for cache in ("dropped", "cached"):
-                    if cache == "dropped":
-                        drop_from_page_cache(path)
-                    t0 = time.perf_counter()
-                    PrefixState.load(path)
-                    got[(way, cache)].append((time.perf_counter() - t0) * 1000)
-    finally:
-        body_buffer.new_body = real
+    got = _paired_loads(path, n, {"plain": use(new_bytes), "huge_pages": use(new_body)},
+                        use(body_buffer.new_body))
     out: dict = {"bytes": path.stat().st_size, "repeats": n}
     for cache in ("dropped", "cached"):
         plain, huge = got[("plain", cache)], got[("huge_pages", cache)]
         out[cache] = {"plain_ms": statistics.median(plain), "huge_pages_ms": statistics.median(huge),
                       "huge_vs_plain": statistics.median(h / p for h, p in zip(huge, plain))}
     return out
+
+
+def paired_overlap_load(path: Path, n: int = 8) -> dict:
+    """A .kvstate load with the checksum after each read, in one thread, against the loader's
+    read in a thread of its own beside the checksum (body_buffer._read_overlapped),
+    interleaved in one process, page cache dropped and cached: medians (ms), and the paired
+    ratios' median and range (overlapped / serial)."""
+    from app.engine.states import body_buffer
+
+    def use(at_least: int):
+        return lambda: setattr(body_buffer, "OVERLAP_MIN", at_least)
+
+    real = body_buffer.OVERLAP_MIN
+    got = _paired_loads(path, n, {"serial": use(1 << 62), "overlapped": use(real)}, use(real))
+    out: dict = {"bytes": path.stat().st_size, "repeats": n}
+    for cache in ("dropped", "cached"):
+        serial, both = got[("serial", cache)], got[("overlapped", cache)]
+        ratios = [b / a for a, b in zip(serial, both)]
+        out[cache] = {"serial_ms": statistics.median(serial), "overlapped_ms": statistics.median(both),
+                      "overlapped_vs_serial": statistics.median(ratios),
+                      "range": [min(ratios), max(ratios)]}
+    return out
+
+
+# the steps of `run --state` timed by file_path_breakdown: (label, owner, attribute)
+_STEPS = (("read + checksum", "app.engine.states.prefix_state:PrefixState", "_read"),
+          ("load_state (read, check, V layout)", "app.engine.kv_engine:Engine", "load_state"),
+          ("adopt into the cache", "app.engine.kv_engine:Engine", "adopt"),
+          ("restore into the work context", "app.engine.slot.work_context:WorkContext", "restore"),
+          ("llama_state_seq_set_data", "app.engine.llama.native:NativeContext", "state_set"))
+
+
+def _timed_steps(got: dict[str, list[float]]):
+    """Wrap each of _STEPS to add its time (ms) to ``got[label]``; returns the undo."""
+    import importlib
+
+    undo = []
+    for label, where, attr in _STEPS:
+        mod, cls = where.split(":")
+        owner = getattr(importlib.import_module(mod), cls)
+        raw = owner.__dict__[attr]
+        fn = raw.__func__ if isinstance(raw, classmethod) else raw
+
+        def wrap(*a, _fn=fn, _label=label, **k):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                got[_label][-1] += (time.perf_counter() - t0) * 1000
+
+        setattr(owner, attr, classmethod(wrap) if isinstance(raw, classmethod) else wrap)
+        undo.append((owner, attr, raw))
+    return lambda: [setattr(o, a, r) for o, a, r in undo]
+
+
+def file_path_breakdown(engine: Engine, template, values: dict, path: Path, n: int = 5) -> dict:
+    """Where `kvprimer run --state` spends its time, step by step, ``n`` times: the sequential
+    read of the same file (page cache dropped: the floor's read), then the cache emptied, the
+    file dropped again, ``state_flows.load_state`` and the warm run from it (prefix mode, no
+    cold run), each step of _STEPS timed inside that real path, and the checksum alone over
+    the bytes in memory (what the load hides behind the disk, or not). Medians, minima and
+    maxima (ms), and the load average before and after."""
+    import os
+
+    import xxhash
+
+    from app.engine import GenerationConfig, run_prompt, state_flows
+
+    from .scale_ours import drop_from_page_cache, read_ms
+
+    labels = ["sequential read (dropped)", "checksum alone (in memory)", "whole load_state",
+              *(label for label, _, _ in _STEPS), "warm run: restore", "warm run: suffix",
+              "warm run: first token (ttft)", "load + warm run"]
+    got: dict[str, list[float]] = {k: [] for k in labels}
+    buf = bytearray(path.stat().st_size)
+    read_ms(path, buf)  # the buffer's pages touched once, untimed
+    load0 = os.getloadavg()
+    undo = _timed_steps(got)
+    try:
+        for _ in range(n):
+            for v in got.values():
+                v.append(0.0)
+            drop_from_page_cache(path)
+            got["sequential read (dropped)"][-1] = read_ms(path, buf)
+            engine.clear_cache()
+            engine.work.reset()
+            drop_from_page_cache(path)
+            t0 = time.perf_counter()
+            state = state_flows.load_state(engine, path, template)
+            got["whole load_state"][-1] = load = (time.perf_counter() - t0) * 1000
+            rep = run_prompt(engine, template, values, reuse="prefix", state=state, cold=False,
+                             warm=True, oneshot=False, gen=GenerationConfig(max_tokens=1))
+            w = rep.warm
+            got["warm run: restore"][-1] = w.restore_ms
+            got["warm run: suffix"][-1] = w.prompt_ms
+            got["warm run: first token (ttft)"][-1] = w.ttft_ms
+            got["load + warm run"][-1] = load + w.ttft_ms
+            t0 = time.perf_counter()
+            xxhash.xxh3_128(state.data)
+            got["checksum alone (in memory)"][-1] = (time.perf_counter() - t0) * 1000
+    finally:
+        undo()
+    return {"bytes": path.stat().st_size, "repeats": n, "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(),
+            "ms": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+                   for k, v in got.items()}}
 
 
 def main(argv=None) -> int:
@@ -101,9 +219,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=paired_file_load.__doc__.splitlines()[0])
     ap.add_argument("state", type=Path)
     ap.add_argument("-n", type=int, default=8)
+    ap.add_argument("--overlap", action="store_true",
+                    help="instead: the checksum after each read against the reader thread")
     args = ap.parse_args(argv)
-    out = paired_file_load(args.state, args.n)
-    out["loadavg"] = os.getloadavg()
+    load0 = os.getloadavg()
+    out = (paired_overlap_load if args.overlap else paired_file_load)(args.state, args.n)
+    out.update(loadavg_before=load0, loadavg=os.getloadavg(), nproc=os.cpu_count(),
+               date_utc=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     print(json.dumps(out, indent=1))
     return 0
 

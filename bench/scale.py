@@ -259,6 +259,22 @@ def _div(a, b) -> float | None:
     return a / b if a is not None and b else None
 
 
+def file_floor(ours: dict) -> dict:
+    """The warm run from a .kvstate against its floor: the limit plus a sequential read of the
+    same bytes from a dropped page cache, which no load can beat. Per repeat (the limit, the
+    read and the warm run of one repeat), then the median and the spread of those ratios. A
+    sample without its own read (a run stored before samples had one) uses the run's
+    ``limits.read_cold_ms``: a file of the same size, read once at the end."""
+    s, lim = ours["samples"], ours["limits"]
+    files, limits = s["state_file"], s["limit"]
+    if not files or len(files) != len(limits):
+        return {"ratio": None, "min": None, "max": None, "read_ms": None, "paired_read": False}
+    reads = [x.get("read_ms", lim["read_cold_ms"]) for x in files]
+    ratios = [f["ttft_ms"] / (li["ttft_ms"] + r) for f, li, r in zip(files, limits, reads)]
+    return {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "read_ms": statistics.median(reads), "paired_read": all("read_ms" in x for x in files)}
+
+
 def run_ratios(run: dict) -> dict:
     """One run's ratios, each from that run's own samples (time ratios: medians of ratios of
     samples taken in the same repeat)."""
@@ -269,11 +285,23 @@ def run_ratios(run: dict) -> dict:
                        ("file_tier", "warm_file_tier"), ("state_file", "warm_file")):
         r[f"{name}_vs_limit"] = _pair(_ms(s[tier]), _ms(s["limit"]))
         r[f"{name}_vs_cold"] = _div(_med(_ms(s[tier])), o["cold"]["ttft_ms"])
+    # the spread of the file path's paired ratios, and the same against its floor (file_floor)
+    per_repeat = ([f / li for f, li in zip(_ms(s["state_file"]), _ms(s["limit"]))]
+                  if r["warm_file_vs_limit"] is not None else [])
+    r["warm_file_vs_limit_min"] = min(per_repeat, default=None)
+    r["warm_file_vs_limit_max"] = max(per_repeat, default=None)
+    floor = file_floor(o)
+    r["warm_file_vs_floor"] = floor["ratio"]
+    r["warm_file_vs_floor_min"], r["warm_file_vs_floor_max"] = floor["min"], floor["max"]
     restore_file = [x["load_ms"] + x["restore_ms"] for x in s["state_file"]]
     r["restore_ram_vs_memcpy"] = _div(_med(_ms(s["ram"], "restore_ms")), lim["memcpy_ms"])
     r["restore_file_tier_vs_read"] = _div(_med(_ms(s["file_tier"], "restore_ms")),
                                           lim["read_cold_ms"])
-    r["restore_file_vs_read"] = _div(_med(restore_file), lim["read_cold_ms"])
+    if s["state_file"] and all("read_ms" in x for x in s["state_file"]):
+        # each load against the read of the same file just before it (scale_ours._file_sample)
+        r["restore_file_vs_read"] = _pair(restore_file, _ms(s["state_file"], "read_ms"))
+    else:  # a run stored before samples had their own read: the read at the run's end
+        r["restore_file_vs_read"] = _div(_med(restore_file), lim["read_cold_ms"])
     r["state_bytes_vs_raw_kv"] = _div(sz["state_file_bytes"],
                                       sz["raw_kv_bytes"] + sz["recurrent_state_bytes"])
     verdicts = [v for vs in o["verdicts"].values() for v in vs] + [o["first_verdict"]]

@@ -29,6 +29,11 @@ def _mb(n) -> str:
     return "-" if not n else f"{n / 1e6:,.0f}" if n >= 1e7 else f"{n / 1e6:,.2f}"
 
 
+def _spread(x, lo, hi) -> str:
+    """A median and the range of its samples: "1.19 (1.10–1.25)"."""
+    return "-" if x is None else f"{x:.2f} ({lo:.2f}–{hi:.2f})"
+
+
 def _load(m: dict) -> str:
     """The machine's load over the run: what was recorded (a run stopped early has no end)."""
     return (f"load average {m.get('loadavg_start')}"
@@ -51,6 +56,9 @@ def run_rows(sc: dict) -> list[dict]:
         file_restore = (statistics.median(x["load_ms"] + x["restore_ms"] for x in s["state_file"])
                         if s["state_file"] else None)
         lim = o["limits"]
+        from .scale import file_floor
+
+        floor = file_floor(o)
         verdicts = [v for vs in o["verdicts"].values() for v in vs] + [o["first_verdict"]]
         rows.append({
             "run": f"{r['model']} {r['label']}", "prefix": o["prefix_tokens"],
@@ -66,6 +74,10 @@ def run_rows(sc: dict) -> list[dict]:
             "read_cold_gbs": _gbs(nbytes, lim["read_cold_ms"]),
             "read_cached_gbs": _gbs(nbytes, lim["read_cached_ms"]),
             "dropped": lim["page_cache_dropped"],
+            # warm from the file against the limit plus a read of the same bytes (its floor)
+            "floor": _spread(floor["ratio"], floor["min"], floor["max"]),
+            "floor_read_gbs": _gbs(nbytes, floor["read_ms"]),
+            "floor_paired": floor["paired_read"], "floor_samples": len(s["state_file"]),
             "rss_ours": _mb(o["peak_rss"]["run"]),
             # what the RAM tier held then (its kept copies included): part of our RSS
             "ram_tier_mb": _mb(sum(t["used_bytes"] for t in o["tiers_after_run"]
@@ -88,6 +100,11 @@ def run_rows(sc: dict) -> list[dict]:
             "kernels": o["kernels"],
         })
     return rows
+
+
+def _per_run(rows: list[dict], title: str, line) -> list[str]:
+    """A blank line, ``title``, then ``line(row)`` for each run that did not fail."""
+    return ["", title] + [f"  {x['run']:<24} {line(x)}" for x in rows if "error" not in x]
 
 
 def format_scale(sc: dict) -> str:
@@ -113,24 +130,26 @@ def format_scale(sc: dict) -> str:
         if x["resident_from"] and x["resident_from"] != ["resident"]:
             lines.append(f"{'':<24} its \"resident\" runs found the prefix in: "
                          f"{', '.join(x['resident_from'])} (over the resident tier's cap)")
-    lines += ["", "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load vs a "
-              "sequential read of a file of its size (page cache dropped / cached)"]
-    for x in rows:
-        if "error" not in x:
-            lines.append(f"  {x['run']:<24} RAM {x['ram_gbs']} vs memcpy {x['memcpy_gbs']}; "
-                         f"file {x['file_gbs']} vs read {x['read_cold_gbs']} / cached "
-                         f"{x['read_cached_gbs']}"
-                         + ("" if x["dropped"] else " (page cache NOT dropped)"))
-    lines += ["", "peers on the same prompts (time to first token, ms): plain llama-cpp-python "
-              "cold, LlamaRAMCache, LlamaDiskCache; llama-server --cache-ram (tokens reused), "
-              "slot restore"]
-    for x in rows:
-        if "error" not in x:
-            lines.append(f"  {x['run']:<24} cold {_ms(x['plain_cold'])}, RAM {_ms(x['llamacpp_ram'])}, "
-                         f"disk {_ms(x['llamacpp_disk'])}; server cache-ram "
-                         f"{_ms(x['server_cache_ram'])} ({x['server_reused']}), slot "
-                         f"{_ms(x['server_slot'])}"
-                         + (f"  [{x['peer_errors']}]" if x["peer_errors"] else ""))
+    lines += _per_run(rows, "restore (GB/s): RAM tier vs memcpy of the same bytes; .kvstate load "
+                      "vs a sequential read of a file of its size (page cache dropped / cached)",
+                      lambda x: f"RAM {x['ram_gbs']} vs memcpy {x['memcpy_gbs']}; file "
+                                f"{x['file_gbs']} vs read {x['read_cold_gbs']} / cached "
+                                f"{x['read_cached_gbs']}"
+                                + ("" if x["dropped"] else " (page cache NOT dropped)"))
+    lines += _per_run(rows, "warm from a .kvstate / its floor (the limit + a sequential read of the "
+                      "same bytes, page cache dropped): median of the repeats' ratios (their range)",
+                      lambda x: f"{x['floor']} over {x['floor_samples']} samples; read "
+                                f"{x['floor_read_gbs']} GB/s"
+                                + ("" if x["floor_paired"] else " (one read at the run's end, "
+                                   "not paired)"))
+    lines += _per_run(rows, "peers on the same prompts (time to first token, ms): plain "
+                      "llama-cpp-python cold, LlamaRAMCache, LlamaDiskCache; llama-server "
+                      "--cache-ram (tokens reused), slot restore",
+                      lambda x: f"cold {_ms(x['plain_cold'])}, RAM {_ms(x['llamacpp_ram'])}, "
+                                f"disk {_ms(x['llamacpp_disk'])}; server cache-ram "
+                                f"{_ms(x['server_cache_ram'])} ({x['server_reused']}), slot "
+                                f"{_ms(x['server_slot'])}"
+                                + (f"  [{x['peer_errors']}]" if x["peer_errors"] else ""))
     lines += ["", f"{'goal (real sizes)':<92} {'value':>8} {'goal':>9}  verdict (worst run)"]
     for g in sc.get("goal_rows", []):
         verdict = "-" if g["met"] is None else "met" if g["met"] else "MISSED"
@@ -177,14 +196,23 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     if failed:
         out += ["", "Paths that failed: " + "; ".join(failed) + "."]
     out += ["", "| run | RAM restore GB/s (memcpy) | file load GB/s (read, dropped / cached) "
-            "| LlamaRAMCache ms | LlamaDiskCache ms | llama-server cache-ram ms | slot restore ms |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+            "| .kvstate / floor (range) | LlamaRAMCache ms | LlamaDiskCache ms "
+            "| llama-server cache-ram ms | slot restore ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for x in rows:
         if "error" not in x:
             out.append(f"| {x['run']} | {x['ram_gbs']} ({x['memcpy_gbs']}) | {x['file_gbs']} "
-                       f"({x['read_cold_gbs']} / {x['read_cached_gbs']}) | "
+                       f"({x['read_cold_gbs']} / {x['read_cached_gbs']}) | {x['floor']} | "
                        f"{_ms(x['llamacpp_ram'])} | {_ms(x['llamacpp_disk'])} | "
                        f"{_ms(x['server_cache_ram'])} | {_ms(x['server_slot'])} |")
+    measured = [x for x in rows if "error" not in x]
+    unpaired = [x["run"] for x in measured if not x["floor_paired"]]
+    out += ["", ".kvstate / floor: the warm run from a `.kvstate` against the limit plus a "
+            "sequential read of the same bytes from a dropped page cache, per repeat; the median "
+            "and the range of the repeats"
+            + ("" if not unpaired else " (samples without a read of their own, "
+               + ("every run's" if len(unpaired) == len(measured) else ", ".join(unpaired))
+               + ": the read of a file of the same size at the run's end)") + "."]
     out += ["", "| goal (real sizes) | value | goal | verdict | worst run |", "|---|---:|---|---|---|"]
     for g in sc.get("goal_rows", []):
         verdict = "-" if g["met"] is None else "met" if g["met"] else "**missed**"

@@ -51,6 +51,7 @@ def test_each_size_runs_every_path_on_the_same_prompt(section):
         for tier in ("resident", "ram", "file_tier", "state_file", "limit"):
             assert [x["evaluated_tokens"] for x in s[tier]] == [o["suffix_tokens"]] * 2, tier
         assert all(x["load_ms"] > 0 for x in s["state_file"])
+        assert all(x["read_ms"] > 0 for x in s["state_file"])  # the floor's read, per repeat
         assert o["limit_seeded_from_state"]
         # every warm run is the cold run's tokens, bit for bit
         assert set(v for vs in o["verdicts"].values() for v in vs) == {"bit-identical"}
@@ -80,6 +81,10 @@ def test_ratios_and_goals_come_from_the_same_run(section):
         # the cells, plus a header and the token ids (a share that shrinks at real sizes)
         assert 0 < sz["state_file_bytes"] - sz["raw_kv_bytes"] < 8192
         assert rs["not_bit_identical"] == 0
+        # against the floor (limit + the same bytes read), per repeat: a median in its range
+        assert 0 < rs["warm_file_vs_floor_min"] <= rs["warm_file_vs_floor"] \
+            <= rs["warm_file_vs_floor_max"] <= rs["warm_file_vs_limit_max"]
+        assert rs["warm_file_vs_limit_min"] <= rs["warm_file_vs_limit"] <= rs["warm_file_vs_limit_max"]
         assert rs["rss_vs_plain"] > 0 and rs["warm_ram_vs_limit"] > 0
         assert r["goals"]["warm_ram_vs_limit"]["value"] == rs["warm_ram_vs_limit"]
     # the largest prefix of the default model's shape carries the warm / cold goal
@@ -194,3 +199,43 @@ def test_a_stored_section_is_scored_again_from_its_figures(section, tmp_path):
     key = "scale_smollm2_32k_200_rss_less_ram_tier_vs_plain"
     assert back["ratios"][key] == back["scale"]["runs"][0]["ratios"]["rss_less_ram_tier_vs_plain"]
     assert back["scale"]["runs"][0]["ours"] == sc["runs"][0]["ours"]  # figures untouched
+
+
+def test_the_file_path_is_scored_against_its_floor_repeat_by_repeat():
+    """Each warm run from a .kvstate against the limit plus the read of the same file in the
+    same repeat; a run stored before samples had their own read uses the read at its end."""
+    from bench.scale import file_floor
+
+    files = [{"ttft_ms": 300.0, "read_ms": 100.0}, {"ttft_ms": 240.0, "read_ms": 50.0},
+             {"ttft_ms": 260.0, "read_ms": 60.0}]
+    ours = {"samples": {"state_file": files, "limit": [{"ttft_ms": 100.0}, {"ttft_ms": 150.0},
+                                                       {"ttft_ms": 140.0}]},
+            "limits": {"read_cold_ms": 80.0}}
+    f = file_floor(ours)
+    assert f == {"ratio": 1.3, "min": 1.2, "max": 1.5, "read_ms": 60.0, "paired_read": True}
+    for x in files:
+        del x["read_ms"]
+    f = file_floor(ours)
+    assert not f["paired_read"] and f["read_ms"] == 80.0
+    assert f["ratio"] == 260.0 / 220.0 and f["max"] == 300.0 / 180.0
+    ours["samples"]["limit"].pop()  # a path that lost a sample is not paired
+    assert file_floor(ours)["ratio"] is None
+
+
+def test_a_load_is_compared_with_the_read_of_its_own_repeat(section):
+    """restore_file_vs_read pairs each load with the read just before it; a stored run whose
+    samples have no read of their own keeps the figure it had (the read at its end)."""
+    import copy
+    import statistics
+
+    from bench.stats import pairwise_ratio
+
+    run = section["runs"][0]
+    s = run["ours"]["samples"]["state_file"]
+    assert run["ratios"]["restore_file_vs_read"] == pairwise_ratio(
+        [x["load_ms"] + x["restore_ms"] for x in s], [x["read_ms"] for x in s])
+    old = copy.deepcopy(run)
+    for x in old["ours"]["samples"]["state_file"]:
+        del x["read_ms"]
+    assert run_ratios(old)["restore_file_vs_read"] == statistics.median(
+        x["load_ms"] + x["restore_ms"] for x in s) / run["ours"]["limits"]["read_cold_ms"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.engine.states import body_buffer
 from app.engine.states.body_buffer import new_body
-from bench.restore_probe import main, paired_file_load
+from bench.restore_probe import main, paired_file_load, paired_overlap_load
 from tests.engine.states.test_prefix_state_file import make
 
 
@@ -19,3 +19,38 @@ def test_paired_file_load_times_both_ways_and_restores_the_loader(tmp_path, caps
         assert f["plain_ms"] > 0 and f["huge_pages_ms"] > 0 and f["huge_vs_plain"] > 0
     assert main([str(p), "-n", "1"]) == 0
     assert '"huge_vs_plain"' in capsys.readouterr().out
+
+
+def test_the_file_path_breakdown_times_each_step_of_a_run_from_a_state(engine, tmp_path):
+    """Every step of `run --state` is timed inside the real path, nested steps within their
+    callers, and the path is left unwrapped."""
+    from app.engine import PrefixState, Template
+    from app.engine.llama.native import NativeContext
+    from bench.restore_probe import _STEPS, file_path_breakdown
+
+    tpl = Template.parse("hello world of the answer and question. " * 4 + "<q>")
+    p = tmp_path / "s.kvstate"
+    engine.prime(tpl).save(p)
+    raw_read, raw_set = PrefixState.__dict__["_read"], NativeContext.__dict__["state_set"]
+    out = file_path_breakdown(engine, tpl, {"q": "why?"}, p, n=2)
+    assert out["repeats"] == 2 and out["bytes"] == p.stat().st_size
+    ms = {k: v["median"] for k, v in out["ms"].items()}
+    assert all(ms[label] > 0 for label, _, _ in _STEPS)
+    assert ms["read + checksum"] <= ms["load_state (read, check, V layout)"] <= ms["whole load_state"]
+    assert ms["load + warm run"] >= ms["whole load_state"] + ms["warm run: suffix"]
+    assert ms["sequential read (dropped)"] > 0 and ms["checksum alone (in memory)"] > 0
+    assert PrefixState.__dict__["_read"] is raw_read and NativeContext.__dict__["state_set"] is raw_set
+
+
+def test_paired_overlap_load_times_both_ways_and_restores_the_loader(tmp_path, capsys):
+    p = tmp_path / "s.kvstate"
+    make(data=bytes(range(256)) * 64).save(p)
+    before = body_buffer.OVERLAP_MIN
+    out = paired_overlap_load(p, n=2)
+    assert body_buffer.OVERLAP_MIN == before
+    for cache in ("dropped", "cached"):
+        f = out[cache]
+        assert f["serial_ms"] > 0 and f["overlapped_ms"] > 0
+        assert f["range"][0] <= f["overlapped_vs_serial"] <= f["range"][1]
+    assert main([str(p), "-n", "1", "--overlap"]) == 0
+    assert '"overlapped_vs_serial"' in capsys.readouterr().out

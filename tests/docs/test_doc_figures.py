@@ -395,12 +395,24 @@ def test_the_scale_section_is_the_stored_one():
     runs = [r["ratios"] for r in sc["runs"] if "ratios" in r]
     for name, words in (("warm_ram_vs_limit", "{lo:.2f}–{hi:.2f} of it from the RAM tier"),
                         ("warm_file_vs_limit", "takes {lo:.2f}–{hi:.2f}x the limit"),
+                        ("warm_file_vs_floor", "the same warm runs took {lo:.2f}–{hi:.2f}"),
                         ("warm_ram_vs_llamacpp_ram", "took {lo:.2f}–{hi:.2f} of LlamaRAMCache"),
                         ("warm_file_vs_llamacpp_disk", "{lo:.2f}–{hi:.2f} of LlamaDiskCache"),
                         ("warm_ram_vs_server_cache_ram", "{lo:.2f}–{hi:.2f} of its `--cache-ram`"),
                         ("warm_file_vs_server_slot_restore", "{lo:.2f}–{hi:.2f} of its slot")):
         values = [r[name] for r in runs]
         assert words.format(lo=min(values), hi=max(values)) in section, name
+
+
+def test_the_state_load_figures_are_the_stored_ones():
+    """The paired load of a .kvstate, checksum after each read against the reader thread."""
+    r = json.loads((ROOT / "bench" / "results-state-load.json").read_text(encoding="utf-8"))
+    d, c = r["dropped"], r["cached"]
+    assert_quoted(BENCHMARKS, f"a {r['bytes'] / 1e6:.0f} MB state's load took "
+                              f"{d['overlapped_vs_serial']:.2f} of the serial load's time (median "
+                              f"of {r['repeats']} pairs in one process, page cache dropped; "
+                              f"{c['overlapped_vs_serial']:.2f} cached; load average "
+                              f"{r['loadavg_before'][0]:.1f}–{r['loadavg'][0]:.1f} on {r['nproc']} cores")
 
 
 def test_the_readme_quotes_the_stored_scale_runs():

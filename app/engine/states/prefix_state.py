@@ -228,8 +228,9 @@ class PrefixState:
 def _read_hashed(f, n: int, h) -> bytes:
     """The next ``n`` bytes of ``f`` as one bytes object, read straight into it (in huge
     pages where the kernel gives them: body_buffer.py) and hashed chunk by chunk as they
-    arrive: one pass over memory, each chunk hashed while it is still in the CPU's cache, and
-    (from a file not in the page cache) while the disk reads ahead."""
+    arrive: one pass over memory, each chunk hashed soon after its read, in this thread while a
+    reader thread reads the next ones (and, from a file not in the page cache, the disk reads
+    ahead)."""
     _advise_sequential(f)
     data, got = read_body(f, n, on_chunk=h.update)
     return data if got == n else data[:got]  # a short read fails the checksum

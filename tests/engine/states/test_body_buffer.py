@@ -94,3 +94,83 @@ def test_read_body_puts_the_head_first_and_hands_every_chunk_over(monkeypatch):
     # a file shorter than asked: how much of it there was, the rest left unfilled
     data, got = body_buffer.read_body(io.BytesIO(raw[:10]), 40, head=b"HD")
     assert got == 10 and len(data) == 42 and data[:12] == b"HD" + raw[:10]
+
+
+class _Recording(io.BytesIO):
+    """A file that notes which thread made each read."""
+
+    def __init__(self, raw: bytes):
+        super().__init__(raw)
+        self.threads: list[int] = []
+
+    def readinto(self, b):
+        import threading
+
+        self.threads.append(threading.get_ident())
+        return super().readinto(b)
+
+
+def test_a_large_body_is_read_in_another_thread_while_chunks_are_handed_over(monkeypatch):
+    """From OVERLAP_MIN bytes a reader thread reads ahead while the caller's thread hashes:
+    every chunk still reaches ``on_chunk`` once, in order, in the caller's thread."""
+    import threading
+
+    monkeypatch.setattr(body_buffer, "CHUNK", 7)
+    monkeypatch.setattr(body_buffer, "OVERLAP_MIN", 14)
+    raw = bytes(range(200))
+    f = _Recording(raw)
+    seen, where = [], set()
+
+    def on_chunk(v):
+        seen.append(bytes(v))
+        where.add(threading.get_ident())
+
+    data, got = body_buffer.read_body(f, 200, head=b"HD", on_chunk=on_chunk)
+    assert (data, got) == (b"HD" + raw, 200)
+    assert b"".join(seen) == raw and max(len(c) for c in seen) == 7
+    assert where == {threading.get_ident()}
+    assert threading.get_ident() not in f.threads  # the reads were the reader thread's
+    # a file shorter than asked: how much of it there was
+    data, got = body_buffer.read_body(_Recording(raw[:30]), 200, on_chunk=lambda v: None)
+    assert got == 30 and data[:30] == raw[:30]
+    # below OVERLAP_MIN, or with nothing to hand over, the caller's thread reads
+    small = _Recording(raw[:10])
+    assert body_buffer.read_body(small, 10, on_chunk=lambda v: None)[1] == 10
+    assert set(small.threads) == {threading.get_ident()}
+
+
+def test_a_read_error_in_the_reader_thread_reaches_the_caller(monkeypatch):
+    monkeypatch.setattr(body_buffer, "CHUNK", 7)
+    monkeypatch.setattr(body_buffer, "OVERLAP_MIN", 14)
+
+    class Failing(io.BytesIO):
+        def readinto(self, b):
+            if self.tell() >= 21:
+                raise OSError("disk gone")
+            return super().readinto(b)
+
+    seen = []
+    with pytest.raises(OSError, match="disk gone"):
+        body_buffer.read_body(Failing(bytes(100)), 100, on_chunk=lambda v: seen.append(len(v)))
+    assert seen == [7, 7, 7]  # what was read before the error was handed over
+
+
+def test_an_error_while_handing_over_stops_the_reader(monkeypatch):
+    monkeypatch.setattr(body_buffer, "CHUNK", 7)
+    monkeypatch.setattr(body_buffer, "OVERLAP_MIN", 14)
+
+    class Slow(_Recording):  # a disk: each read waits, and lets the other thread run
+        def readinto(self, b):
+            import time
+
+            time.sleep(0.001)
+            return super().readinto(b)
+
+    f = Slow(bytes(7000))
+
+    def on_chunk(v):
+        raise KeyError("stop")
+
+    with pytest.raises(KeyError):
+        body_buffer.read_body(f, 7000, on_chunk=on_chunk)
+    assert len(f.threads) < 100  # not the file's 1,000 chunks

@@ -13,9 +13,12 @@ from app.engine.states.prefix_state import PrefixState
 from tests.engine.states.test_prefix_state_file import make
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("chunk", [1, 7, 1024, 4 << 20])
-def test_chunked_reads_give_the_state_back(tmp_path, monkeypatch, chunk):
+def test_chunked_reads_give_the_state_back(tmp_path, monkeypatch, chunk, overlap):
     monkeypatch.setattr(body_buffer, "CHUNK", chunk)
+    # the reader thread (body_buffer._read_overlapped) on a small file, or the caller's thread
+    monkeypatch.setattr(body_buffer, "OVERLAP_MIN", 0 if overlap else 1 << 60)
     s = make(data=bytes(range(256)) * 40 + b"end")
     p = tmp_path / "a.kvstate"
     s.save(p)
@@ -26,7 +29,9 @@ def test_chunked_reads_give_the_state_back(tmp_path, monkeypatch, chunk):
     assert PrefixState._read(io.BytesIO(raw), len(raw), "a.kvstate") == s
 
 
-def test_a_body_cut_short_while_reading_fails_the_checksum(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_body_cut_short_while_reading_fails_the_checksum(tmp_path, monkeypatch, overlap):
+    monkeypatch.setattr(body_buffer, "OVERLAP_MIN", 0 if overlap else 1 << 60)
     s = make(data=bytes(range(256)) * 40)
     p = tmp_path / "a.kvstate"
     s.save(p)
