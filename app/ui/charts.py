@@ -3,7 +3,8 @@
 ``TtftChart``: cold vs warm time to first token per row, bars at the median with min–max
 whiskers. Each row's label says as much as its width allows ("row 3 ×12.9", "3 ×12.9", "3"),
 recomputed on resize, so labels are never cut to "row…". ``SweepChart``: time to first token
-against prefix tokens, cold and warm, the suffix-only evaluation as the floor.
+against prefix tokens, cold and warm, the suffix-only evaluation as the floor. Axis numbers are
+written as the tables write them ("80,000").
 
 Every chart has a legend below its plot (chart_legend.py: entries shown whole, wrapping),
 one entry per named series and one "min–max" for the whiskers when there are any.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from PySide6.QtCharts import (QBarCategoryAxis, QBarSeries, QBarSet, QChart, QChartView, QLineSeries,
                               QValueAxis)
-from PySide6.QtCore import QMargins, QRectF, QSize, Qt, QTimer
+from PySide6.QtCore import QLocale, QMargins, QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPen
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QWidget
@@ -63,9 +64,15 @@ class TtftBar:
         return cls(row, cold_ms, warm_ms, cold_ms, cold_ms, warm_ms, warm_ms)
 
 
+# the tables' number format ("55,068.6"): the axes' labels too, whatever the system's locale
+NUMBERS = QLocale(QLocale.English, QLocale.UnitedStates)
+
+
 def _chart(title: str) -> QChart:
     c = QChart()
     c.setTitle(title)
+    c.setLocalizeNumbers(True)
+    c.setLocale(NUMBERS)
     c.setAnimationOptions(QChart.NoAnimation)
     c.legend().setVisible(False)  # ChartLegend draws it, whole
     c.setMargins(QMargins(4, 4, 4, 4))
@@ -105,8 +112,9 @@ def fit_labels(forms: list[tuple[str, ...]], width_px: float, metrics: QFontMetr
     """Per category its label forms, longest first: the longest form that fits every
     category's width; unique (repeated rows differ by invisible zero-width spaces, since a
     category axis merges equal names)."""
-    # QtCharts gives each label the axis's width over its n + 1 ticks (not over the n
-    # categories), less padding and its text item's margins, and elides a longer one
+    # a label has its category's width (the axis's over n); n + 1 and the padding keep a gap
+    # between neighbours. QtCharts' own eliding is off (TtftChart): it measured less room than
+    # a label has, and cut "row 1 ×27.7" to "row 1 ×2..." in a chart 270 pixels wide
     per = width_px / (len(forms) + 1) - 20
     labels = [f[-1] for f in forms]
     for i in range(max((len(f) for f in forms), default=0)):
@@ -183,6 +191,7 @@ class TtftChart(QChartView):
             bars.append(b)
         chart.addSeries(bars)
         self._cats = QBarCategoryAxis()
+        self._cats.setTruncateLabels(False)  # the labels are fitted here (fit_labels)
         self._cats.append(self._labels_for_width())
         self._cats.setTitleText(axis_title)
         top = max(max(max(s.values[:n], default=0), max(s.highs[:n], default=0))

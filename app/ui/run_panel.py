@@ -12,7 +12,7 @@ recomputed and how close it came (same tokens, top-1 agreement, KL). The max-tok
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QTextCursor
 from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
@@ -123,7 +123,8 @@ class RunPanel(QWidget):
         self.breakdown.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.verdict = QLabel("Select rows and press Run.")
         self.verdict.setObjectName("verdict")
-        self.verdict.setWordWrap(True)
+        # a few words ("bit-identical", "not yet verified"): one line, the details beside it
+        # wrap (wrapped, it was given a word's width and broke "Select rows and press Run.")
         self.verdict.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.details = QLabel("")
         self.details.setObjectName("verdictDetails")
@@ -192,6 +193,20 @@ class RunPanel(QWidget):
         self._options_changed(session.options)
         for rec in session.runs:
             self._runs_changed(rec)
+
+    def minimumSizeHint(self) -> QSize:
+        """As tall as the page needs at its width. A layout's own minimum counts the wrapped
+        controls and word-wrapped lines as one line each: on a short screen the tabs then gave
+        the page less than that, and cut the table and the chart's legend off at the bottom."""
+        hint = super().minimumSizeHint()
+        if self.width() > 0:
+            hint.setHeight(max(hint.height(), self.layout().minimumHeightForWidth(self.width())))
+        return hint
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.updateGeometry()  # the wrapped height changes with the width
 
     def _options_changed(self, o) -> None:
         self.max_tokens.setValue(o.max_tokens)

@@ -321,3 +321,45 @@ def test_a_narrow_status_label_ends_in_an_ellipsis_and_keeps_its_whole_text(qtbo
     shown = QLabel.text(label)
     assert shown.endswith("…") and len(shown) < len(text)
     assert label.text() == label.toolTip() == text
+
+
+def test_the_run_charts_legend_stays_on_screen_when_a_note_marks_the_run_as_earlier(
+        qtbot, make_window):
+    # 1366x768, every panel open, a chain run shown: the Run page is as full as it gets. An
+    # edit of the template adds the line that marks the run as earlier; the page's controls
+    # wrap onto a second line. The page asks for that height, and the chart keeps its legend.
+    w = make_window()
+    w.editor.set_text(TPL)
+    w.session.set_rows(ROWS)
+    w.session.set_options(reuse_mode="chain")
+    w.resize(1366, 768)
+    w.show()
+    qtbot.waitExposed(w)
+    w.actions_by_text["Advanced panels"].trigger()
+    assert trigger(qtbot, w, PRIME).outcome == "done"
+    assert trigger(qtbot, w, RUN_BOTH).outcome == "done"
+    idle(qtbot, w)
+    w.editor.set_text(TPL.replace("<question>", "<question>!"))
+    panel = w.run_panel
+    qtbot.waitUntil(lambda: panel.earlier.isVisible(), timeout=5000)
+    legend = panel.chart.legend_row
+    qtbot.waitUntil(lambda: legend.isVisible() and legend.height() > 0, timeout=5000)
+
+    def whole(widget) -> bool:  # not cut by the page, the tabs or the window around it
+        return widget.visibleRegion().boundingRect() == widget.rect()
+
+    qtbot.waitUntil(lambda: whole(legend) and whole(panel.table), timeout=5000)
+    assert w.height() == 768 and w.minimumSizeHint().height() <= 768
+    assert visible_lines(w.editor.edit) >= 10
+
+
+def test_the_run_pages_first_words_stay_on_one_line(qtbot, make_window):
+    # the verdict's place beside its details: "Select rows and press Run." before any run
+    w = make_window(load=False)
+    w.resize(1366, 768)
+    w.show()
+    qtbot.waitExposed(w)
+    verdict = w.run_panel.verdict
+    assert verdict.text() == "Select rows and press Run."
+    qtbot.waitUntil(lambda: verdict.height() > 0, timeout=5000)
+    assert verdict.height() < 2 * verdict.fontMetrics().lineSpacing(), verdict.size()

@@ -182,6 +182,42 @@ def test_chart_labels_fit_or_shorten_and_stay_unique(qtbot):
     assert len(set(narrow)) == 3
 
 
+def chart_texts(view) -> list[str]:
+    """The texts QtCharts draws (its axes' labels and the title), read from the chart's scene:
+    what the user sees, after QtCharts' own layout."""
+    import shiboken6
+    from PySide6.QtWidgets import QGraphicsTextItem
+
+    texts = []
+    for item in view.scene().items():
+        if item.type() != 8 or not item.isVisible():  # 8: QGraphicsTextItem's item type
+            continue
+        obj = item.toGraphicsObject()
+        if not isinstance(obj, QGraphicsTextItem):
+            obj = shiboken6.wrapInstance(shiboken6.getCppPointer(obj)[0], QGraphicsTextItem)
+        texts.append(obj.toPlainText())
+    return texts
+
+
+def test_a_narrow_chart_draws_its_row_labels_whole_and_groups_thousands(qtbot):
+    from app.ui.charts import TtftBar, TtftChart
+
+    chart = TtftChart("Time to first token (ms), cold vs warm")
+    qtbot.addWidget(chart)
+    chart.set_bars([TtftBar.single(1, 55068.6, 1989.6)])
+    chart.show()
+    forms = {"row 1 ×27.7", "1 ×27.7", "1"}
+    # the Run tab's chart beside the table with the panels open at 1366x768 is about this wide;
+    # QtCharts cut "row 1 ×27.7" to "row 1 ×2..." there
+    for width in range(256, 300, 6):
+        chart.resize(width, 160)
+        qtbot.wait(40)  # the labels are fitted once the resized chart is laid out
+        texts = chart_texts(chart)
+        assert not [t for t in texts if t.endswith("...")], (width, texts)
+        assert len(forms & set(texts)) == 1, (width, texts)
+    assert "80,000" in chart_texts(chart)  # as the tables write 55,068.6
+
+
 def qtbot_font():
     from PySide6.QtGui import QFont
 
