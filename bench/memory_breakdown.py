@@ -151,9 +151,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-32k")
     ap.add_argument("--target", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="batch threads (default: every core); memory does not depend on them, "
+                         "and one thread keeps a busy machine's time down")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    b = breakdown(args.model, args.target)
+    b = breakdown(args.model, args.target, n_threads=args.threads)
     print(json.dumps(b) if args.json else report(b))
     return 0
 
