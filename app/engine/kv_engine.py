@@ -90,20 +90,28 @@ class Engine:
         self._checked = None  # the last state check_state passed (weakly), for these contexts
         self._flash_attn = self.kernels.flash_attn  # what the contexts run, whatever is chosen
         self.memory = self._memory_budget()  # refused here, before a context takes any of it
+        early = self._early
+        # an attention-only model without a sliding window evaluates in the work context: the
+        # cache's context only holds resident nodes' cells, so it is created (its cells
+        # allocated and cleared, in resident memory) when the first one is placed there; a
+        # prefix over the resident cap, in the RAM tier, never needs it
+        lazy = early.n_swa == 0 and early.family == "attention"
         self.ctx = TrackedContext(self.model, self.context_params(config.n_seq_max),
-                                  config.kv_debug_log, self._early.n_swa > 0)
+                                  config.kv_debug_log, early.n_swa > 0, lazy=lazy)
+        # the run's sequence, staging, and composed modules' cells held for their turn; cold
+        # runs evaluate there too, after the warm run
+        self.work = WorkContext(self.model, self.context_params(work_sequences(
+            early.family != "attention")), early.family, lambda: self.grouping_exact)
+        # what only an open context's memory says (can cells shift?): the work context, where
+        # such a model's runs evaluate, is opened for it rather than the cache's
+        traits = with_context(early, self.work.ctx if lazy else self.ctx)
         self.info = model_info(self.model, self.ctx, config, self._path, self._sha256,
-                               with_context(self._early, self.ctx), self.kernels, self.cpu_kernels,
-                               self.memory)
+                               traits, self.kernels, self.cpu_kernels, self.memory)
         # token ids each sequence holds (position i holds seq_tokens[seq][i]) and the
         # sequences that also hold shifted cells; seqs: every change of them (sequence_ops.py)
         self.seq_tokens = SequenceTokens(config.n_seq_max)
         self.seqs = SequenceOps(self.ctx, self.seq_tokens, config.n_seq_max, self.kv_view)
         self.ctx.on_change = self.kv_listeners.changed
-        # the run's sequence, staging, and composed modules' cells held for their turn; cold
-        # runs evaluate there too, after the warm run
-        self.work = WorkContext(self.model, self.context_params(work_sequences(self.stateful)),
-                                self.family, lambda: self.grouping_exact)
         self.cold = ColdReference(self, self.work)
         self.cache = RadixCache(EngineAccess(
             self.ctx, self.seqs, self.seq_tokens, self.model,
@@ -338,9 +346,15 @@ class Engine:
         if self.seq_tokens.is_moved(seq):
             raise KvPrimerError(f"sequence {seq} holds shifted or divided positions, which a "
                                 f"state cannot describe; trim it to {self.seq_tokens.count(seq)} tokens first")
+        return self._prefix_state(
+            self.seq_tokens[seq],
+            cells if cells is not None else in_position_order(self.ctx.state_get(seq)),
+            template, text)
+
+    def _prefix_state(self, tokens, data: bytes, template: Template | None,
+                      text: str) -> PrefixState:
         return PrefixState(
-            tokens=tuple(self.seq_tokens[seq]),
-            data=cells if cells is not None else in_position_order(self.ctx.state_get(seq)),
+            tokens=tuple(tokens), data=data,
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
             type_k=self.info.type_k, type_v=self.info.type_v, seq_state_version=SEQ_STATE_VERSION,
             template_sha256=template.sha256 if template else "", text=text)
@@ -405,7 +419,8 @@ class Engine:
     def prime_node(self, template: Template, task: TaskState | None = None,
                    resident: bool = True) -> RadixNode:
         """The radix cache's node holding the template's static prefix, evaluated if needed;
-        resident unless ``resident`` is False (a warm run promotes it within its own clock).
+        resident unless ``resident`` is False (a warm run promotes it within its own clock) or
+        its cells alone are over the resident cap (it stays in the RAM tier).
 
         The prefix is evaluated in the run's slot in the batches the policy gives a prime
         (``BatchPolicy.prime``), and given back to the cache as a node."""
@@ -417,8 +432,10 @@ class Engine:
         hit = self.cache.lookup(tokens)
         with self.cache.busy(hit.node):
             if hit.reused == len(tokens) and hit.node.depth == len(tokens):
-                if resident:
-                    self.cache.materialise(hit.node)
+                node = hit.node
+                if resident and not (node.seq is None and self.cache.too_big_to_reside(
+                        node.depth - node.ram_start)):
+                    self.cache.materialise(node)
                 self.cache.touch(hit.node)
                 return hit.node
             with self.slot(len(tokens) - hit.reused, promote=(hit.node,)) as slot:
@@ -434,6 +451,14 @@ class Engine:
         """Prime the template's static prefix into the radix cache and return its state (to
         save to a file)."""
         node = self.prime_node(template, task)
+        if node.seq is None and node.ram is not None and node.ram_start == 0 \
+                and not self.stateful:
+            # over the resident cap it went to the RAM tier at once: its snapshot of every
+            # cell, in position order, is the state (the same bytes, not a copy)
+            return self._prefix_state(node.tokens(), node.ram, template,
+                                      template.static_prefix)
+        if node.seq is None:  # in RAM on top of a resident ancestor: the whole prefix's cells
+            self.cache.materialise(node)
         # a stateful model's node sequence holds its recurrent state too (cache_tiers.py);
         # the copy the cache keeps of an attention model's node is those very cells: the
         # state shares its bytes instead of holding a third copy of the prefix

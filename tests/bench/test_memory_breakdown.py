@@ -18,9 +18,9 @@ def test_the_report_gives_peak_rss_less_the_ram_tier():
          "steps": [("prime", step), ("run (warm + cold)", step)],
          "parts": {"model_file": 97_000_000, "state_bytes_held_by_caller": 47_000_000,
                    "contexts": [{"name": "cache", "cells": 2560, "kv": 59_000_000,
-                                 "compute": 42_000_000}],
+                                 "compute": 42_000_000, "opened": False}],
                    # the least the tier held: a run could have peaked before it stored more
                    "tiers_after_prime": _tiers(47_000_000), "tiers_after_run": _tiers(60_000_000)}}
     text = report(b)
     assert "peak RSS after the run 397 MB: 350 MB less the RAM tier's 47 MB" in text
-    assert "cache context: 2560 cells, KV 59 MB, compute+output 42 MB" in text
+    assert "cache context: 2560 cells, KV 59 MB, compute+output 42 MB (never opened" in text

@@ -32,7 +32,7 @@ from .engine_access import EngineAccess
 from .cache_sequences import CacheSequences
 from .cache_tiers import APPROX_RESTORED, CacheLimits, CacheTiers, TierUsage
 from .radix_tree import RadixNode, RadixTree
-from .state_adoption import adopt_state
+from .state_adoption import adopt_state, over_resident_cap
 from ..llama.batch_policy import node_reuse
 
 __all__ = ["APPROX_PART", "APPROX_RESTORED", "CacheHit", "CacheLimits", "CacheNodeInfo",
@@ -253,7 +253,8 @@ class RadixCache:
     def store(self, tokens: list[int], label: str, template_sha256: str = "", approx: str = "",
               *, cuts, cells, recurrent: bytes | None = None) -> RadixNode:
         """Cache ``tokens`` (ending at a batch end of the history that computed them, whose
-        batch starts are ``cuts``) as a resident node, its own cells taken back from a slot:
+        batch starts are ``cuts``) as a resident node (in the RAM tier when its own cells alone
+        are over the resident cap), its own cells taken back from a slot:
         ``cells(p0, p1)`` gives a state of positions p0..p1-1; ``recurrent``: the recurrent
         state at its end (hybrid and recurrent models)."""
         rs = recurrent if self.stateful else None
@@ -268,13 +269,22 @@ class RadixCache:
                 self.tiers.hold_snapshot(node, data, start, approx)
                 if rs is not None:
                     self.tiers.hold_rs(node, rs)
-                self.materialise(node)
-                self.tiers.keep_copy(node, start, node.depth, data)
+                if not self.too_big_to_reside(node.depth - start):
+                    self.materialise(node)
+                    self.tiers.keep_copy(node, start, node.depth, data)
+                # else it would spill straight back: its snapshot is the RAM tier's, and its
+                # cells never take the cache's context (which a lazy one then never opens)
             elif rs is not None and not node.has_rs:
                 self.tiers.hold_rs(node, rs)
             self.touch(node)
             self.enforce()
         return node
+
+    def too_big_to_reside(self, cells: int) -> bool:
+        """Are ``cells`` of a node's own alone over the resident cap? Such a node lives in the
+        RAM tier: placed in the cache's context it would spill straight back. (A stateful
+        model's node resides: its recurrent state comes back with its sequence.)"""
+        return not self.stateful and over_resident_cap(self, cells)
 
     @one_change
     def fork_into(self, hit: CacheHit, work: int) -> None:

@@ -85,10 +85,11 @@ class TrackedContext(NativeContext):
     its operations."""
 
     def __init__(self, model: NativeModel, params: ContextParams, debug_log: bool = True,
-                 windowed: bool = False):
-        with debug_env(debug_log):
-            super().__init__(model, params)
+                 windowed: bool = False, lazy: bool = False):
+        """``lazy``: llama.cpp's context is created when a cell is first placed (or another
+        call needs it); until then every sequence is empty and costs no memory."""
         self.debug_log = debug_log
+        super().__init__(model, params, lazy=lazy)
         self.windowed = windowed  # sliding-window layers: a hybrid's may sit in the first cache
         self.ledger = CellLedger(int(self.n_ctx))
         self.log = KvDebugLog()
@@ -100,6 +101,10 @@ class TrackedContext(NativeContext):
         self.on_change = None
         self._holds = 0
         self._held_change = False
+
+    def open(self) -> None:
+        with debug_env(self.debug_log):  # llama.cpp reads it when it creates the context
+            super().open()
 
     def close(self) -> None:
         self.log.close()
@@ -214,34 +219,43 @@ class TrackedContext(NativeContext):
         self._changed()
         return ok
 
+    # not open yet: every sequence is empty, so what changes cells changes nothing
+    def pos_range(self, seq: int) -> tuple[int, int]:
+        return super().pos_range(seq) if self.opened else (-1, -1)
+
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        ok = super().seq_rm(seq, p0, p1)
+        ok = super().seq_rm(seq, p0, p1) if self.opened else True
         if ok:
             self.ledger.seq_rm(seq, p0, p1)
             self._changed()
         return ok
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        super().seq_cp(src, dst, p0, p1)
+        if self.opened:
+            super().seq_cp(src, dst, p0, p1)
         self.ledger.seq_cp(src, dst, p0, p1)
         self._changed()
 
     def seq_keep(self, seq: int) -> None:
-        super().seq_keep(seq)
+        if self.opened:
+            super().seq_keep(seq)
         self.ledger.seq_keep(seq)
         self._changed()
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        super().seq_add(seq, p0, p1, delta)
+        if self.opened:
+            super().seq_add(seq, p0, p1, delta)
         self.ledger.seq_add(seq, p0, p1, delta)
         self._changed()
 
     def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
-        super().seq_div(seq, p0, p1, d)
+        if self.opened:
+            super().seq_div(seq, p0, p1, d)
         self.ledger.seq_div(seq, p0, p1, d)
         self._changed()
 
     def clear(self) -> None:
-        super().clear()
+        if self.opened:
+            super().clear()
         self.ledger.clear()
         self._changed()

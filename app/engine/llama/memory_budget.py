@@ -9,7 +9,9 @@ for the biggest batch. All but the compute buffer follow from the model's shape;
 buffer is llama.cpp's own figure: it creates each context on a copy of the model loaded with
 ``no_alloc`` (metadata only: it plans every buffer and allocates none) and logs the sizes it
 would allocate. Checked against what llama.cpp allocates for real in
-tests/engine/llama/test_memory_budget.py.
+tests/engine/llama/test_memory_budget.py. On an attention-only model without a sliding window
+the cache's context is created only when a node's cells are first placed in it (kv_engine.py):
+the budget counts it all the same, as what the engine may come to hold.
 
 ``check_budget`` refuses, in one line, a set-up whose sum exceeds the memory available
 (MemAvailable on Linux), naming the context size or KV types that fit, instead of letting the
@@ -30,15 +32,10 @@ import llama_cpp as L
 from ..byte_sizes import size_text
 from ..errors import MemoryBudgetError
 from .ggml_types import kv_bytes_per_token
-from .native import check_context_params
+from .native import CELL_PAD, check_context_params, context_cells
 from .llama_backend import add_log_listener, ensure_backend, expected_errors, remove_log_listener
 
-CELL_PAD = 256  # llama.cpp rounds a context up to a multiple of 256 cells
 QUANTIZED_KV = "q8_0"  # the KV type a refusal suggests (about 0.53 of f16's bytes)
-
-
-def padded_cells(n_ctx: int) -> int:
-    return -(-n_ctx // CELL_PAD) * CELL_PAD
 
 
 @dataclass(frozen=True)
@@ -250,7 +247,7 @@ def estimated_compute(facts: dict, p, flash_attn: bool | None) -> int:
     plan on the default model: +16% to +77% between 4,096 and 32,768 cells.)"""
     n_batch = min(p.n_batch, p.n_ctx)
     ubatch = min(p.n_ubatch, n_batch) if p.n_ubatch else n_batch
-    cells = padded_cells(p.n_ctx)
+    cells = context_cells(p.n_ctx)
     width = 8 * facts["n_embd"] + 2 * (facts.get("n_ff") or 4 * facts["n_embd"])
     scores = 0 if flash_attn else facts["n_head"] * cells * ubatch
     return 4 * (ubatch * (facts["n_vocab"] + width + cells) + scores
@@ -308,14 +305,14 @@ def plan_budget(model, config, flash_attn: bool | None, recurrent_state_bytes: i
     planned = planned_compute(model, distinct, use_extra_bufts, config.n_gpu_layers)
     contexts = []
     for name, p in sets:
-        cells = padded_cells(p.n_ctx)
+        cells = context_cells(p.n_ctx)
         compute = (planned[distinct.index(p)] if planned
                    else estimated_compute(facts, p, flash_attn))
         contexts.append(ContextMemory(name, cells, p.n_seq_max, per_token * cells,
                                       recurrent_state_bytes * p.n_seq_max, compute))
     avail, source = available if available is not None else memory_available()
     rest = MemoryBudget(facts["file_bytes"], tuple(contexts), 0, avail).total
-    whole = per_token * padded_cells(config.n_ctx) + recurrent_state_bytes
+    whole = per_token * context_cells(config.n_ctx) + recurrent_state_bytes
     ram = ram_tier_cap(config.cache.ram_bytes, whole, avail - rest if avail else None)
     return MemoryBudget(facts["file_bytes"], tuple(contexts), ram, avail,
                         source, "llama.cpp" if planned else "estimate")
@@ -342,7 +339,7 @@ def check_budget(budget: MemoryBudget, model, config, flash_attn: bool | None,
         return
     facts = facts or model.facts()
     cells = budget.contexts[0].cells
-    half = max(CELL_PAD, padded_cells(cells // 2))
+    half = max(CELL_PAD, context_cells(cells // 2))
     smaller = plan_budget(model, replace(config, n_ctx=half), flash_attn,
                           budget.contexts[0].recurrent // max(budget.contexts[0].sequences, 1),
                           (budget.available, budget.available_source), use_extra_bufts, facts)

@@ -112,17 +112,55 @@ def check_context_params(params: ContextParams) -> None:
                            f"{params.n_ubatch}")
 
 
+# llama.cpp's handles of an open context: a context made with ``lazy`` opens on the first use of one
+_HANDLES = frozenset({"ptr", "mem", "batch", "_batch_cap", "_outputs_cap"})
+
+
+CELL_PAD = 256  # llama.cpp rounds a context up to a multiple of 256 cells
+
+
+def context_cells(n_ctx: int) -> int:
+    """The cells llama.cpp gives a context asked for ``n_ctx``."""
+    return -(-n_ctx // CELL_PAD) * CELL_PAD
+
+
 class NativeContext:
-    def __init__(self, model: NativeModel, params: ContextParams):
+    def __init__(self, model: NativeModel, params: ContextParams, *, lazy: bool = False):
+        """A llama.cpp context; ``lazy``: created (its KV cells allocated and cleared, so in
+        resident memory) on the first call that needs llama.cpp, not now."""
         check_context_params(params)
+        self.model = model
+        self.params = params
         threads = params.n_threads or llama_default_threads()
         # llama.cpp caps its batch at n_ctx; our batch buffer must not be bigger either (a
         # batch of a billion tokens would allocate a billion seq-id arrays)
-        n_batch = min(params.n_batch, params.n_ctx)
+        self._n_batch = n_batch = min(params.n_batch, params.n_ctx)
+        # auto: each batch gets the cores other programs leave, up to ``threads`` (thread_fit.py)
+        self._fit = shared_fit() if params.n_threads == 0 else None
+        self._cap = threads
+        self._threads = (min(params.n_threads_gen, threads) if params.n_threads_gen > 0
+                         else threads, threads)
+        # as llama.cpp takes them (llama-context.cpp); read back from it once open
+        self.n_ctx = context_cells(params.n_ctx)
+        self.n_ubatch = min(params.n_ubatch, n_batch) if params.n_ubatch else n_batch
+        self._empty_recurrent: bytes | None = None  # see empty_recurrent_state
+        if not lazy:
+            self.open()
+
+    @property
+    def opened(self) -> bool:
+        """llama.cpp's context was created (it may have been closed since)."""
+        return "ptr" in self.__dict__
+
+    def open(self) -> None:
+        """Create llama.cpp's context, if not done yet."""
+        if self.opened:
+            return
+        params = self.params
         p = L.llama_context_default_params()
         p.n_ctx = params.n_ctx
-        p.n_batch = n_batch
-        p.n_ubatch = min(params.n_ubatch, n_batch) if params.n_ubatch else n_batch
+        p.n_batch = self._n_batch
+        p.n_ubatch = self.n_ubatch
         p.n_seq_max = params.n_seq_max
         # the outputs a decode may ask for: one per sequence (every batch asks for its last
         # token's logits only; a decode of several sequences for each one's last). llama.cpp
@@ -130,12 +168,7 @@ class NativeContext:
         # would hold n_batch × the vocabulary in floats for nothing (on a 1B model with a
         # 128k vocabulary: 130 MB per context at n_batch 256); it needs at least n_seq_max
         p.n_outputs_max = max(1, params.n_seq_max)
-        p.n_threads = min(params.n_threads_gen, threads) if params.n_threads_gen > 0 else threads
-        p.n_threads_batch = threads
-        # auto: each batch gets the cores other programs leave, up to ``threads`` (thread_fit.py)
-        self._fit = shared_fit() if params.n_threads == 0 else None
-        self._cap = threads
-        self._threads = (p.n_threads, p.n_threads_batch)
+        p.n_threads, p.n_threads_batch = self._threads
         p.type_k = KV_TYPES[params.type_k].id
         p.type_v = KV_TYPES[params.type_v].id
         p.flash_attn_type = {None: L.LLAMA_FLASH_ATTN_TYPE_AUTO, True: L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -143,33 +176,39 @@ class NativeContext:
         p.kv_unified = True  # one cell pool shared by all sequences, so seq_cp shares cells
         p.no_perf = True
         last_problem()
-        ptr = L.llama_init_from_model(model.ptr, p)
+        ptr = L.llama_init_from_model(self.model.ptr, p)
         if not ptr:
             raise ContextError(
                 f"llama.cpp could not create a context (n_ctx={params.n_ctx}, KV "
                 f"{params.type_k}/{params.type_v}){last_problem()}; try a smaller context size or "
                 "f16 KV types"
             )
-        self.ptr = ptr
-        self.model = model
-        self.params = params
+        mem = L.llama_get_memory(ptr)
+        if not mem:  # an encoder-only (embedding) model has no KV cache to prime
+            L.llama_free(ptr)
+            raise ContextError(f"{self.model.meta('general.name') or 'this model'} has no KV "
+                               "cache (an embedding or encoder-only model?); load a text "
+                               "generation model")
         self.n_ctx = L.llama_n_ctx(ptr)
         self.n_ubatch = L.llama_n_ubatch(ptr)  # as llama.cpp took it
-        self.mem = L.llama_get_memory(ptr)
-        if not self.mem:  # an encoder-only (embedding) model has no KV cache to prime
-            L.llama_free(ptr)
-            raise ContextError(f"{model.meta('general.name') or 'this model'} has no KV cache "
-                               "(an embedding or encoder-only model?); load a text generation model")
-        self.batch = L.llama_batch_init(n_batch, 0, params.n_seq_max)
-        self._batch_cap = n_batch
+        self.mem = mem
+        self.batch = L.llama_batch_init(self._n_batch, 0, params.n_seq_max)
+        self._batch_cap = self._n_batch
         self._outputs_cap = p.n_outputs_max  # llama.cpp aborts on a batch asking for more
-        self._empty_recurrent: bytes | None = None  # see empty_recurrent_state
+        self.ptr = ptr  # last: ``opened``
+
+    def __getattr__(self, name: str):
+        # reached only for an attribute not set: a handle of a lazy context not yet open
+        if name in _HANDLES and "params" in self.__dict__ and not self.opened:
+            self.open()
+            return self.__dict__[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def close(self) -> None:
-        if self.ptr:
+        if self.opened and self.ptr:
             L.llama_batch_free(self.batch)
             L.llama_free(self.ptr)
-            self.ptr = None
+        self.ptr = None  # closed: a lazy context never opened stays unopened
 
     # -- evaluation
     def decode(self, entries: Sequence[tuple[int, int, Sequence[int], bool]]) -> None:

@@ -70,6 +70,10 @@ class WorkContext:
         return self._ctx
 
     @property
+    def opened(self) -> bool:
+        return self._ctx is not None
+
+    @property
     def params(self) -> ContextParams:
         return self._params
 

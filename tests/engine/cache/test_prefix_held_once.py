@@ -1,6 +1,6 @@
-"""A prefix larger than the resident tier's cap is held once in RAM: its snapshot when it
-spills is the work context's kept copy of the same cells (not a second copy read from the
-cache's context), and the state a prime returns shares those bytes; runs from it stay exact."""
+"""A prefix larger than the resident tier's cap is held once in RAM: it goes there at once, its
+snapshot the cells the work context gave back (never placed in the cache's context, nor read
+back from it), and the state a prime returns shares those bytes; runs from it stay exact."""
 from __future__ import annotations
 
 from app.engine import Engine, EngineConfig, GenerationConfig, Template, run_prompt
@@ -19,7 +19,9 @@ def test_a_spilled_prefix_is_its_kept_copy_and_the_primed_states_bytes(tiny_mode
         state = e.prime(TPL)
         node = _node(e)
         assert state.n_tokens * e.info.kv_bytes_per_token > e.cache.tiers.resident_cap
-        assert e.cache.tiers.whole_copy(node) is state.data  # one object, not two
+        # in the RAM tier at once, never placed in the cache's context, whose snapshot is the
+        # state: one object, not two
+        assert node.tier == "ram" and node.ram is state.data and not e.ctx.opened
         first = run_prompt(e, TPL, {"q": "why?"}, reuse="prefix", gen=GEN)
         assert first.verdict.exact
         assert node.tier == "ram" and node.ram is state.data

@@ -29,6 +29,7 @@ class BufferLog:
     def __init__(self):
         self.model = 0.0
         self.contexts: list[dict[str, float]] = []
+        self.named: dict[str, dict[str, float]] = {}
 
     def __call__(self, _level: int, text: str) -> None:
         m = _LINE.search(text)
@@ -44,28 +45,32 @@ class BufferLog:
 
 
 def _open_and_log(config: EngineConfig):
-    """An engine opened (its work context too, where cold runs evaluate) with llama.cpp's
-    buffer log of it; the plan of its compute buffers is made first, so the log holds real
-    buffers only."""
+    """An engine opened with both contexts (the cache's is opened when its first node is
+    placed, on attention-only models) and llama.cpp's buffer log of it, each context's buffers
+    by name (``log.named``); the plan of its compute buffers is made first, so the log holds
+    real buffers only."""
     Engine(config).close()  # its plan is kept: the engine below makes none, logs none
     log = BufferLog()
     add_log_listener(log)
     try:
         eng = Engine(config)
+        order = ["cache", "work"] if eng.ctx.opened else ["work", "cache"]
         eng.work.ctx  # opened when a run or a cold run needs it
+        eng.ctx.open()
         assert eng.cold.context is eng.work.ctx  # no context of its own
     finally:
         remove_log_listener(log)
+    log.named = dict(zip(order, log.contexts))
     return eng, log
 
 
 def _check_parts(eng: Engine, log: BufferLog, compute_tolerance: float) -> None:
     budget = eng.info.memory
     assert budget is not None and budget.compute_source == "llama.cpp"
-    real = log.contexts
     assert [c.name for c in budget.contexts] == ["cache", "work"]
-    assert len(real) == 2
-    for planned, got in zip(budget.contexts, real):
+    assert len(log.contexts) == 2
+    for planned in budget.contexts:
+        got = log.named[planned.name]
         # K and V: the same bytes, to the log's rounding
         assert abs(planned.kv - got["KV"]) <= LOG_ROUNDING, (planned, got)
         spent = got["compute"] + got["output"]
@@ -240,7 +245,7 @@ def test_the_engine_budgets_and_keeps_the_same_ram_cap(tiny_model, monkeypatch):
     _low_memory(monkeypatch, 64 << 30)
     config = EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=64, n_threads=1)
     with Engine(config) as eng:
-        whole = eng.info.kv_bytes_per_token * mb.padded_cells(2048)
+        whole = eng.info.kv_bytes_per_token * mb.context_cells(2048)
         assert eng.cache.tiers.ram_cap == eng.info.memory.tiers_cap == max(mb.RAM_TIER_FLOOR, whole)
         assert eng.config.cache.ram_bytes == 0  # auto stays auto in what is saved
     set_cap = EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=64, n_threads=1,
