@@ -279,8 +279,10 @@ class NativeContext:
     def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
         L.llama_memory_seq_div(self.mem, seq, p0, p1, d)
 
-    def clear(self) -> None:
-        L.llama_memory_clear(self.mem, True)
+    def clear(self, data: bool = True) -> None:
+        """Empty every sequence; ``data``: zero the buffers too (a recurrent model's states need
+        it; attention cells do not, see WorkContext.reset)."""
+        L.llama_memory_clear(self.mem, data)
 
     def pos_range(self, seq: int) -> tuple[int, int]:
         return (L.llama_memory_seq_pos_min(self.mem, seq), L.llama_memory_seq_pos_max(self.mem, seq))

@@ -92,7 +92,12 @@ class WorkContext:
 
     def reset(self) -> None:
         if self._ctx is not None:
-            self._ctx.clear()
+            # Attention cells are not zeroed: an empty cell is masked (weight exactly 0) and
+            # holds finite values an earlier evaluation wrote, as other sequences' cells beside a
+            # run always do, so results are bit for bit the same; llama.cpp zeroes the memory
+            # never written when it creates the context. Zeroing cost ~23 ms per reset at 8k
+            # cells and ~89 ms at 32k on the default model's shape. Recurrent states are zeroed.
+            self._ctx.clear(data=self.stateful)
         self.tokens, self.cuts = [], []
         self.snapshots, self.composed_from = {}, None
         self._drop_held_marks()

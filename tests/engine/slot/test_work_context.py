@@ -186,3 +186,35 @@ def test_a_node_computed_again_is_never_copied_from_its_old_state(engine128, mon
     assert third.copied_tokens == third.prefix_tokens
     assert third.verdict.exact, third.verdict.describe()
     assert_tree_consistent(e)
+
+
+def test_emptying_the_work_context_keeps_its_cells_bytes_and_runs_stay_exact(tiny_model, monkeypatch):
+    """An emptied work context is not zeroed (an empty cell is masked: its old bytes weigh
+    exactly nothing), yet a run after it gives, bit for bit, what a new engine gives."""
+    from app.engine.llama.native import NativeContext
+    said: list[bool] = []
+    clear = NativeContext.clear
+    monkeypatch.setattr(NativeContext, "clear", lambda self, data=True: (said.append(data), clear(self, data))[1])
+    cfg = EngineConfig(model_path=str(tiny_model), n_ctx=2048, n_batch=128, n_threads=1)
+    row = {"c1": C, "c2": A, "question": "when?"}
+    with Engine(cfg) as e:
+        run_prompt(e, TPL, {"c1": A, "c2": B, "question": "why?"}, reuse="chain", gen=GEN)
+        e.work.reset()  # over the cells the first row left
+        after = run_prompt(e, TPL, row, reuse="prefix", gen=GEN)
+    assert said and not any(said)  # attention cells only: never zeroed
+    with Engine(cfg) as fresh:
+        new = run_prompt(fresh, TPL, row, reuse="prefix", gen=GEN)
+    assert after.verdict.exact and after.warm.tokens == new.warm.tokens
+    for a, b in zip(after.warm.logits, new.warm.logits, strict=True):
+        assert (a == b).all()
+
+
+def test_a_recurrent_models_work_context_is_zeroed_when_emptied(arch_models, monkeypatch):
+    from app.engine.llama.native import NativeContext
+    said: list[bool] = []
+    clear = NativeContext.clear
+    monkeypatch.setattr(NativeContext, "clear", lambda self, data=True: (said.append(data), clear(self, data))[1])
+    with Engine(EngineConfig(model_path=str(arch_models["mamba2"]), n_ctx=512, n_threads=1)) as e:
+        e.work.ctx  # opened
+        e.work.reset()
+    assert said and all(said)
