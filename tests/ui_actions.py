@@ -122,6 +122,14 @@ def idle(qtbot, w, timeout=20000):
     qtbot.waitUntil(lambda: not w.engine_status.busy, timeout=timeout)
 
 
+def show_with_panels(qtbot, w, size: tuple[int, int] = (1366, 768)) -> None:
+    """The window shown at ``size`` (a 1366×768 screen's) with every advanced panel open."""
+    w.resize(*size)
+    w.show()
+    qtbot.waitExposed(w)
+    w.actions_by_text["Advanced panels"].trigger()
+
+
 class StatusSignal(QObject):
     """A Qt signal for one of the engine status's events, for waits that must not poll
     (pytest-qt's waitSignal). The status is written on the GUI thread, so this is emitted there."""

@@ -5,17 +5,16 @@ It shows the session's benchmark and sweep results: time to first token per row 
 mode (charts from app.ui.charts), each mode's accuracy (verdict counts, KL divergence, top-1
 agreement), a table with readable headers; and exports them. Jobs are started by the window;
 while one of its jobs runs, a line above the results says where the whole job is (the status
-bar's words, app.engine.task_state.progress_line).
+bar's words, app.engine.task_state.progress_line), and until a benchmark's first row is done its
+summary says it runs. The tables' columns and cells are bench_cells.py's.
 The repeats, the modes compared and compose's recompute share are the session's options, changed
 through SessionEdits (undoable).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QTabWidget, QVBoxLayout, QWidget)
@@ -24,6 +23,9 @@ from ..engine import REUSE_MODES, BenchResult, KvPrimerError
 from ..engine.benchmarks.bench_export import write_results
 from ..engine.session import Session, bench_summary
 from ..engine.task_state import Progress, progress_line
+from .bench_cells import (ACCURACY_COLUMNS, BENCH_COLUMNS, Cell, cell_text, load_cell,
+                          show_cells)
+from .bench_cells import UNDER_LOAD_COLOR  # noqa: F401 (the view's colour, as tests read it)
 from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart
 from .engine_worker import EngineWorker, Job, JobKind
 from .file_folders import FileFolders
@@ -35,108 +37,8 @@ from .compose_columns import recompute_box
 from .run_panel import MODE_TIPS, VERDICT_COLORS
 from .session_edits import SessionEdits
 
-# (BenchRow field, header, tooltip)
-BENCH_COLUMNS = [
-    ("row", "row", "The row's number in the rows table"),
-    ("reuse", "reuse", "How the warm run reused the cache: prefix, chain or compose"),
-    ("prefix_tokens", "prefix (tokens)", "Tokens in the template's static prefix"),
-    ("reused_tokens", "reused (tokens)", "Tokens the warm run took from the radix cache"),
-    ("evaluated_tokens", "evaluated (tokens)", "Tokens the warm run evaluated"),
-    ("cold_ms", "cold (ms)", "Time to first token without the cache"),
-    ("warm_ms", "warm (ms)", "Time to first token reusing the cache (median of the repeats)"),
-    ("restore_ms", "fork (ms)", "Time to fork or compose the reused cells (median)"),
-    ("speedup", "speedup (×)", "cold ÷ warm"),
-    ("vs_prefix", "vs prefix (×)", "Warm time against prefix mode's on the same row, the two "
-                                   "measured side by side (median over the repeats)"),
-    ("load", "load", "Other programs' share of the cores while the row ran (its busiest half "
-                     "second); a row above a quarter is measured under load: its times are less "
-                     "sure. ↻: re-measured, the load changed between the row's side-by-side "
-                     "runs"),
-    ("equivalence", "verdict", "bit-identical; within-noise: same tokens, logits no further "
-                               "from cold than the model's own batch-grouping noise; diverged"),
-    ("tokens_equal", "same tokens", "The warm run generated exactly the cold run's tokens"),
-    ("max_logit_diff", "max |Δlogit|", "Largest logit difference over the compared tokens; "
-                                       "0 means bit-identical"),
-    ("kl_divergence", "KL (nats)", "Largest next-token KL divergence, cold ‖ warm"),
-    ("top1_agree", "top-1 agree", "Generated positions where warm and cold rank the same token "
-                                  "first"),
-    ("recompute_share", "recomputed", "Compose: the share of the modules' tokens evaluated "
-                                      "again in context (the recompute setting)"),
-    ("error", "error", "Why the row could not run"),
-]
-UNDER_LOAD_COLOR = "#b35c00"  # a row measured while other programs used the cores
-ACCURACY_COLUMNS = ["mode", "rows", "bit-identical", "within-noise", "diverged", "same tokens",
-                    "median KL (nats)", "max KL (nats)", "top-1 agree", "max |Δlogit|",
-                    "recomputed", "median warm (ms)", "warm ÷ prefix"]
-
-
-def cell_text(key: str, value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    if key in ("max_logit_diff", "kl_divergence"):
-        return f"{value:.3g}"
-    if key in ("top1_agree", "recompute_share"):
-        return f"{value:.0%}"
-    if key == "speedup":
-        return f"×{value:.1f}"
-    if key == "vs_prefix":
-        return f"×{value:.2f}"
-    if key == "load":
-        return f"{value:.0%}"
-    if isinstance(value, float):
-        return f"{value:,.1f}"
-    if isinstance(value, int) and key != "row":
-        return f"{value:,}"
-    return str(value)
-
-
-def _load_cell(r) -> "Cell":
-    """The row's load, in the warning colour and said in words when it was measured under load
-    or measured again (the load changed between its side-by-side runs)."""
-    text = cell_text("load", r.load)
-    again = r.load_words()
-    if not r.under_load and not r.load_changed:
-        return Cell(f"{text} ↻" if again else text, True, "", again)
-    words = ("measured while other programs used over a quarter of the cores: its times "
-             "are less sure" if r.under_load else "")
-    return Cell(f"{text} busy" + (" ↻" if again else ""), True, UNDER_LOAD_COLOR,
-                "; ".join(w for w in (words, again) if w))
-
-
-@dataclass(frozen=True)
-class Cell:
-    text: str
-    right: bool = False  # numbers: aligned right
-    color: str = ""  # the text's colour (a verdict's), else the table's own
-    tip: str = ""
-
-
-def show_cells(table: QTableWidget, rows: list[list[Cell]], shown: list[list[Cell]]
-               ) -> list[list[Cell]]:
-    """Show ``rows`` in ``table``, which shows ``shown``: only the cells that differ change.
-    Returns ``rows``, what the table now shows.
-
-    A benchmark shows its table again after every row: making every item anew each time made
-    the work grow with the square of the rows (48 rows × 3 modes: ~150,000 items), and with
-    PySide6 6.11 and 6.12 every new item shown leaves a reference to None behind."""
-    table.setRowCount(len(rows))
-    for i, row in enumerate(rows):
-        old = shown[i] if i < len(shown) else []
-        for c, cell in enumerate(row):
-            if c < len(old) and old[c] == cell:
-                continue
-            item = table.item(i, c)
-            if item is None:
-                item = QTableWidgetItem()
-                table.setItem(i, c, item)
-            item.setText(cell.text)
-            item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter if cell.right
-                                  else Qt.AlignLeft | Qt.AlignVCenter)
-            item.setData(Qt.ForegroundRole, QColor(cell.color) if cell.color else None)
-            item.setToolTip(cell.tip)
-    return rows
+NO_BENCH = "No benchmark yet: press “Benchmark rows”."
+RUNNING = "Benchmarking: each row shows here once it has run in every mode."
 
 
 class BenchView(QWidget):
@@ -180,7 +82,9 @@ class BenchView(QWidget):
         top.addWidget(self.run_button)
         top.addWidget(self.sweep_button)
         top.addStretch(1)
-        self.summary = QLabel("No benchmark yet: press “Benchmark rows”.")
+        self.summary = QLabel(NO_BENCH)
+        self.summary.setObjectName("benchSummary")
+        self._benching = False  # a benchmark job runs: its summary comes with its first row
         self.summary.setWordWrap(True)
         self.progress = ElidedLabel("")  # one line: the whole of it in its tooltip
         self.progress.setObjectName("benchProgress")
@@ -255,10 +159,22 @@ class BenchView(QWidget):
         if job.kind in (JobKind.BENCH, JobKind.SWEEP) and p.stage != "generate":
             self.progress.setText(one_line(job.label, progress_line(job.label, p)))
             self.progress.show()
+        if job.kind is JobKind.BENCH and not self._benching:
+            self._benching = True
+            self._show_summary()
 
     def _job_changed(self, label: str) -> None:
         if not label:  # no job of the user's runs: the results below are the whole story
             self.progress.hide()
+            self._benching = False
+            self._show_summary()
+
+    def _show_summary(self) -> None:
+        """The benchmark in words; until its first row ends, that one runs (not "No
+        benchmark yet" under its progress line)."""
+        bench = self.session.bench
+        self.summary.setText(bench_summary(bench) if bench else
+                             RUNNING if self._benching else NO_BENCH)
 
     def _show_sweep(self, points) -> None:
         self.sweep.set_points(points)
@@ -306,12 +222,11 @@ class BenchView(QWidget):
                                key not in ("error", "reuse", "equivalence"),
                                color if key == "equivalence" else "",
                                (r.note or "") if key == "equivalence" and color else "")
-                          if key != "load" else _load_cell(r)
+                          if key != "load" else load_cell(r)
                           for key, _header, _tip in BENCH_COLUMNS])
         self._table_cells = show_cells(self.table, cells, self._table_cells)
         self._show_accuracy(result)
-        self.summary.setText(bench_summary(result) if result else
-                             "No benchmark yet: press “Benchmark rows”.")
+        self._show_summary()
 
     def _show_chart(self, result: BenchResult | None) -> None:
         ok = [r for r in (result.rows if result else []) if r.error is None]

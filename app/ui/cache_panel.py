@@ -10,12 +10,17 @@ run, so the panel and the map always agree. Evict moves a node one tier down (re
 The RAM bar counts the nodes whose snapshot is in RAM and, named apart, the kept copies: the
 state of each node's last copy into the work context, kept so that the next run of the same
 prompt only restores it (they count against the RAM cap and are dropped first).
+
+The tree fits its column of the window (about 430 pixels at 1366×768): the node's text, long and
+in its tooltip whole, is the last column, which ends in "…" in the room the numbers leave; a
+pinned node says so before its name (a column of its own would not fit); the widths are
+table_columns.py's, as every table's.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBoxLayout,
-                               QHeaderView, QLabel, QProgressBar, QPushButton, QTreeWidget,
+                               QLabel, QProgressBar, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
 from ..engine import kv_flows
@@ -24,15 +29,17 @@ from .cache_watch import CachePicture, CacheSnapshot, CacheWatch
 from .byte_sizes import size_text
 from .engine_worker import EngineWorker, JobKind
 
-COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…"),
+COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…; "
+                             "pinned: never evicted"),
            ("text", "The node's own tokens as text"),
            ("tokens", "Tokens from the start of the prompt to the node's end (its own in brackets)"),
            ("tier", "resident: cells in the KV cache; ram: a snapshot in memory; file: on disk"),
            ("size", "Bytes of the node's own cells, with the recurrent state it keeps at its "
                     "depth on hybrid and recurrent models (in brackets)"),
            ("hits", "Runs that reused this node"),
-           ("last use", "Time since a run last used it"),
-           ("pinned", "A pinned node is never evicted")]
+           ("last use", "Time since a run last used it")]
+TEXT_COLUMN = 1  # shown last: it takes the room the other columns leave
+TREE_INDENT = 12  # pixels a level (Qt's 20): a chain's deep nodes keep room for their label
 TIERS = {"resident": "resident (KV cells)", "ram": "RAM", "file": "files"}
 TIER_TIPS = {
     "resident": "Nodes whose cells are in the KV cache, ready to fork",
@@ -91,9 +98,8 @@ class CachePanel(QDockWidget):
             self.tree.headerItem().setToolTip(i, tip)
         self.tree.setSelectionMode(QAbstractItemView.SingleSelection)
         self.tree.setUniformRowHeights(True)
-        self.tree.header().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.tree.header().setSectionResizeMode(1, QHeaderView.Stretch)
-        self.tree.header().setStretchLastSection(False)
+        self.tree.setIndentation(TREE_INDENT)
+        self.tree.header().moveSection(TEXT_COLUMN, len(COLUMNS) - 1)
         self.tree.itemSelectionChanged.connect(self._selection_changed)
 
         self.bars: dict[str, QProgressBar] = {}
@@ -173,11 +179,11 @@ class CachePanel(QDockWidget):
         for n in nodes:  # the cells that changed (pictures come many times a second in jobs)
             item = self._items[n.id]
             own = f" (+{n.own_tokens:,})" if n.own_tokens != n.tokens else ""
-            cells = [n.label or "cached prompt", n.text, f"{n.tokens:,}{own}", n.tier,
+            cells = [("pinned · " if n.pinned else "") + (n.label or "cached prompt"), n.text,
+                     f"{n.tokens:,}{own}", n.tier,
                      size_text(n.nbytes) + (f" (recurrent {size_text(n.recurrent_bytes)})"
                                             if n.recurrent_bytes else ""), str(n.hits),
-                     ago_text(snap.now - n.last_used) if n.last_used else "never",
-                     "pinned" if n.pinned else ""]
+                     ago_text(snap.now - n.last_used) if n.last_used else "never"]
             for c, text in enumerate(cells):
                 if item.text(c) != text:
                     item.setText(c, text)

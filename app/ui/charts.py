@@ -17,12 +17,13 @@ from pathlib import Path
 
 from PySide6.QtCharts import (QBarCategoryAxis, QBarSeries, QBarSet, QChart, QChartView, QLineSeries,
                               QValueAxis)
-from PySide6.QtCore import QLocale, QMargins, QRectF, QSize, Qt, QTimer
+from PySide6.QtCore import QMargins, QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPen
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QWidget
 
 from .chart_legend import ChartLegend
+from .setting_boxes import NUMBERS  # the tables' number format, whatever the system's locale
 
 COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
 MODE_COLORS = {"prefix": QColor("#2e7dd7"), "chain": QColor("#2e9d5b"), "compose": QColor("#8e5bc4")}
@@ -64,8 +65,6 @@ class TtftBar:
         return cls(row, cold_ms, warm_ms, cold_ms, cold_ms, warm_ms, warm_ms)
 
 
-# the tables' number format ("55,068.6"): the axes' labels too, whatever the system's locale
-NUMBERS = QLocale(QLocale.English, QLocale.UnitedStates)
 
 
 def _chart(title: str) -> QChart:

@@ -21,6 +21,7 @@ from ..engine.llama.ggml_types import KV_TYPES as GGML_KV_TYPES
 from ..engine.llama.native import GPU_OFFLOAD_MISSING
 from ..engine.session import Options, Session
 from .file_folders import documents_dir
+from .setting_boxes import ElidedCombo, grouped
 from .session_edits import OptionPath, SessionEdits, option_at
 
 NGL_UNKNOWN = "Layers offloaded to the GPU (llama.cpp's -ngl): known once a model is loaded"
@@ -58,7 +59,7 @@ class Binding:
 
 
 def spin(lo: int, hi: int, tip: str, special: str = "", step: int = 1) -> QSpinBox:
-    s = QSpinBox()
+    s = grouped(QSpinBox())
     s.setRange(lo, hi)
     s.setSingleStep(step)
     s.setToolTip(tip)
@@ -67,8 +68,8 @@ def spin(lo: int, hi: int, tip: str, special: str = "", step: int = 1) -> QSpinB
     return s
 
 
-def combo(items: list[tuple[str, str]]) -> QComboBox:
-    c = QComboBox()
+def combo(items: list[tuple[str, str]], c: QComboBox | None = None) -> QComboBox:
+    c = c if c is not None else QComboBox()
     for value, text in items:
         c.addItem(text, value)
     return c
@@ -89,10 +90,9 @@ class EngineSettingsForm(QWidget):
         self.path.setPlaceholderText("default model (SmolLM2-135M-Instruct)")
         browse = QPushButton("Open…")
         browse.clicked.connect(self.open_dialog)
-        self.recent = QComboBox()
+        self.recent = ElidedCombo("A model loaded lately, or the default one: Apply loads it")
         self.recent.setObjectName("recentModels")
         self.recent.setPlaceholderText("recent models")
-        self.recent.setToolTip("A model loaded lately, or the default one: Apply loads it")
         self.recent.activated.connect(lambda i: self.recent_chosen.emit(self.recent.itemData(i)))
         self.n_ctx = spin(64, 1 << 17, "Context size in tokens (llama.cpp's -c)", step=512)
         self.ngl = spin(-1, 999, NGL_UNKNOWN, "all (-1)")
@@ -101,10 +101,11 @@ class EngineSettingsForm(QWidget):
         self.type_k, self.type_v = (combo([(t, t) for t in KV_TYPES]) for _ in range(2))
         self.type_k.setToolTip("K cache type (llama.cpp's -ctk)")
         self.type_v.setToolTip("V cache type (llama.cpp's -ctv)")
-        self.flash_attn = combo(list(FLASH_ATTN_CHOICES))
+        # beside Measure again: its long choice elides rather than widen the panel
+        self.flash_attn = combo(list(FLASH_ATTN_CHOICES), ElidedCombo(
+            "llama.cpp's attention kernel (-fa); auto times both on this model once and keeps "
+            "the faster (the times show below)", elide=Qt.ElideRight))
         self.flash_attn.setObjectName("flashAttn")
-        self.flash_attn.setToolTip("llama.cpp's attention kernel (-fa); auto times both on this "
-                                   "model once and keeps the faster (the times show below)")
         # advanced
         self.threads_gen = spin(0, 256, "Threads generating tokens (llama.cpp's -t). Default: "
                                 "as the batch threads, warm and cold runs still bit-identical; "

@@ -31,6 +31,7 @@ from .engine_worker import EngineWorker, JobKind
 from .kv_grid import EMPTY, KvGrid, seq_color
 from .kv_map import KvMap
 from .model_events import follow
+from .setting_boxes import grouped
 
 __all__ = ["EMPTY", "KvCacheDock", "seq_color"]
 LEGEND_LINES = 5
@@ -102,7 +103,7 @@ class KvCacheDock(QDockWidget):
         ops.addWidget(self.seq_box, 0, 1)
 
         def spin(lo, hi, val, tip):
-            s = QSpinBox()
+            s = grouped(QSpinBox())
             s.setRange(lo, hi)
             s.setValue(val)
             s.setToolTip(tip)

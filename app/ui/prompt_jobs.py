@@ -34,6 +34,16 @@ class Finished:
     context_used: int
 
 
+def kept_rows_text(res: BenchResult) -> str:
+    """What a cancelled benchmark kept, counted in rows: ``res.rows`` holds one entry per row
+    and mode (a row is added once it ran in every mode), so 1 row in 3 modes is 3 entries."""
+    n = res.summary()["rows"]
+    if n == 0:
+        return "no row finished"
+    modes = f" in {len(res.modes)} modes" if len(res.modes) > 1 else ""
+    return f"the {n:,} finished row{'s' if n != 1 else ''}{modes} {'is' if n == 1 else 'are'} kept"
+
+
 class PromptJobs(QObject):
     status = Signal(str)
     error = Signal(str)
@@ -241,9 +251,8 @@ class PromptJobs(QObject):
             res = outcome.result
             self.session.set_bench(res)
             if res.cancelled:  # the rows finished are kept, and saved with the project
-                n = len(res.rows)
-                self.status.emit(f"benchmark cancelled; the {n} finished row{'s' if n != 1 else ''}"
-                                 " are kept: " + bench_summary(res))
+                self.status.emit(f"benchmark cancelled; {kept_rows_text(res)}: "
+                                 + bench_summary(res))
             else:
                 self.status.emit("benchmark done: " + bench_summary(res))
 

@@ -78,7 +78,10 @@ class ColumnWidths(QObject):
         self.fit()
 
     def _shown(self) -> list[int]:
-        return [c for c in range(self.header.count()) if not self.header.isSectionHidden(c)]
+        """The shown columns' logical indexes, left to right as shown (a view may move one)."""
+        h = self.header
+        return [c for c in (h.logicalIndex(v) for v in range(h.count()))
+                if not h.isSectionHidden(c)]
 
     def _last_shown(self) -> int | None:
         shown = self._shown()

@@ -6,7 +6,8 @@ start and shown together by one toggle (on the toolbar and in the View menu), or
 from the View menu. They all sit in one column on the right, in two tabbed groups (the KV map
 below, the rest above it), so the work keeps the window's whole height: on a 1366×768 screen
 the template still shows 15 lines and every results table 5 rows. Each dock scrolls when it is
-shorter than its contents rather than squeezing them. A layout the user left
+shorter than its contents rather than squeezing them, and the wheel scrolls it: a spin box or
+drop-down takes the wheel only once clicked into (setting_boxes.py). A layout the user left
 (QMainWindow.saveState, and the splitters' positions) comes back as it was.
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import (QDockWidget, QFrame, QGroupBox, QMainWindow, QPlainTextEdit,
                                QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+
+from .setting_boxes import wheel_when_focused
 
 # saved layouts of another arrangement of docks are not restored (they would put the docks
 # back where an older version had them): bump when the arrangement changes
@@ -56,8 +59,11 @@ def central_widgets(editor: QWidget, fillings: QWidget, tabs: list[tuple[QWidget
 
 
 def scrolling(dock: QDockWidget) -> None:
-    """Put the dock's contents in a scroll area: a short dock scrolls instead of squeezing."""
+    """Put the dock's contents in a scroll area: a short dock scrolls instead of squeezing, and
+    the wheel over its settings scrolls it rather than changing them."""
     body = dock.widget()
+    if body is not None:
+        wheel_when_focused(body)
     if body is None or isinstance(body, QScrollArea):
         return
     area = QScrollArea()

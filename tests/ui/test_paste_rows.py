@@ -31,7 +31,8 @@ def test_tabs_quotes_and_a_header_in_any_order():
 @pytest.mark.parametrize("text, says", [
     ("a\tb\tc\n", "row 1: 3 cells but the template has 2 placeholders; quote values"),
     ('q\tr\n"open\tquote\n', "pasted text, row 2: unexpected end of data"),
-    ("q\n1\n", "row 2: no column 'r' for the placeholder <r>"),
+    # a header without a placeholder's column: the header's fault (row 1), not row 2's
+    ("q\n1\n", r"pasted text, the header \(row 1\): no column 'r' for the placeholder <r>; add"),
     ("q\tr\n", "holds a header and no row of values"),
     ("\n \n", "there is nothing to paste"),
 ])

@@ -156,11 +156,12 @@ def test_file_dialogs_start_in_documents_then_where_the_user_went(qtbot, make_wi
 
 class StatusTexts(QObject):
     """The status bar's job line after each progress report of a benchmark (the bar's own slot
-    was connected first, so it has shown the report when this one runs)."""
+    was connected first, so it has shown the report when this one runs), and the Benchmark
+    view's summary while no row has ended."""
 
     def __init__(self, w):
         super().__init__(w)
-        self.w, self.texts, self.in_view = w, [], []
+        self.w, self.texts, self.in_view, self.summaries = w, [], [], []
         w.worker.progress.connect(self._seen)
 
     @Slot(object, object)
@@ -168,6 +169,8 @@ class StatusTexts(QObject):
         if job.kind is JobKind.BENCH:
             self.texts.append(self.w.status.last_text)
             self.in_view.append(self.w.bench.progress.text())  # the Benchmark tab's line
+            if self.w.session.bench is None:
+                self.summaries.append(self.w.bench.summary.text())
 
 
 def test_the_status_bar_names_row_k_of_n_and_cancel_keeps_the_finished_rows(qtbot, make_window):
@@ -195,6 +198,31 @@ def test_the_status_bar_names_row_k_of_n_and_cancel_keeps_the_finished_rows(qtbo
     assert all(r.error is None for r in bench.rows) and w.bench.table.rowCount() == 2
     assert "cancelled before every row ran" in w.bench.summary.text()
     assert "the 2 finished rows are kept" in w.status.currentMessage()
+
+
+def test_a_running_benchmark_says_so_and_cancel_counts_rows_not_rows_times_modes(
+        qtbot, make_window):
+    w = make_window()
+    w.editor.set_text(SHORT_TPL)
+    w.session.set_rows([{"question": q, "topic": "it"} for q in ("what", "why")])
+    w.session.set_options(bench_modes=("prefix", "chain", "compose"), repeat=1)
+    assert w.bench.summary.text().startswith("No benchmark yet")
+    seen = StatusTexts(w)
+
+    def cancel_after_one_row(job, p):  # on the worker thread: row 1 ran in its 3 modes
+        if job.kind is JobKind.BENCH and p.whole and p.job.done == 3:
+            job.task.cancel()
+
+    w.worker.progress.connect(cancel_after_one_row, Qt.DirectConnection)
+    trigger(qtbot, w, BENCH)
+    # under the progress line, before the first row: not "No benchmark yet"
+    assert seen.summaries and not any(t.startswith("No benchmark yet") for t in seen.summaries), \
+        seen.summaries
+    bench = w.session.bench
+    assert bench.cancelled and [(r.row, r.reuse) for r in bench.rows] == [
+        (1, "prefix"), (1, "chain"), (1, "compose")]
+    assert "benchmark cancelled; the 1 finished row in 3 modes is kept: " in \
+        w.status.currentMessage()
 
 
 def test_a_loaded_state_can_be_undone_back_to_the_primed_one(qtbot, make_window, tmp_path,

@@ -1,18 +1,21 @@
 """The Model panel and the smaller things around choosing a model and saving a project: the
 CPU level loaded is named; a model that fails to load does not stay in the file field; the
 recent models (the default one too) are in the drop-down and in File ▸ Recent models, and
-choosing one sets it for Apply rather than loading it; the Save dialogs never start in the
-examples that come with the app."""
+choosing one sets it for Apply rather than loading it, a long one elided in the middle; numbers
+read "4,096" as elsewhere and the wheel scrolls the panel past a box not clicked into; the Save
+dialogs never start in the examples that come with the app."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QWheelEvent
+from PySide6.QtWidgets import QApplication, QFileDialog
 
 from app.resources_path import examples_dir
 from app.ui.engine_worker import JobKind
 from tests.ui.test_ui_window_ux import button
-from tests.ui_actions import idle, job_log, wait_for_job
+from tests.ui_actions import idle, job_log, show_with_panels, wait_for_job
 
 
 def test_the_model_panel_names_the_cpu_level(qtbot, make_window):
@@ -59,6 +62,53 @@ def test_recent_models_are_chosen_for_apply_and_the_default_is_listed(
     combo.activated.emit(0)
     wait_for_job(qtbot, w, JobKind.LOAD_MODEL, button(w, "applyModel").click, timeout=20000)
     assert w.engine_status.info.path == str(other_tiny_model)
+
+
+def wheel(widget, notches: int = 1) -> bool:
+    """Turn the wheel over ``widget``; True if it took the event (else it goes to its parent)."""
+    centre = QPointF(widget.rect().center())
+    event = QWheelEvent(centre, QPointF(widget.mapToGlobal(centre)), QPoint(),
+                        QPoint(0, 120 * notches), Qt.NoButton, Qt.NoModifier, Qt.NoScrollPhase,
+                        False)
+    QApplication.sendEvent(widget, event)
+    return event.isAccepted()
+
+
+def test_the_model_panel_elides_paths_groups_thousands_and_leaves_the_wheel_to_the_panel(
+        qtbot, make_window, tmp_path):
+    w = make_window(load=False)
+    show_with_panels(qtbot, w)
+    w.model_panel.raise_()
+    qtbot.waitUntil(w.model_panel.isVisible, timeout=5000)
+    form = w.model_panel.form
+    assert form.n_ctx.value() == 4096 and form.n_ctx.text() == "4,096"
+    # a recent model with a long name: its start and extension shown, the whole path in the tip
+    name = "SmolLM2-135M-Instruct-a-rather-long-fine-tune-name-Q4_K_M.gguf"
+    path = tmp_path / "models" / "some folder" / name
+    w.recent.add(str(path))
+    combo = form.recent
+    combo.setCurrentIndex(0)
+    shown = combo.shown_text()
+    assert shown.startswith("SmolLM2") and shown.endswith(".gguf") and "…" in shown
+    assert combo.fontMetrics().horizontalAdvance(shown) < combo.width()
+    assert str(path) in combo.toolTip() and w.width() == 1366
+    # nor does a long choice widen the panel, which would then scroll sideways
+    for box in (combo, form.flash_attn):
+        longest = max(box.fontMetrics().horizontalAdvance(box.itemText(i))
+                      for i in range(box.count()))
+        assert box.minimumSizeHint().width() < longest, box.objectName()
+    scroll = w.model_panel.widget().horizontalScrollBar()
+    qtbot.waitUntil(lambda: scroll.maximum() == 0, timeout=5000)
+    # the wheel over a box the pointer passes while scrolling: the panel's, not the value's
+    for box in (form.n_ctx, form.batch, combo):
+        assert box.focusPolicy() == Qt.StrongFocus
+    index = combo.currentIndex()
+    assert wheel(form.n_ctx, -1) is False and wheel(combo, -1) is False
+    assert form.n_ctx.value() == 4096 and combo.currentIndex() == index
+    w.activateWindow()
+    form.n_ctx.setFocus()
+    qtbot.waitUntil(form.n_ctx.hasFocus, timeout=5000)
+    assert wheel(form.n_ctx) is True and form.n_ctx.value() > 4096  # clicked into: its own
 
 
 def test_save_dialogs_do_not_start_in_the_examples(qtbot, make_window, monkeypatch):

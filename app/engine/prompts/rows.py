@@ -114,7 +114,7 @@ def parse_pasted(text: str, placeholders: list[str], name: str = "pasted text,")
         raise RowsError(f"{name} row 1: {e}") from None
     if all(c.strip() in placeholders for c in first):
         rows = _csv_rows(reader, _header(first, name), name)
-        check_rows(rows, placeholders, name)
+        check_rows(rows, placeholders, name, header=True)  # a column missing is the header's
     else:
         rows = _csv_rows(reader, list(placeholders), name, first, fill=False)
     if not rows:
