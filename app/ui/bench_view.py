@@ -25,7 +25,6 @@ from ..engine.session import Session, bench_summary
 from ..engine.task_state import Progress, progress_line
 from .bench_cells import (ACCURACY_COLUMNS, BENCH_COLUMNS, Cell, cell_text, load_cell,
                           show_cells)
-from .bench_cells import UNDER_LOAD_COLOR  # noqa: F401 (the view's colour, as tests read it)
 from .charts import COLD, MODE_COLORS, BarSeries, SweepChart, TtftChart, save_chart
 from .engine_worker import EngineWorker, Job, JobKind
 from .file_folders import FileFolders

@@ -128,7 +128,8 @@ def test_a_row_measured_under_load_is_flagged(engine, capsys):
 
 def test_the_benchmark_panel_shows_the_paired_headline_and_the_busy_row(qtbot):
     from app.engine.session import Session
-    from app.ui.bench_view import UNDER_LOAD_COLOR, BenchView
+    from app.ui.bench_cells import UNDER_LOAD_COLOR
+    from app.ui.bench_view import BenchView
 
     s = Session()
     v = BenchView(s)
