@@ -175,6 +175,8 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
         req = WarmRequest(template, tokens, segments, reuse, gen, max_new, state, setting, keep,
                           before=reuse_before, reusable=reusable)
         report.warm = _reported(report, _warm(engine, req, task))
+        # the cold run that follows may get another count (thread_fit): the warm run's is said
+        warm_threads = engine.slot_context.batch_threads
         task.partial(report)
     keep_n = min(max_new, KEEP_LOGITS)
     if warm:  # what verifying it later needs
@@ -183,7 +185,7 @@ def run_prompt(engine, template: Template, values: dict[str, str], *, reuse: str
     verify_run(engine, report, tokens, gen, max_new, keep_n, task, cold=cold, oneshot=oneshot,
                colds=cold_cache)
     if report.warm:
-        report.breakdown = run_breakdown(engine, report, len(tokens), segments)
+        report.breakdown = run_breakdown(engine, report, len(tokens), segments, warm_threads)
     task.partial(report)
     return report
 

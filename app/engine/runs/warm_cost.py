@@ -123,13 +123,13 @@ def batching_note(batches: int, plain_batches: int, storable_tokens: int,
             f"{cost.one_batch_ms:,.0f} ms, in {cost.split} {cost.split_ms:,.0f} ms)")
 
 
-def run_breakdown(engine, report, n_tokens: int, segments) -> WarmBreakdown:
-    """Where a run's warm time went (``report.warm``); for a chain run in the work context,
-    whether cutting batches at segment ends cost more than the segments stored can save."""
+def run_breakdown(engine, report, n_tokens: int, segments, batch_threads: int) -> WarmBreakdown:
+    """Where a run's warm time went (``report.warm``, its batches on ``batch_threads``); for a
+    chain run in the work context, whether cutting batches at segment ends cost more than the
+    segments stored can save."""
     warm = report.warm
-    ctx = engine.slot_context
     out = replace(warm_breakdown(warm, report.copied_tokens, report.build_ms),
-                  batch_threads=ctx.batch_threads)
+                  batch_threads=batch_threads)
     if report.reuse != "chain" or not engine.runs_in_work_context:
         return out  # prefix and compose batch plainly; the cache's shared context cuts alike
     plain = len(engine.batching.plain(warm.reused_tokens, n_tokens))

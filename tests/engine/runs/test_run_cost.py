@@ -175,3 +175,34 @@ def test_measure_noise_is_a_run_option_kept_in_the_project():
     back = Session()
     back.apply_project(s.to_project())
     assert back.options.measure_noise is True
+
+
+def test_the_breakdown_names_the_warm_runs_threads_not_the_cold_runs(tiny_model, monkeypatch):
+    """Batch threads follow the load (thread_fit.py): when the machine gets busy between the
+    warm run and the cold run that verifies it, the breakdown still says the warm run's count."""
+    from app.engine import Engine, EngineConfig
+    from app.engine.llama import thread_fit
+    from app.engine.runs import prompt_runs
+    from tests.engine.llama.test_thread_fit import Machine
+
+    m = Machine()
+    monkeypatch.setattr(thread_fit, "_SHARED", m.fit(n_cores=4))
+    real_verify = prompt_runs.verify_run
+
+    warm_threads = []
+
+    def busy_then_verify(engine, *args, **kwargs):
+        warm_threads.append(engine.slot_context.batch_threads)
+        m.run(2.0, others=3.0)  # other programs take 3 of the 4 cores before the cold run
+        return real_verify(engine, *args, **kwargs)
+
+    monkeypatch.setattr(prompt_runs, "verify_run", busy_then_verify)
+    eng = Engine(EngineConfig(model_path=str(tiny_model), n_ctx=1024, n_batch=32, n_threads=0))
+    try:
+        m.run(2.0, others=0.0)
+        rep = run_prompt(eng, TPL, VALS, reuse="prefix", gen=GEN)
+        cold_threads = eng.slot_context.batch_threads
+    finally:
+        eng.close()
+    assert cold_threads < warm_threads[0]  # the cold run's batches got fewer threads ...
+    assert rep.breakdown.batch_threads == warm_threads[0]  # ... the warm run's are said
