@@ -40,6 +40,15 @@ def _size(text: str) -> tuple[int, int]:
     return w, h
 
 
+def engine_options_given(args: argparse.Namespace):
+    """The engine settings the command line gave, or None when it gave none (no -m, -c...):
+    the window then loads the reopened project's model and settings."""
+    from app.cli.engine_options import engine_config
+
+    config = engine_config(args)
+    return None if config == engine_config(_parser().parse_args([])) else config
+
+
 def _parser() -> argparse.ArgumentParser:
     from app.cli.engine_options import engine_options
 
@@ -126,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # before any window or event loop exists
         config = engine_config(args)
+        started_with = engine_options_given(args)
     except KvPrimerError as e:
         print(f"kvprimer-gui: error: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.cleanup()
         return code
 
-    window = MainWindow(config, log_path=log_path)
+    window = MainWindow(started_with, log_path=log_path)
     window.show()
     closed = asyncio.Event()
     window.closed.connect(closed.set)

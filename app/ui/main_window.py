@@ -70,6 +70,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("KV Primer")
         self.setAcceptDrops(True)
+        started_with = config  # None: no engine option given; a reopened project's settings
         config = config or EngineConfig()
         self.settings = settings or QSettings("kvprimer", "KV Primer")
         # ask(kind, text) -> "save" | "discard" | "cancel" | "yes" | "no"; tests pass a function
@@ -117,7 +118,9 @@ class MainWindow(QMainWindow):
         self.session.mark_clean()
         self._update_actions()
         if load_model:
-            self.load_model(config)  # what the app was started with, over a restored project's
+            # the options the app was started with, over a reopened project's; without any,
+            # the project's own (its model, context...), else the defaults
+            self.load_model(started_with)
 
     @property
     def config(self) -> EngineConfig:

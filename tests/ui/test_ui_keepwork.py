@@ -267,3 +267,45 @@ def test_a_dropped_project_asks_about_unsaved_work_first(qtbot, make_window, tmp
     answers.answers["unsaved"] = "discard"
     w.project.open_path(str(proj))
     assert w.editor.text() == "saved <a>"
+
+
+def test_a_start_without_engine_options_loads_the_reopened_projects_model(
+        qtbot, make_window, other_tiny_model, tmp_path):
+    """The project open at exit comes back with its model: a start without -m or any other
+    engine option loads the project's settings; options given at the start win over them."""
+    from dataclasses import replace
+
+    from PySide6.QtCore import QSettings
+
+    from app.ui.main_window import MainWindow
+
+    w = make_window(load=False)
+    w.editor.set_text("kept <a>")
+    w.session.set_options(engine=replace(w.config, model_path=str(other_tiny_model), n_ctx=2048))
+    proj = tmp_path / "with-model.kvproj"
+    assert w.project.save(proj)
+    w.close()
+
+    def start_app(config):
+        again = MainWindow(config, settings=QSettings(str(tmp_path / "settings.ini"),
+                                                      QSettings.IniFormat),
+                           states_dir=tmp_path / "states", autosave_dir=tmp_path / "autosave",
+                           log_path=tmp_path / "kvprimer.log", ask=Answers(),
+                           offer_restore=False, open_last=True)
+        qtbot.addWidget(again)
+        qtbot.waitUntil(lambda: again.engine_status.info is not None
+                        and not again.engine_status.busy, timeout=20000)
+        return again
+
+    plain = start_app(None)
+    assert plain.session.path == str(proj)
+    loaded = plain.engine_status.config
+    assert loaded.model_path == str(other_tiny_model) and loaded.n_ctx == 2048
+    plain.session.mark_clean()
+    plain.close()
+
+    given = replace(loaded, model_path=str(Path(w.config.model_path)), n_ctx=1024)
+    chosen = start_app(given)  # e.g. `kvprimer-gui -m model.gguf -c 1024`
+    assert chosen.engine_status.config.model_path == given.model_path
+    assert chosen.engine_status.config.n_ctx == 1024
+    chosen.session.mark_clean()
