@@ -1,20 +1,20 @@
 """Spin boxes and drop-downs for settings, made readable and safe in scrolling panels.
 
-Numbers read as the rest of the window writes them ("4,096", English whatever the system's
-locale); a drop-down of file names shortens a long one in the middle (its start and its
-extension stay), the whole name and path in its tooltip, instead of cutting it; and in a panel
-that scrolls, the wheel scrolls the panel unless the box was clicked or tabbed into, so that
-scrolling past a setting does not change it.
+Numbers read as the rest of the window writes them ("4,096", number_text.py's locale); a
+drop-down of file names shortens a long one in the middle (its start and its extension stay),
+the whole name and path in its tooltip, instead of cutting it; and in a panel that scrolls, the
+wheel scrolls the panel unless the box was clicked or tabbed into, so that scrolling past a
+setting does not change it.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QLocale, QObject, Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QStyle, QStyleOptionComboBox,
                                QStylePainter, QWidget)
 
-# the tables' number format ("55,068.6"): the charts' axes and the spin boxes too
-NUMBERS = QLocale(QLocale.English, QLocale.UnitedStates)
+from .number_text import NUMBERS
+
 COMBO_MIN_CHARS = 12  # an eliding drop-down keeps room for this many characters
 
 
