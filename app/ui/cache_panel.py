@@ -11,13 +11,17 @@ The RAM bar counts the nodes whose snapshot is in RAM and, named apart, the kept
 state of each node's last copy into the work context, kept so that the next run of the same
 prompt only restores it (they count against the RAM cap and are dropped first).
 
-The tree fits its column of the window (about 430 pixels at 1366×768): the node's text, long and
-in its tooltip whole, is the last column, which ends in "…" in the room the numbers leave; a
-pinned node says so before its name (a column of its own would not fit); the widths are
-table_columns.py's, as every table's. Each tier's bar is tier_bars.py's: its text above it,
-never over its fill.
+The tree fits its column of the window (about 430 pixels at 1366×768, 380 at the narrowest)
+without scrolling sideways: the node's text, long and in its tooltip whole, is the last column,
+which ends in "…" in the room the numbers leave; the headers are short words (a column of long
+texts shrinks down to its header); a node's age takes at most four characters ("3m"), the time
+it was used in the cell's tooltip; a pinned node says so before its name (a column of its own
+would not fit); the widths are table_columns.py's, as every table's. Each tier's bar is
+tier_bars.py's: its text above it, never over its fill.
 """
 from __future__ import annotations
+
+import time
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QLabel,
@@ -30,27 +34,37 @@ from .cache_watch import CachePicture, CacheSnapshot, CacheWatch
 from .engine_worker import EngineWorker, JobKind
 from .tier_bars import TIERS, TierBar
 
-COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…; "
-                             "pinned: never evicted"),
+# short headers: a column of long texts shrinks down to its header, the others keep their
+# texts whole, and all of them fit a 380-pixel panel
+COLUMNS = [("node", "What the node adds to its parent's prompt: the static prefix, a value…; "
+                    "pinned: never evicted"),
            ("text", "The node's own tokens as text"),
            ("tokens", "Tokens from the start of the prompt to the node's end (its own in brackets)"),
            ("tier", "resident: cells in the KV cache; ram: a snapshot in memory; file: on disk"),
            ("size", "Bytes of the node's own cells, with the recurrent state it keeps at its "
                     "depth on hybrid and recurrent models (in brackets)"),
            ("hits", "Runs that reused this node"),
-           ("last use", "Time since a run last used it")]
+           ("used", "Time since a run last used it: now, seconds (12s), minutes (3m), hours "
+                    "(2h) or days (3d); the time it was used in the cell's tooltip")]
 TEXT_COLUMN = 1  # shown last: it takes the room the other columns leave
+AGE_COLUMN = 6  # "used"
 TREE_INDENT = 12  # pixels a level (Qt's 20): a chain's deep nodes keep room for their label
 
 
-def ago_text(seconds: float) -> str:
-    if seconds < 1:
-        return "just now"
-    if seconds < 60:
-        return f"{seconds:.0f} s ago"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
+def age_text(seconds: float) -> str:
+    """A node's age in at most four characters ("now", "12s", "3m", "2h", "3d"), whole units
+    (59.6 s is "59s"): the column stays as narrow as its header whatever the age ("1 min ago"
+    widened it, and the tree scrolled sideways at 1366×768)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return "now"
+
+
+def used_tip(used_at: float) -> str:
+    """The age cell's tooltip: the time of day a run last used the node (``used_at``,
+    time.time()'s clock), which unlike its age stays true as time passes."""
+    return time.strftime("Last used at %H:%M:%S on %Y-%m-%d", time.localtime(used_at))
 
 
 class CachePanel(QDockWidget):
@@ -75,6 +89,7 @@ class CachePanel(QDockWidget):
         self.tree.itemSelectionChanged.connect(self._selection_changed)
 
         self.bars = {name: TierBar(name) for name in TIERS}
+
         self.evict_btn = QPushButton("Evict")
         self.evict_btn.setObjectName("cacheEvict")
         self.evict_btn.setToolTip("Move the selected node one tier down: resident → RAM → file "
@@ -129,15 +144,20 @@ class CachePanel(QDockWidget):
         self._sync_items(nodes)
         for n in nodes:  # the cells that changed (pictures come many times a second in jobs)
             item = self._items[n.id]
+            age = snap.now - n.last_used
             own = f" (+{n.own_tokens:,})" if n.own_tokens != n.tokens else ""
             cells = [("pinned · " if n.pinned else "") + (n.label or "cached prompt"), n.text,
                      f"{n.tokens:,}{own}", n.tier,
                      size_text(n.nbytes) + (f" (recurrent {size_text(n.recurrent_bytes)})"
                                             if n.recurrent_bytes else ""), str(n.hits),
-                     ago_text(snap.now - n.last_used) if n.last_used else "never"]
+                     age_text(age) if n.last_used else "never"]
             for c, text in enumerate(cells):
                 if item.text(c) != text:
                     item.setText(c, text)
+            if item.data(AGE_COLUMN, Qt.UserRole) != n.last_used:  # a run used it (or new)
+                item.setData(AGE_COLUMN, Qt.UserRole, n.last_used)
+                item.setToolTip(AGE_COLUMN, used_tip(snap.wall - age) if n.last_used
+                                else "No run has used it yet")
             tips = (f"approximate: {n.approx}" if n.approx else "", n.text)
             if (item.toolTip(0), item.toolTip(1)) != tips:
                 item.setToolTip(0, tips[0])

@@ -227,13 +227,13 @@ def test_the_cache_tree_fits_its_panel_at_1366x768_and_keeps_a_dragged_width(qtb
     # every column in the panel, the numbers whole: nothing scrolls off to the right
     qtbot.waitUntil(lambda: tree.horizontalScrollBar().maximum() == 0, timeout=5000)
     names = [c for c, _tip in CACHE_COLUMNS]
-    for name in ("tokens", "tier", "size", "hits", "last use"):
+    for name in ("tokens", "tier", "size", "hits", "used"):
         c = names.index(name)
         assert header.sectionSize(c) >= tree.sizeHintForColumn(c), name
         assert header.sectionViewportPosition(c) + header.sectionSize(c) <= \
             tree.viewport().width(), name
     # a dragged column keeps its width (the text column, shown last, fills what is left)
-    used = names.index("last use")
+    used = names.index("used")
     before = header.sectionSize(used)
     drag_column(qtbot, header, used, 30)
     qtbot.waitUntil(lambda: header.sectionSize(used) >= before + 20, timeout=5000)
