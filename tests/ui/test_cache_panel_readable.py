@@ -1,8 +1,9 @@
 """The Cache panel stays readable at 1366×768 with every panel open and in a 380-pixel column
 (issue 34): the tree never scrolls sideways whatever the nodes' ages (each age short, its
 time of day in the cell's tooltip), and each tier's text is shown whole, none of it over the
-bar's fill. The real window on the tiny model, offscreen; ages and sizes are the test's (a
-snapshot with its clock moved on), never waited for."""
+bar's fill; a column the user drags keeps its width. The real window on the tiny model,
+offscreen; ages and sizes are the test's (a snapshot with its clock moved on), never waited
+for."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,8 +13,9 @@ from PySide6.QtCore import QRect, Qt
 from PySide6.QtWidgets import QLabel, QProgressBar
 
 from app.engine.cache.radix_cache import TierUsage
-from app.ui.cache_panel import AGE_COLUMN, age_text
+from app.ui.cache_panel import AGE_COLUMN, COLUMNS, age_text
 from app.ui.tier_bars import tier_text
+from tests.ui.test_ui_readable import drag_column
 from tests.ui.test_ui_window import TPL
 from tests.ui_actions import RUN_BOTH, idle, show_with_panels, trigger
 
@@ -139,3 +141,26 @@ def test_each_tiers_text_is_whole_and_not_over_its_bar(qtbot, cache_window, narr
     # nor do they make the panel taller than its dock: its buttons are in sight
     evict = panel.evict_btn
     assert evict.visibleRegion().boundingRect() == evict.rect()
+
+
+def test_the_cache_tree_fits_its_panel_at_1366x768_and_keeps_a_dragged_width(qtbot,
+                                                                             cache_window):
+    w = cache_window
+    tree, header = w.cache_panel.tree, w.cache_panel.tree.header()
+    # every column in the panel, the numbers whole: nothing scrolls off to the right
+    qtbot.waitUntil(lambda: tree.horizontalScrollBar().maximum() == 0, timeout=5000)
+    names = [c for c, _tip in COLUMNS]
+    for name in ("tokens", "tier", "size", "hits", "used"):
+        c = names.index(name)
+        assert header.sectionSize(c) >= tree.sizeHintForColumn(c), name
+        assert header.sectionViewportPosition(c) + header.sectionSize(c) <= \
+            tree.viewport().width(), name
+    # a dragged column keeps its width (the text column, shown last, fills what is left)
+    used = names.index("used")
+    before = header.sectionSize(used)
+    drag_column(qtbot, header, used, 30)
+    qtbot.waitUntil(lambda: header.sectionSize(used) >= before + 20, timeout=5000)
+    dragged = header.sectionSize(used)
+    w.columns["cacheTree"].fit()
+    assert header.sectionSize(used) == dragged
+    assert w.columns["cacheTree"].user == {used: dragged}
