@@ -7,8 +7,9 @@ renamed action is adapted here once.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
-from PySide6.QtGui import QAction
+from PySide6.QtCore import QObject, QPoint, QPointF, Qt, Signal, Slot
+from PySide6.QtGui import QAction, QWheelEvent
+from PySide6.QtWidgets import QApplication
 
 from app.ui.engine_worker import Job, JobKind
 from app.ui.model_events import follow
@@ -128,6 +129,16 @@ def show_with_panels(qtbot, w, size: tuple[int, int] = (1366, 768)) -> None:
     w.show()
     qtbot.waitExposed(w)
     w.actions_by_text["Advanced panels"].trigger()
+
+
+def wheel(widget, notches: int = 1) -> bool:
+    """Turn the wheel over ``widget``; True if it took the event (else it goes to its parent)."""
+    centre = QPointF(widget.rect().center())
+    event = QWheelEvent(centre, QPointF(widget.mapToGlobal(centre)), QPoint(),
+                        QPoint(0, 120 * notches), Qt.NoButton, Qt.NoModifier, Qt.NoScrollPhase,
+                        False)
+    QApplication.sendEvent(widget, event)
+    return event.isAccepted()
 
 
 class StatusSignal(QObject):

@@ -11,74 +11,60 @@ The RAM bar counts the nodes whose snapshot is in RAM and, named apart, the kept
 state of each node's last copy into the work context, kept so that the next run of the same
 prompt only restores it (they count against the RAM cap and are dropped first).
 
-The tree fits its column of the window (about 430 pixels at 1366×768): the node's text, long and
-in its tooltip whole, is the last column, which ends in "…" in the room the numbers leave; a
-pinned node says so before its name (a column of its own would not fit); the widths are
-table_columns.py's, as every table's.
+The tree fits its column of the window (about 430 pixels at 1366×768, 380 at the narrowest)
+without scrolling sideways: the node's text, long and in its tooltip whole, is the last column,
+which ends in "…" in the room the numbers leave; the headers are short words (a column of long
+texts shrinks down to its header); a node's age takes at most four characters ("3m"), the time
+it was used in the cell's tooltip; a pinned node says so before its name (a column of its own
+would not fit); the widths are table_columns.py's, as every table's. Each tier's bar is
+tier_bars.py's: its text above it, never over its fill.
 """
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QGridLayout, QHBoxLayout,
-                               QLabel, QProgressBar, QPushButton, QTreeWidget,
-                               QTreeWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QHBoxLayout, QLabel,
+                               QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
 from ..engine import kv_flows
-from ..engine.cache.radix_cache import CacheNodeInfo, TierUsage
-from .cache_watch import CachePicture, CacheSnapshot, CacheWatch
+from ..engine.cache.radix_cache import CacheNodeInfo
 from .byte_sizes import size_text
+from .cache_watch import CachePicture, CacheSnapshot, CacheWatch
 from .engine_worker import EngineWorker, JobKind
+from .tier_bars import TIERS, TierBar
 
-COLUMNS = [("cached prompt", "What the node adds to its parent: the static prefix, a value…; "
-                             "pinned: never evicted"),
+# short headers: a column of long texts shrinks down to its header, the others keep their
+# texts whole, and all of them fit a 380-pixel panel
+COLUMNS = [("node", "What the node adds to its parent's prompt: the static prefix, a value…; "
+                    "pinned: never evicted"),
            ("text", "The node's own tokens as text"),
            ("tokens", "Tokens from the start of the prompt to the node's end (its own in brackets)"),
            ("tier", "resident: cells in the KV cache; ram: a snapshot in memory; file: on disk"),
            ("size", "Bytes of the node's own cells, with the recurrent state it keeps at its "
                     "depth on hybrid and recurrent models (in brackets)"),
            ("hits", "Runs that reused this node"),
-           ("last use", "Time since a run last used it")]
+           ("used", "Time since a run last used it: now, seconds (12s), minutes (3m), hours "
+                    "(2h) or days (3d); the time it was used in the cell's tooltip")]
 TEXT_COLUMN = 1  # shown last: it takes the room the other columns leave
+AGE_COLUMN = 6  # "used"
 TREE_INDENT = 12  # pixels a level (Qt's 20): a chain's deep nodes keep room for their label
-TIERS = {"resident": "resident (KV cells)", "ram": "RAM", "file": "files"}
-TIER_TIPS = {
-    "resident": "Nodes whose cells are in the KV cache, ready to fork",
-    "ram": "Nodes whose cells are a snapshot in memory, and kept copies: the state of each "
-           "node's last copy into the work context, kept so that the next run of the same "
-           "prompt only restores it. Kept copies are dropped first when the cap is reached.",
-    "file": "Nodes whose cells are a snapshot in a file of the cache's folder"}
 
 
-def plural(n: int, one: str, many: str = "") -> str:
-    return f"{n:,} {one if n == 1 else many or one + 's'}"
+def age_text(seconds: float) -> str:
+    """A node's age in at most four characters ("now", "12s", "3m", "2h", "3d"), whole units
+    (59.6 s is "59s"): the column stays as narrow as its header whatever the age ("1 min ago"
+    widened it, and the tree scrolled sideways at 1366×768)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return "now"
 
 
-def tier_text(t: TierUsage) -> str:
-    """What a tier's bar says: its use against the cap, its nodes, and any kept copies (their
-    bytes are in the bar's tooltip, ``tier_tip``: the bar is narrow)."""
-    text = f"{size_text(t.used_bytes)} / {size_text(t.cap_bytes)} · {plural(t.nodes, 'node')}"
-    if t.kept_copies:
-        text += f" + {plural(t.kept_copies, 'kept copy', 'kept copies')}"
-    return text
-
-
-def tier_tip(t: TierUsage) -> str:
-    tip = TIER_TIPS[t.name]
-    if t.kept_copies:
-        tip += (f"\nNow: {plural(t.nodes, 'node')} and "
-                f"{plural(t.kept_copies, 'kept copy', 'kept copies')} of "
-                f"{size_text(t.kept_bytes)}, {size_text(t.used_bytes)} in all.")
-    return tip
-
-
-def ago_text(seconds: float) -> str:
-    if seconds < 1:
-        return "just now"
-    if seconds < 60:
-        return f"{seconds:.0f} s ago"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
+def used_tip(used_at: float) -> str:
+    """The age cell's tooltip: the time of day a run last used the node (``used_at``,
+    time.time()'s clock), which unlike its age stays true as time passes."""
+    return time.strftime("Last used at %H:%M:%S on %Y-%m-%d", time.localtime(used_at))
 
 
 class CachePanel(QDockWidget):
@@ -102,19 +88,7 @@ class CachePanel(QDockWidget):
         self.tree.header().moveSection(TEXT_COLUMN, len(COLUMNS) - 1)
         self.tree.itemSelectionChanged.connect(self._selection_changed)
 
-        self.bars: dict[str, QProgressBar] = {}
-        tiers = QGridLayout()
-        for r, (name, title) in enumerate(TIERS.items()):
-            bar = QProgressBar()
-            bar.setObjectName(f"tier_{name}")
-            bar.setTextVisible(True)
-            bar.setRange(0, 1)
-            bar.setValue(0)
-            bar.setFormat("—")
-            bar.setToolTip(TIER_TIPS[name])
-            tiers.addWidget(QLabel(title), r, 0)  # one row each: the bar's text is long
-            tiers.addWidget(bar, r, 1)
-            self.bars[name] = bar
+        self.bars = {name: TierBar(name) for name in TIERS}
 
         self.evict_btn = QPushButton("Evict")
         self.evict_btn.setObjectName("cacheEvict")
@@ -143,7 +117,8 @@ class CachePanel(QDockWidget):
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(4, 4, 4, 4)
-        lay.addLayout(tiers)
+        for bar in self.bars.values():
+            lay.addWidget(bar)
         lay.addWidget(self.tree, 1)
         lay.addLayout(buttons)
         self.setWidget(body)
@@ -162,31 +137,27 @@ class CachePanel(QDockWidget):
 
     def show_snapshot(self, snap: CacheSnapshot | None) -> None:
         self.snapshot = snap
+        tiers = {t.name: t for t in snap.tiers} if snap else {}
         for name, bar in self.bars.items():
-            t = next((t for t in snap.tiers if t.name == name), None) if snap else None
-            cap_kb = max(t.cap_bytes // 1000, 1) if t else 1  # kB: a progress bar holds an int
-            if bar.maximum() != cap_kb:
-                bar.setRange(0, cap_kb)
-            used = min(t.used_bytes // 1000, cap_kb) if t else 0
-            if bar.value() != used:
-                bar.setValue(used)
-            text = tier_text(t) if t else "—"
-            if bar.format() != text:
-                bar.setFormat(text)
-                bar.setToolTip(tier_tip(t) if t else TIER_TIPS[name])
+            bar.show_usage(tiers.get(name))
         nodes = snap.nodes if snap else []
         self._sync_items(nodes)
         for n in nodes:  # the cells that changed (pictures come many times a second in jobs)
             item = self._items[n.id]
+            age = snap.now - n.last_used
             own = f" (+{n.own_tokens:,})" if n.own_tokens != n.tokens else ""
             cells = [("pinned · " if n.pinned else "") + (n.label or "cached prompt"), n.text,
                      f"{n.tokens:,}{own}", n.tier,
                      size_text(n.nbytes) + (f" (recurrent {size_text(n.recurrent_bytes)})"
                                             if n.recurrent_bytes else ""), str(n.hits),
-                     ago_text(snap.now - n.last_used) if n.last_used else "never"]
+                     age_text(age) if n.last_used else "never"]
             for c, text in enumerate(cells):
                 if item.text(c) != text:
                     item.setText(c, text)
+            if item.data(AGE_COLUMN, Qt.UserRole) != n.last_used:  # a run used it (or new)
+                item.setData(AGE_COLUMN, Qt.UserRole, n.last_used)
+                item.setToolTip(AGE_COLUMN, used_tip(snap.wall - age) if n.last_used
+                                else "No run has used it yet")
             tips = (f"approximate: {n.approx}" if n.approx else "", n.text)
             if (item.toolTip(0), item.toolTip(1)) != tips:
                 item.setToolTip(0, tips[0])

@@ -34,6 +34,7 @@ class CacheSnapshot:
     nodes: list[CacheNodeInfo]
     tiers: list[TierUsage]
     now: float  # time.monotonic() when read: nodes' last_used is on that clock
+    wall: float  # time.time() at the same moment: when a node was last used, for people
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ def read_cache(engine) -> CacheSnapshot | None:
     """The cache's nodes and tiers (worker thread)."""
     if engine is None:
         return None
-    return CacheSnapshot(engine.cache.nodes(), engine.cache.tier_usage(), time.monotonic())
+    return CacheSnapshot(engine.cache.nodes(), engine.cache.tier_usage(), time.monotonic(),
+                         time.time())
 
 
 def read_picture(engine, view: KvCacheView | None = None) -> CachePicture:

@@ -23,7 +23,7 @@ from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QWidget
 
 from .chart_legend import ChartLegend
-from .setting_boxes import NUMBERS  # the tables' number format, whatever the system's locale
+from .number_text import NUMBERS
 
 COLD, WARM, FLOOR = QColor("#d0673b"), QColor("#2e7dd7"), QColor("#7a7a7a")
 MODE_COLORS = {"prefix": QColor("#2e7dd7"), "chain": QColor("#2e9d5b"), "compose": QColor("#8e5bc4")}

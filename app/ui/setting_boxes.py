@@ -1,21 +1,23 @@
 """Spin boxes and drop-downs for settings, made readable and safe in scrolling panels.
 
-Numbers read as the rest of the window writes them ("4,096", English whatever the system's
-locale); a drop-down of file names shortens a long one in the middle (its start and its
-extension stay), the whole name and path in its tooltip, instead of cutting it; and in a panel
-that scrolls, the wheel scrolls the panel unless the box was clicked or tabbed into, so that
-scrolling past a setting does not change it.
+Numbers read as the rest of the window writes them ("4,096", number_text.py's locale); a
+drop-down of file names shortens a long one in the middle (its start and its extension stay),
+the whole name and path in its tooltip, instead of cutting it; and in a panel that scrolls, the
+wheel scrolls the panel unless the box was clicked or tabbed into, so that scrolling past a
+setting does not change it. That holds for boxes added to the panel later too (a settings row
+made anew).
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QLocale, QObject, Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QStyle, QStyleOptionComboBox,
                                QStylePainter, QWidget)
 
-# the tables' number format ("55,068.6"): the charts' axes and the spin boxes too
-NUMBERS = QLocale(QLocale.English, QLocale.UnitedStates)
+from .number_text import NUMBERS
+
 COMBO_MIN_CHARS = 12  # an eliding drop-down keeps room for this many characters
+BOXES = (QAbstractSpinBox, QComboBox)  # what the wheel would change unasked
 
 
 def grouped(box: QAbstractSpinBox) -> QAbstractSpinBox:
@@ -27,23 +29,32 @@ def grouped(box: QAbstractSpinBox) -> QAbstractSpinBox:
 
 
 class FocusedWheel(QObject):
-    """An event filter: a box without the focus passes the wheel on to the panel around it."""
+    """An event filter on every widget under a root: a box without the focus passes the wheel
+    on to the panel around it, and a widget that comes under the root later (Qt polishes each
+    one before it is first shown, and tells its parent) is guarded as it comes."""
 
     def eventFilter(self, obj, event) -> bool:
-        if event.type() == QEvent.Wheel and not obj.hasFocus():
+        kind = event.type()
+        if kind == QEvent.Wheel and isinstance(obj, BOXES) and not obj.hasFocus():
             event.ignore()  # an ignored wheel event goes on to the parent: the scroll area
             return True
+        if kind == QEvent.ChildPolished and isinstance(event.child(), QWidget):
+            self.guard(event.child())
         return False
+
+    def guard(self, widget: QWidget) -> None:
+        """``widget`` and everything under it, once each however often it is called."""
+        for w in [widget, *widget.findChildren(QWidget)]:
+            if isinstance(w, BOXES):
+                w.setFocusPolicy(Qt.StrongFocus)
+            w.removeEventFilter(self)
+            w.installEventFilter(self)
 
 
 def wheel_when_focused(root: QWidget) -> None:
-    """Every spin box and drop-down under ``root`` takes the wheel only once it has the focus
-    (a click or Tab: StrongFocus, as the wheel no longer gives it)."""
-    guard = root.findChild(FocusedWheel) or FocusedWheel(root)
-    for box in [*root.findChildren(QAbstractSpinBox), *root.findChildren(QComboBox)]:
-        box.setFocusPolicy(Qt.StrongFocus)
-        box.removeEventFilter(guard)  # once each, if called again
-        box.installEventFilter(guard)
+    """Every spin box and drop-down under ``root``, now or later, takes the wheel only once it
+    has the focus (a click or Tab: StrongFocus, as the wheel no longer gives it)."""
+    (root.findChild(FocusedWheel) or FocusedWheel(root)).guard(root)
 
 
 class ElidedCombo(QComboBox):

@@ -1,10 +1,11 @@
 """Table columns that fit the table and keep the widths the user gave them.
 
 Each column is sized to its header and contents, no wider than ``MAX_SHARE`` of the table, and
-columns of long texts shrink (their text ends in "…") until all of them fit the table's width;
-numbers and short words stay whole, and the table scrolls sideways if they do not fit. A column
-the user drags keeps that width, in the settings too, so that it comes back after a restart;
-"Fit columns" in the header's menu gives them all back to the fitting.
+columns of long texts shrink (their text ends in "…"; the one shown last first, as it takes the
+room the others leave) until all of them fit the table's width; numbers and short words stay
+whole, and the table scrolls sideways if they do not fit. A column the user drags keeps that
+width, in the settings too, so that it comes back after a restart; "Fit columns" in the
+header's menu gives them all back to the fitting.
 """
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ class ColumnWidths(QObject):
                 give = [c for c in fitted if widths[c] > floor[c]]
                 if not give:
                     break
-                c = max(give, key=lambda k: widths[k] - floor[k])
+                # the column shown last first: it is stretched over the room left anyway
+                c = max(give, key=lambda k: (k == shown[-1], widths[k] - floor[k]))
                 cut = min(excess, widths[c] - floor[c])
                 widths[c] -= cut
                 excess -= cut

@@ -26,9 +26,9 @@ from app.engine.cache.radix_cache import TierUsage
 from app.engine.engine_kernels import KernelStatus
 from app.engine.benchmarks import bench_rows
 from app.engine.runs.server_results import ServerBench, ServerRow
-from app.ui.cache_panel import tier_text
 from app.ui.byte_sizes import size_text
 from app.ui.charts import WHISKERS, legend_entries
+from app.ui.tier_bars import tier_text
 from tests.ui.test_ui_window import TPL
 from tests.ui_actions import BENCH, PRIME, RUN_BOTH, RUN_WARM, SWEEP, idle, start, trigger
 
@@ -194,7 +194,7 @@ def test_the_ram_bar_names_the_kept_copies(qtbot, make_window):
     ram = next(t for t in w.cache_panel.snapshot.tiers if t.name == "ram")
     assert ram.kept_copies >= 1 and 0 < ram.kept_bytes <= ram.used_bytes
     bar = w.cache_panel.bars["ram"]
-    assert f"{ram.nodes} node" in bar.format() and "kept cop" in bar.format(), bar.format()
+    assert f"{ram.nodes} node" in bar.text() and "kept cop" in bar.text(), bar.text()
     assert "kept copies" in bar.toolTip() and size_text(ram.kept_bytes) in bar.toolTip()
     assert tier_text(TierUsage("ram", 52_300_000, 536_900_000, 0, 3, 52_300_000)) == \
         "52.3 MB / 536.9 MB · 0 nodes + 3 kept copies"

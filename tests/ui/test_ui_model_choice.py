@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QPoint, QPointF, Qt
-from PySide6.QtGui import QWheelEvent
-from PySide6.QtWidgets import QApplication, QFileDialog
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog
 
 from app.resources_path import examples_dir
 from app.ui.engine_worker import JobKind
 from tests.ui.test_ui_window_ux import button
-from tests.ui_actions import idle, job_log, show_with_panels, wait_for_job
+from tests.ui_actions import idle, job_log, show_with_panels, wait_for_job, wheel
 
 
 def test_the_model_panel_names_the_cpu_level(qtbot, make_window):
@@ -62,16 +61,6 @@ def test_recent_models_are_chosen_for_apply_and_the_default_is_listed(
     combo.activated.emit(0)
     wait_for_job(qtbot, w, JobKind.LOAD_MODEL, button(w, "applyModel").click, timeout=20000)
     assert w.engine_status.info.path == str(other_tiny_model)
-
-
-def wheel(widget, notches: int = 1) -> bool:
-    """Turn the wheel over ``widget``; True if it took the event (else it goes to its parent)."""
-    centre = QPointF(widget.rect().center())
-    event = QWheelEvent(centre, QPointF(widget.mapToGlobal(centre)), QPoint(),
-                        QPoint(0, 120 * notches), Qt.NoButton, Qt.NoModifier, Qt.NoScrollPhase,
-                        False)
-    QApplication.sendEvent(widget, event)
-    return event.isAccepted()
 
 
 def test_the_model_panel_elides_paths_groups_thousands_and_leaves_the_wheel_to_the_panel(

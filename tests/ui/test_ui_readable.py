@@ -3,9 +3,9 @@
 After a prime, a run and a benchmark of three modes: no label's text is cut without an
 ellipsis (an elided one has its whole text as tooltip), the status bar's fields do not overlap
 and QStatusBar paints no message of its own under them, every chart legend entry and the KV
-map's legend are whole, and the progress shows on one line. Table columns fit, the cache tree's
-too (in its panel, without scrolling sideways), and the width the user drags is kept in the
-settings and comes back in a new window.
+map's legend are whole, and the progress shows on one line. Table columns fit, and the width
+the user drags is kept in the settings and comes back in a new window (the cache tree's:
+test_cache_panel_readable.py).
 """
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ from PySide6.QtWidgets import QLabel, QPushButton, QStatusBar
 
 from app.engine.task_state import Progress
 from app.engine.kv.kv_view import RecurrentSlot
-from app.ui.cache_panel import COLUMNS as CACHE_COLUMNS
 from app.ui.chart_legend import ChartLegend
 from app.ui.engine_worker import Job, JobKind
 from app.ui.kv_grid import KvGrid
 from app.ui.narrow_widgets import ElidedLabel
 from app.ui.status_bar import one_line
 from tests.ui.test_ui_window import TPL
-from tests.ui_actions import BENCH, PRIME, RUN_BOTH, idle, show_with_panels, trigger
+from tests.ui_actions import BENCH, PRIME, RUN_BOTH, idle, trigger
 from tests.paths import REPO_ROOT
 
 ROWS = [{"question": f"question {i} of the rows", "topic": f"topic {i}"} for i in range(4)]
@@ -209,38 +208,6 @@ def test_columns_fit_and_keep_the_width_the_user_gave(qtbot, make_window):
     fit = next(a for a in header2.actions() if a.text() == "Fit columns")
     fit.trigger()
     assert header2.sectionSize(1) != dragged and w2.columns["runTable"].user == {}
-
-
-def test_the_cache_tree_fits_its_panel_at_1366x768_and_keeps_a_dragged_width(qtbot,
-                                                                             make_window):
-    w = make_window()
-    w.editor.set_text(TPL)
-    w.session.set_rows(ROWS)
-    w.session.set_options(reuse_mode="chain")
-    w.session.set_selection([0, 1])
-    show_with_panels(qtbot, w)
-    assert trigger(qtbot, w, RUN_BOTH).outcome == "done"
-    idle(qtbot, w)
-    w.cache_panel.raise_()
-    tree, header = w.cache_panel.tree, w.cache_panel.tree.header()
-    qtbot.waitUntil(lambda: tree.isVisible() and tree.topLevelItemCount() > 0, timeout=5000)
-    # every column in the panel, the numbers whole: nothing scrolls off to the right
-    qtbot.waitUntil(lambda: tree.horizontalScrollBar().maximum() == 0, timeout=5000)
-    names = [c for c, _tip in CACHE_COLUMNS]
-    for name in ("tokens", "tier", "size", "hits", "last use"):
-        c = names.index(name)
-        assert header.sectionSize(c) >= tree.sizeHintForColumn(c), name
-        assert header.sectionViewportPosition(c) + header.sectionSize(c) <= \
-            tree.viewport().width(), name
-    # a dragged column keeps its width (the text column, shown last, fills what is left)
-    used = names.index("last use")
-    before = header.sectionSize(used)
-    drag_column(qtbot, header, used, 30)
-    qtbot.waitUntil(lambda: header.sectionSize(used) >= before + 20, timeout=5000)
-    dragged = header.sectionSize(used)
-    w.columns["cacheTree"].fit()
-    assert header.sectionSize(used) == dragged
-    assert w.columns["cacheTree"].user == {used: dragged}
 
 
 def test_the_window_class_and_app_name_are_kvprimer(qapp):

@@ -441,7 +441,7 @@ def test_cache_panel_lists_nodes_after_runs_and_evict_and_pin_act_on_them(qtbot,
     top = panel.tree.topLevelItem(0)
     assert top.text(0) == "static prefix" and top.text(3) == "resident"
     assert top.child(0).text(0).startswith("<c1>")  # the tree follows the prompt
-    assert panel.bars["resident"].value() > 0 and "node" in panel.bars["resident"].format()
+    assert panel.bars["resident"].value() > 0 and "node" in panel.bars["resident"].text()
 
     c1 = node("<c1>")
     assert c1.tier == "resident"
