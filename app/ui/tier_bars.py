@@ -23,6 +23,7 @@ TIER_TIPS = {
            "prompt only restores it. Kept copies are dropped first when the cap is reached.",
     "file": "Nodes whose cells are a snapshot in a file of the cache's folder"}
 BAR_HEIGHT = 6  # pixels: a bar that only shows how full the tier is, its text above it
+TITLE_GAP = 8  # pixels between a tier's name and its text
 
 
 def plural(n: int, one: str, many: str = "") -> str:
@@ -62,6 +63,7 @@ class TierBar(QWidget):
         self.bar.setRange(0, 1)
         self.bar.setValue(0)
         line = QHBoxLayout()
+        line.setSpacing(TITLE_GAP)  # else the parent's 1 px: "RAM40.6 MB" read as one word
         line.addWidget(self.title)
         line.addWidget(self.label, 1)
         lay = QVBoxLayout(self)

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar
 
 from app.engine.cache.radix_cache import TierUsage
 from app.ui.cache_panel import AGE_COLUMN, COLUMNS, age_text
-from app.ui.tier_bars import tier_text
+from app.ui.tier_bars import TierBar, tier_text
 from tests.ui.test_ui_readable import drag_column
 from tests.ui.test_ui_window import TPL
 from tests.ui_actions import RUN_BOTH, idle, show_with_panels, trigger
@@ -138,6 +138,11 @@ def test_each_tiers_text_is_whole_and_not_over_its_bar(qtbot, cache_window, narr
     for t in TIERS:
         label = next(lab for lab in panel.findChildren(QLabel) if QLabel.text(lab) == tier_text(t))
         qtbot.waitUntil(lambda: whole_and_clear(label, bars, panel), timeout=5000)
+    # each tier's name and text read as two: a space's width at least between them
+    for tier in panel.findChildren(TierBar):
+        fm = tier.title.fontMetrics()
+        name_end = tier.title.geometry().left() + fm.horizontalAdvance(tier.title.text())
+        assert tier.label.geometry().left() - name_end >= fm.horizontalAdvance(" "), tier.name
     # nor do they make the panel taller than its dock: its buttons are in sight
     evict = panel.evict_btn
     assert evict.visibleRegion().boundingRect() == evict.rect()
