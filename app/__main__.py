@@ -40,12 +40,11 @@ def _size(text: str) -> tuple[int, int]:
     return w, h
 
 
-def engine_options_given(args: argparse.Namespace):
-    """The engine settings the command line gave, or None when it gave none (no -m, -c...):
-    the window then loads the reopened project's model and settings."""
+def engine_options_given(config):
+    """``config`` (the command line's engine settings), or None when the command line gave
+    none (no -m, -c...): the window then loads the reopened project's model and settings."""
     from app.cli.engine_options import engine_config
 
-    config = engine_config(args)
     return None if config == engine_config(_parser().parse_args([])) else config
 
 
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # before any window or event loop exists
         config = engine_config(args)
-        started_with = engine_options_given(args)
+        started_with = engine_options_given(config)
     except KvPrimerError as e:
         print(f"kvprimer-gui: error: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT

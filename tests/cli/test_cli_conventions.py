@@ -80,9 +80,10 @@ def test_the_window_takes_the_same_model_and_context_options():
         "x.gguf", 8192, 2, 3, 64)
     assert gui.main(["-c", "1"]) == ExitCode.BAD_INPUT  # before any window is made
     # with no engine option the window takes the reopened project's; any option wins over it
-    assert gui.engine_options_given(gui._parser().parse_args([])) is None
-    assert gui.engine_options_given(args) == cfg
-    assert gui.engine_options_given(gui._parser().parse_args(["-c", "2048"])).n_ctx == 2048
+    assert gui.engine_options_given(engine_config(gui._parser().parse_args([]))) is None
+    assert gui.engine_options_given(cfg) == cfg
+    assert gui.engine_options_given(
+        engine_config(gui._parser().parse_args(["-c", "2048"]))).n_ctx == 2048
 
 
 def test_ubatch_reaches_llama_cpp_and_runs_stay_exact(tiny_model, files, capsys):
