@@ -115,6 +115,8 @@ def format_scale(sc: dict) -> str:
              "", f"{'run':<24} {'prefix':>6} {'n_ctx':>6} {'cold ms':>9} {'resident':>9} "
              f"{'RAM tier':>9} {'file tier':>9} {'.kvstate':>9} {'limit':>8} {'state MB':>8} "
              f"{'/raw KV':>7} {'RSS MB':>7} {'plain':>6} {'exact':>6}"]
+    if _apart(sc):
+        lines.insert(2, _apart(sc))
     rows = run_rows(sc)
     for x in rows:
         if "error" in x:
@@ -177,7 +179,8 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     out = ["## Real sizes (`scale`; `bench/scale.py`)", "",
            f"Models: {'; '.join(f'`{k}`: {v}' for k, v in sc['settings']['models'].items())}. "
            f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}, {_load(m)}."
-           + (f" Not run: {sc['not_run']}." if sc.get("not_run") else ""),
+           + (f" Not run: {sc['not_run']}." if sc.get("not_run") else "")
+           + (f" {_apart(sc)}" if _apart(sc) else ""),
            "", f"![time to first token against prefix length]({chart})", "",
            "| run | prefix | n_ctx | cold ms | warm resident | RAM tier | file tier | .kvstate "
            "| limit | state / raw KV | peak RSS MB (plain) | bit-identical |",
@@ -221,21 +224,83 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     return "\n".join(out) + "\n"
 
 
+APART_KEYS = ("nproc", "cpu_model", "date_utc", "loadavg_start", "loadavg_end", "cpu_share")
+
+
+def add_runs(sc: dict, other: dict, source: str) -> list[str]:
+    """The runs of ``other`` (a scale section stored by another run) into ``sc``, each in place
+    of a run of the same model and size, carrying where and under what load it was measured
+    (``measured_apart``: the report says so beside the tables). Its failed runs are not taken.
+    The caller rescores ``sc``. Returns the runs added, by name."""
+    import copy
+
+    from .scale import MODEL_1B, MODEL_32K, ScaleConfig, plan
+
+    added = []
+    for run in other["runs"]:
+        if "error" in run:
+            continue
+        run = copy.deepcopy(run)
+        run["measured_apart"] = {"source": source,
+                                 **{k: other["machine"].get(k) for k in APART_KEYS},
+                                 "duration_s": other.get("duration_s"),
+                                 "peers": bool(run.get("llamacpp") or run.get("llama_server"))}
+        same = (run["model"], run["target"])
+        sc["runs"] = [r for r in sc["runs"] if (r["model"], r["target"]) != same] + [run]
+        added.append(f"{run['model']} {run['label']}")
+    st = sc["settings"]
+    st["sizes"] = sorted({r["target"] for r in sc["runs"] if r["model"] == MODEL_32K})
+    st["sizes_1b"] = sorted({r["target"] for r in sc["runs"] if r["model"] == MODEL_1B})
+    order = {key: i for i, key in enumerate(plan(ScaleConfig(sizes=tuple(st["sizes"]),
+                                                             sizes_1b=tuple(st["sizes_1b"]))))}
+    sc["runs"].sort(key=lambda r: order.get((r["model"], r["target"]), len(order)))
+    return added
+
+
+def _apart(sc: dict) -> str:
+    """Which runs were measured apart from the section's own run, and how."""
+    parts = []
+    for r in sc["runs"]:
+        a = r.get("measured_apart")
+        if a:
+            parts.append(f"{r['model']} {r['label']} from `{a['source']}` ({a['nproc']} cores "
+                         f"{a['cpu_model']}, {a['date_utc']}, {_load(a)}"
+                         + ("" if a["peers"] else "; peers not run") + ")")
+    return ("Measured apart and added to this run (`python -m bench.scale_report --add-runs`): "
+            + "; ".join(parts) + ".") if parts else ""
+
+
 def main(argv=None) -> int:
-    """`python -m bench.scale_report [--rescore] [results.json]`: the Markdown of a stored
-    scale section; --rescore first computes its ratios and goals again from its figures
-    (bench/scale.py's rescore) and writes them back, top-level scale_* entries included."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    again = "--rescore" in argv
-    argv = [a for a in argv if a != "--rescore"]
-    path = Path(argv[0]) if argv else Path(__file__).resolve().parent / "results.json"
+    """`python -m bench.scale_report [--rescore] [--add-runs FILE] [results.json]`: the Markdown
+    of a stored scale section; --rescore first computes its ratios and goals again from its
+    figures (bench/scale.py's rescore) and writes them back, top-level scale_* entries included;
+    --add-runs first puts FILE's scale runs in place of the same model and size (add_runs)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.scale_report")
+    ap.add_argument("results", nargs="?", type=Path,
+                    default=Path(__file__).resolve().parent / "results.json")
+    ap.add_argument("--rescore", action="store_true")
+    ap.add_argument("--add-runs", type=Path, metavar="FILE")
+    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    path = args.results
     results = json.loads(path.read_text(encoding="utf-8"))
     sc = results.get("scale")
     if not sc or "runs" not in sc:
         print(f"{path} has no scale section; run `python -m bench --only-scale` first",
               file=sys.stderr)
         return 1
-    if again:
+    if args.add_runs:
+        other = json.loads(args.add_runs.read_text(encoding="utf-8")).get("scale")
+        if not other or "runs" not in other:
+            print(f"{args.add_runs} has no scale section to add", file=sys.stderr)
+            return 1
+        try:
+            source = args.add_runs.resolve().relative_to(Path(__file__).resolve().parents[1])
+        except ValueError:
+            source = args.add_runs
+        add_runs(sc, other, source.as_posix())
+    if args.rescore or args.add_runs:
         from .scale import rescore
 
         for key in ("ratios", "goals"):  # this section's old entries, then its new ones

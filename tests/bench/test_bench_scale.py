@@ -201,6 +201,44 @@ def test_a_stored_section_is_scored_again_from_its_figures(section, tmp_path):
     assert back["scale"]["runs"][0]["ours"] == sc["runs"][0]["ours"]  # figures untouched
 
 
+def test_runs_measured_apart_are_added_in_place_and_said(section, tmp_path):
+    """`--add-runs FILE` puts another stored section's runs in place of the same model and size
+    (or beside them), in the plan's order, scores the whole again, and the report names each
+    added run with its own machine and load."""
+    import copy
+
+    from bench import scale_report
+
+    sc = copy.deepcopy({k: v for k, v in section.items() if k != "_partials"})
+    other = copy.deepcopy(sc)
+    other["machine"] = {**sc["machine"], "date_utc": "2001-01-01 00:00 UTC", "cpu_share": 0.5}
+    longer = copy.deepcopy(other["runs"][0])  # a larger size of the 32k shape, run apart
+    longer.update(target=400, label="400")
+    replaced = copy.deepcopy(other["runs"][1])  # the 1B run measured again
+    replaced["ours"]["cold"]["ttft_ms"] *= 2
+    other["runs"] = [longer, replaced, {"model": MODEL_32K, "target": 800, "label": "800",
+                                        "error": "RuntimeError: stopped"}]
+    path, other_path = tmp_path / "results.json", tmp_path / "other.json"
+    path.write_text(json.dumps({"scale": sc, "ratios": dict(sc["ratios"]),
+                                "goals": dict(sc["goals"])}), encoding="utf-8")
+    other_path.write_text(json.dumps({"scale": other}), encoding="utf-8")
+    assert scale_report.main(["--add-runs", str(other_path), str(path)]) == 0
+    back = json.loads(path.read_text(encoding="utf-8"))["scale"]
+    assert [(r["model"], r["target"]) for r in back["runs"]] == \
+        [(MODEL_32K, 200), (MODEL_1B, 300), (MODEL_32K, 400)]  # the failed run not taken
+    assert "measured_apart" not in back["runs"][0]
+    assert back["runs"][1]["ours"]["cold"]["ttft_ms"] == replaced["ours"]["cold"]["ttft_ms"]
+    assert back["runs"][2]["measured_apart"]["cpu_share"] == 0.5
+    assert back["settings"]["sizes"] == [200, 400] and back["settings"]["sizes_1b"] == [300]
+    # the warm/cold goal belongs to the largest size of the 32k shape, now the added one
+    assert "warm_ram_vs_cold" in back["runs"][2]["goals"]
+    assert "warm_ram_vs_cold" not in back["runs"][0]["goals"]
+    assert any(k.startswith("scale_smollm2_32k_400_") for k in back["goals"])
+    md = scale_report.scale_markdown(back)
+    assert f"{MODEL_32K} 400 from `{other_path.as_posix()}`" in md and "0.5" in md
+    assert f"{MODEL_1B} 300 from" in md and f"{MODEL_32K} 200 from" not in md
+
+
 def test_the_file_path_is_scored_against_its_floor_repeat_by_repeat():
     """Each warm run from a .kvstate against the limit plus the read of the same file in the
     same repeat; a run stored before samples had their own read uses the read at its end."""
