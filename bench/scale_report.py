@@ -270,6 +270,13 @@ def _apart(sc: dict) -> str:
             + "; ".join(parts) + ".") if parts else ""
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
+
+
 def main(argv=None) -> int:
     """`python -m bench.scale_report [--rescore] [--add-runs FILE] [results.json]`: the Markdown
     of a stored scale section; --rescore first computes its ratios and goals again from its
@@ -284,14 +291,20 @@ def main(argv=None) -> int:
     ap.add_argument("--add-runs", type=Path, metavar="FILE")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     path = args.results
-    results = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        results = _read_json(path)
+        other_results = _read_json(args.add_runs) if args.add_runs else None
+    except (OSError, ValueError) as e:
+        print(f"cannot read {e.filename if isinstance(e, OSError) else 'a results file'}: "
+              f"{e.strerror if isinstance(e, OSError) else e}", file=sys.stderr)
+        return 1
     sc = results.get("scale")
     if not sc or "runs" not in sc:
         print(f"{path} has no scale section; run `python -m bench --only-scale` first",
               file=sys.stderr)
         return 1
     if args.add_runs:
-        other = json.loads(args.add_runs.read_text(encoding="utf-8")).get("scale")
+        other = other_results.get("scale")
         if not other or "runs" not in other:
             print(f"{args.add_runs} has no scale section to add", file=sys.stderr)
             return 1

@@ -441,10 +441,15 @@ class Engine:
             with self.slot(len(tokens) - hit.reused, promote=(hit.node,)) as slot:
                 hit = slot.whole(hit)
                 slot.bring(hit, tokens)
+                t0 = time.perf_counter()
                 slot.evaluate(tokens[hit.reused:], slot.prime_starts(len(tokens)), task,
                               stage="prime", want_logits=False,
                               nodes=[NodeEnd(len(tokens), "static prefix", template.sha256,
                                              hit.approx)])
+                # the prefix's evaluation is the best basis for the next cold run's estimate:
+                # the same batches and kernel, at most a suffix shorter
+                self.cold.note_evaluation(hit.reused, len(tokens),
+                                          (time.perf_counter() - t0) * 1000)
                 return slot.flush()[-1]
 
     def prime(self, template: Template, task: TaskState | None = None) -> PrefixState:

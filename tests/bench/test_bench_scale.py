@@ -222,6 +222,7 @@ def test_runs_measured_apart_are_added_in_place_and_said(section, tmp_path):
     path.write_text(json.dumps({"scale": sc, "ratios": dict(sc["ratios"]),
                                 "goals": dict(sc["goals"])}), encoding="utf-8")
     other_path.write_text(json.dumps({"scale": other}), encoding="utf-8")
+    assert scale_report.main(["--add-runs", str(tmp_path / "none.json"), str(path)]) == 1
     assert scale_report.main(["--add-runs", str(other_path), str(path)]) == 0
     back = json.loads(path.read_text(encoding="utf-8"))["scale"]
     assert [(r["model"], r["target"]) for r in back["runs"]] == \

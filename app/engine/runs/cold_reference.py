@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..progress_plan import work_units
 from ..task_state import TaskState, duration_text
 from ..llama.batch_feed import feed_batches, feed_token
 from ..llama.batch_policy import shared_history
@@ -165,11 +166,6 @@ class KeptColdRuns:
         self.nbytes = 0
 
 
-def work_units(start: int, end: int, k: float) -> float:
-    """Evaluating positions start..end-1: a token's weights part costs 1, its attention k per
-    position it attends to."""
-    return (end - start) + k * (end * end - start * start) / 2
-
 
 class ColdReference:
     """Cold runs in ``work`` (the engine's work context), and the runs kept by key."""
@@ -223,10 +219,16 @@ class ColdReference:
         return run, False
 
     # ---- how long an evaluation will take
+    def note_evaluation(self, start: int, end: int, ms: float) -> None:
+        """Positions start..end-1 evaluated from scratch in ``ms`` in this engine (a cold run
+        here, or a prime): a sample for ``estimate``."""
+        if end > start:
+            self._samples = (self._samples + [(start, end, ms)])[-_SAMPLES:]
+
     def estimate(self, n_tokens: int, mode: str = "cold",
                  warm: PathResult | None = None) -> ColdEstimate | None:
         """How long evaluating ``n_tokens`` from scratch will take, from the nearest in size of
-        this reference's own evaluations, else the warm run's suffix, else the engine's kernel
+        this engine's own evaluations (its cold runs and primes), else the warm run's suffix, else the engine's kernel
         measurement (None: nothing measured yet). Attention makes a token at position p cost
         more than one at 0: the measured time is scaled by ``work_units``, the attention's
         share taken from the model's shape (its FLOPs per position against the weights')."""
@@ -234,7 +236,7 @@ class ColdReference:
         gen_ms = warm.gen_ms if warm is not None else 0.0
         if self._samples:
             s, e, ms = min(self._samples, key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
-            basis = "this engine's cold runs"
+            basis = "this engine's evaluations"
         elif warm is not None and warm.evaluated_tokens > 1 and warm.prompt_ms > 0:
             s, ms = warm.reused_tokens, warm.prompt_ms
             e = s + warm.evaluated_tokens
@@ -294,8 +296,7 @@ class ColdReference:
                 step = work.step
             prompt_s = time.perf_counter() - t0
             self.evaluations += 1
-            if tokens:
-                self._samples = (self._samples + [(0, len(tokens), prompt_s * 1000)])[-_SAMPLES:]
+            self.note_evaluation(0, len(tokens), prompt_s * 1000)
             g = generate(ctx, self._engine.model, step, gen, max_new, task, mode, keep_logits)
             kept = marks is not None and self._same_history(*held)
         finally:

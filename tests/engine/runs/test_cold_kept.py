@@ -143,7 +143,7 @@ def test_a_long_cold_run_is_announced_with_its_estimate(engine, monkeypatch):
                      task=task)
     est = [x for x in seen if isinstance(x, ColdEstimate)]
     assert len(est) == 1 and est[0].tokens == rep.prompt_tokens
-    assert est[0].basis == "this engine's cold runs" and est[0].seconds > 0
+    assert est[0].basis == "this engine's evaluations" and est[0].seconds > 0
     assert est[0].text().startswith(f"verifying against a cold run of {rep.prompt_tokens:,} "
                                     "tokens: about ")
     seen.clear()  # a kept cold run takes no time: nothing to announce
@@ -155,12 +155,29 @@ def test_the_estimate_scales_with_the_attention_and_falls_back_to_the_warm_run(e
     ref = engine.cold
     assert ref.estimate(1000) is None  # nothing measured yet (the tests set the kernel)
     warm = run_prompt(engine, TPL, VALS, reuse="prefix", gen=GEN, cold=False).warm
+    assert ref.estimate(1000).basis == "this engine's evaluations"  # the warm run's prime
+    ref._samples.clear()  # as after `run --state`: nothing evaluated from scratch here
     from_warm = ref.estimate(1000, warm=warm)
     assert from_warm.basis == "the warm run" and from_warm.seconds > 0
     run_prompt(engine, TPL, VALS, reuse="prefix", gen=GEN)
     small, big = ref.estimate(1000), ref.estimate(8000)
-    assert small.basis == "this engine's cold runs"
+    assert small.basis == "this engine's evaluations"
     assert big.seconds > 8 * small.seconds  # later tokens attend to more: more than linear
+
+
+def test_a_prime_in_this_engine_is_the_next_cold_runs_basis(engine):
+    """The prefix's evaluation, not the warm run's few suffix tokens (a small batch, slower a
+    token), estimates the cold run that follows a prime."""
+    ref = engine.cold
+    assert ref.estimate(1000) is None
+    engine.prime(TPL)
+    n = len(engine.tokenize(TPL.prefix_prompt()))
+    (start, end, ms), = ref._samples
+    assert (start, end) == (0, n) and ms > 0
+    est = ref.estimate(n)
+    assert est.basis == "this engine's evaluations"
+    assert est.seconds == pytest.approx(ms / 1000)
+    assert ref.evaluations == 0  # a prime is no cold run: nothing kept, nothing counted
 
 
 def test_kvprimer_run_says_how_long_a_long_cold_run_will_take(tmp_path, tiny_model, capsys,
