@@ -12,11 +12,12 @@ one entry per named series and one "min–max" for the whiskers when there are a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCharts import (QBarCategoryAxis, QBarSeries, QBarSet, QChart, QChartView, QLineSeries,
-                              QValueAxis)
+                              QLogValueAxis, QValueAxis)
 from PySide6.QtCore import QMargins, QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPen
 from PySide6.QtSvg import QSvgGenerator
@@ -32,6 +33,8 @@ MAX_BARS = 40  # beyond this a bar chart is unreadable; the table still has ever
 # Run tab leaves the template 15 lines on a 768-pixel screen (drag the splitter for more)
 MIN_HEIGHT = 130
 WHISKERS = "min–max"  # the legend's name for the whiskers (bars are at the median)
+LOG_ABOVE = 30  # bars whose largest is over 30x their smallest get a log scale (a warm run at
+# x280 of its cold run is a hairline on a linear one)
 COMPACT_BELOW = 240  # pixels: a shorter chart drops its axis titles to keep its plot and labels
 WHISKER_COLOR = QColor("#222222")
 
@@ -131,6 +134,27 @@ def fit_labels(forms: list[tuple[str, ...]], width_px: float, metrics: QFontMetr
     return out
 
 
+def value_axis(series: list[BarSeries], n: int, unit: str) -> QValueAxis | QLogValueAxis:
+    """The bars' value axis: linear from 0, or logarithmic when the largest value is over
+    ``LOG_ABOVE`` times the smallest, from a decade under the smallest so that its bar shows."""
+    vals = [v for s in series for v in (*s.values[:n], *s.lows[:n], *s.highs[:n])]
+    top = max(vals, default=0) * 1.1 or 1.0
+    low = min(vals, default=0)
+    if low > 0 and max(vals) / low > LOG_ABOVE:
+        y = QLogValueAxis()
+        y.setBase(10)
+        y.setRange(10 ** (math.floor(math.log10(low)) - 1), 10 ** math.ceil(math.log10(top)))
+        y.setTitleText(f"{unit}, log scale")
+        y.setLabelFormat("%.0f")
+        return y
+    y = QValueAxis()
+    y.setRange(0, top)
+    y.setTitleText(unit)
+    y.setLabelFormat("%.0f")
+    y.applyNiceNumbers()
+    return y
+
+
 class TtftChart(QChartView):
     def __init__(self, title: str = "Time to first token per row (ms)",
                  parent: QWidget | None = None):
@@ -193,13 +217,7 @@ class TtftChart(QChartView):
         self._cats.setTruncateLabels(False)  # the labels are fitted here (fit_labels)
         self._cats.append(self._labels_for_width())
         self._cats.setTitleText(axis_title)
-        top = max(max(max(s.values[:n], default=0), max(s.highs[:n], default=0))
-                  for s in series) * 1.1 or 1.0
-        y = QValueAxis()
-        y.setRange(0, top)
-        y.setTitleText(unit)
-        y.setLabelFormat("%.0f")
-        y.applyNiceNumbers()
+        y = value_axis(series, n, unit)
         chart.addAxis(self._cats, Qt.AlignBottom)
         chart.addAxis(y, Qt.AlignLeft)
         bars.attachAxis(self._cats)

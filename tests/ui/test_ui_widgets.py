@@ -168,6 +168,35 @@ def test_redrawn_charts_delete_the_axes_they_drop(qtbot):
     assert len(chart.chart().axes()) == 3 and len(axes() - before) == 3
 
 
+def test_a_warm_bar_hundreds_of_times_shorter_shows_on_a_log_scale(qtbot):
+    """At real sizes a warm run is x280 faster than its cold run: on a linear axis its bar is a
+    hairline. Over 30x apart the value axis turns logarithmic, a decade under the warm bar."""
+    import math
+
+    from PySide6.QtCharts import QLogValueAxis, QValueAxis
+
+    from app.ui.charts import TtftBar, TtftChart
+
+    chart = TtftChart()
+    qtbot.addWidget(chart)
+    chart.resize(500, 300)
+    chart.show()
+
+    def value_axis():
+        (y,) = [a for a in chart.chart().axes(Qt.Vertical) if a.isVisible()]
+        return y
+
+    chart.set_bars([TtftBar.single(1, 331_881.5, 1_184.9)])
+    y = value_axis()
+    assert isinstance(y, QLogValueAxis) and y.titleText() == "ms, log scale"
+    lo, hi = math.log10(y.min()), math.log10(y.max())
+    assert y.min() <= 1_184.9 / 10 and y.max() >= 331_881.5
+    assert (math.log10(1_184.9) - lo) / (hi - lo) > 0.2  # the warm bar is a fifth of the plot
+    chart.set_bars([TtftBar.single(1, 900.0, 80.0)])  # x11: linear, from 0
+    y = value_axis()
+    assert isinstance(y, QValueAxis) and y.min() == 0 and y.titleText() == "ms"
+
+
 def test_chart_labels_fit_or_shorten_and_stay_unique(qtbot):
     from PySide6.QtGui import QFontMetrics
 
