@@ -285,6 +285,8 @@ def run_ratios(run: dict) -> dict:
                        ("file_tier", "warm_file_tier"), ("state_file", "warm_file")):
         r[f"{name}_vs_limit"] = _pair(_ms(s[tier]), _ms(s["limit"]))
         r[f"{name}_vs_cold"] = _div(_med(_ms(s[tier])), o["cold"]["ttft_ms"])
+    # `run --state` again soon after, the file in the page cache (runs stored before: None)
+    r["warm_file_cached_vs_limit"] = _pair(_ms(s.get("state_file_cached", [])), _ms(s["limit"]))
     # the spread of the file path's paired ratios, and the same against its floor (file_floor)
     per_repeat = ([f / li for f, li in zip(_ms(s["state_file"]), _ms(s["limit"]))]
                   if r["warm_file_vs_limit"] is not None else [])

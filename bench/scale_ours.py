@@ -21,7 +21,9 @@ samples meets the same load:
   (posix_fadvise), read and adopted, then the warm run: `kvprimer run --state`. Just before,
   the same file, dropped, is read sequentially into a plain buffer (``read_ms``): the disk's
   time for these very bytes in this repeat, so the floor (limit + read) is paired with the
-  sample and a slow spell of the disk is not read as slow code.
+  sample and a slow spell of the disk is not read as slow code;
+- state_file_cached: the same again right after, the file now in the page cache: `run --state`
+  run again soon after.
 Every warm run is judged against the one cold run (run_prompt's cold_cache: same batches).
 
 The machine's limits for the same bytes, measured here too: a memcpy (numpy copy between two
@@ -205,7 +207,7 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
 
     row = RowTokens(1, tokens, boundary)
     samples: dict[str, list[dict]] = {k: [] for k in (
-        "limit", "resident", "ram", "file_tier", "state_file")}
+        "limit", "resident", "ram", "file_tier", "state_file", "state_file_cached")}
     verdicts: dict[str, list[str]] = {k: [] for k in samples if k != "limit"}
     errors: dict[str, str] = {}  # a path that failed: the engine's one line, once
     limit = FastestLimit(eng)
@@ -230,6 +232,9 @@ def _samples(eng, tpl, run, state, state_file: Path, tokens: list[int], boundary
             try:
                 samples["state_file"].append(_file_sample(eng, tpl, run, state_file, verdicts,
                                                           read_buf))
+                samples["state_file_cached"].append(_load_and_run(
+                    eng, tpl, run, state_file, verdicts, "state_file_cached",
+                    {"page_cache_dropped": False, "from_tier": "state file, page cache"}))
             except KvPrimerError as e:  # what a user of `run --state` would be told
                 errors["state_file"] = f"{type(e).__name__}: {e}"
                 _recover(eng, tpl)
@@ -253,20 +258,29 @@ def _tier_sample(eng, tpl, run, state, tier: str, verdicts: dict) -> dict:
 def _file_sample(eng, tpl, run, state_file: Path, verdicts: dict, read_buf: bytearray) -> dict:
     """`kvprimer run --state`: an empty cache, the file out of the page cache, read, checked
     and adopted (state_flows.load_state), then the warm run from it."""
-    from app.engine import state_flows
-
-    eng.clear_cache()
     drop_from_page_cache(state_file)
     disk_ms = read_ms(state_file, read_buf)  # the floor's read: these bytes, this repeat
     dropped = drop_from_page_cache(state_file)
+    return _load_and_run(eng, tpl, run, state_file, verdicts, "state_file",
+                         {"read_ms": disk_ms, "page_cache_dropped": dropped,
+                          "from_tier": "state file"})
+
+
+def _load_and_run(eng, tpl, run, state_file: Path, verdicts: dict, path: str,
+                  extra: dict) -> dict:
+    """The cache emptied, the file loaded as `run --state` loads it, the warm run. Right after
+    a load with the page cache dropped, the file is in the page cache: ``state_file_cached``
+    is `run --state` run again soon after, as a loop over rows does."""
+    from app.engine import state_flows
+
+    eng.clear_cache()
     t0 = time.perf_counter()
     loaded = state_flows.load_state(eng, state_file, tpl)
     load_ms = (time.perf_counter() - t0) * 1000
     rep = run(loaded)
-    w = _path(rep.warm, {"load_ms": load_ms, "read_ms": disk_ms, "page_cache_dropped": dropped,
-                         "from_tier": "state file"})
+    w = _path(rep.warm, {"load_ms": load_ms, **extra})
     w["ttft_ms"] += load_ms  # the file is read inside the warm run's time, as the CLI's
-    verdicts["state_file"].append(_verdict(rep))
+    verdicts[path].append(_verdict(rep))
     return w
 
 

@@ -65,6 +65,7 @@ def run_rows(sc: dict) -> list[dict]:
             "suffix": o["suffix_tokens"], "n_ctx": r["n_ctx"], "cold": o["cold"]["ttft_ms"],
             "resident": _med(s["resident"]), "ram": _med(s["ram"]),
             "file_tier": _med(s["file_tier"]), "state_file": _med(s["state_file"]),
+            "cached_vs_limit": r["ratios"].get("warm_file_cached_vs_limit"),
             "limit": _med(s["limit"]), "prime": o["prime_ms"],
             "state_mb": _mb(o["sizes"]["state_file_bytes"]),
             "state_vs_raw": r["ratios"].get("state_bytes_vs_raw_kv"),
@@ -141,7 +142,8 @@ def format_scale(sc: dict) -> str:
     lines += _per_run(rows, "warm from a .kvstate / its floor (the limit + a sequential read of the "
                       "same bytes, page cache dropped): median of the repeats' ratios (their range)",
                       lambda x: f"{x['floor']} over {x['floor_samples']} samples; read "
-                                f"{x['floor_read_gbs']} GB/s"
+                                f"{x['floor_read_gbs']} GB/s; from the page cache, / limit "
+                                f"{_r(x['cached_vs_limit'], 2)}"
                                 + ("" if x["floor_paired"] else " (one read at the run's end, "
                                    "not paired)"))
     lines += _per_run(rows, "peers on the same prompts (time to first token, ms): plain "
@@ -199,20 +201,22 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     if failed:
         out += ["", "Paths that failed: " + "; ".join(failed) + "."]
     out += ["", "| run | RAM restore GB/s (memcpy) | file load GB/s (read, dropped / cached) "
-            "| .kvstate / floor (range) | LlamaRAMCache ms | LlamaDiskCache ms "
-            "| llama-server cache-ram ms | slot restore ms |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "| .kvstate / floor (range) | .kvstate cached / limit | LlamaRAMCache ms "
+            "| LlamaDiskCache ms | llama-server cache-ram ms | slot restore ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for x in rows:
         if "error" not in x:
             out.append(f"| {x['run']} | {x['ram_gbs']} ({x['memcpy_gbs']}) | {x['file_gbs']} "
                        f"({x['read_cold_gbs']} / {x['read_cached_gbs']}) | {x['floor']} | "
-                       f"{_ms(x['llamacpp_ram'])} | {_ms(x['llamacpp_disk'])} | "
+                       f"{_r(x['cached_vs_limit'], 2)} | {_ms(x['llamacpp_ram'])} | {_ms(x['llamacpp_disk'])} | "
                        f"{_ms(x['server_cache_ram'])} | {_ms(x['server_slot'])} |")
     measured = [x for x in rows if "error" not in x]
     unpaired = [x["run"] for x in measured if not x["floor_paired"]]
     out += ["", ".kvstate / floor: the warm run from a `.kvstate` against the limit plus a "
             "sequential read of the same bytes from a dropped page cache, per repeat; the median "
-            "and the range of the repeats"
+            "and the range of the repeats. .kvstate cached / limit: the same load again right "
+            "after, the file in the page cache (`run --state` again soon after), against the "
+            "limit: the median of the repeats' ratios"
             + ("" if not unpaired else " (samples without a read of their own, "
                + ("every run's" if len(unpaired) == len(measured) else ", ".join(unpaired))
                + ": the read of a file of the same size at the run's end)") + "."]

@@ -48,10 +48,14 @@ def test_each_size_runs_every_path_on_the_same_prompt(section):
         s = o["samples"]
         for tier, where in (("resident", "resident"), ("ram", "ram"), ("file_tier", "file")):
             assert [x["from_tier"] for x in s[tier]] == [where] * 2, tier
-        for tier in ("resident", "ram", "file_tier", "state_file", "limit"):
+        for tier in ("resident", "ram", "file_tier", "state_file", "state_file_cached", "limit"):
             assert [x["evaluated_tokens"] for x in s[tier]] == [o["suffix_tokens"]] * 2, tier
         assert all(x["load_ms"] > 0 for x in s["state_file"])
         assert all(x["read_ms"] > 0 for x in s["state_file"])  # the floor's read, per repeat
+        assert [x["page_cache_dropped"] for x in s["state_file_cached"]] == [False] * 2
+        assert all(x["load_ms"] > 0 for x in s["state_file_cached"])
+        assert len(o["verdicts"]["state_file_cached"]) == 2
+        assert r["ratios"]["warm_file_cached_vs_limit"] > 0
         assert o["limit_seeded_from_state"]
         # every warm run is the cold run's tokens, bit for bit
         assert set(v for vs in o["verdicts"].values() for v in vs) == {"bit-identical"}
