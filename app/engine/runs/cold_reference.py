@@ -166,7 +166,6 @@ class KeptColdRuns:
         self.nbytes = 0
 
 
-
 class ColdReference:
     """Cold runs in ``work`` (the engine's work context), and the runs kept by key."""
 
@@ -228,8 +227,8 @@ class ColdReference:
     def estimate(self, n_tokens: int, mode: str = "cold",
                  warm: PathResult | None = None) -> ColdEstimate | None:
         """How long evaluating ``n_tokens`` from scratch will take, from the nearest in size of
-        this engine's own evaluations (its cold runs and primes), else the warm run's suffix, else the engine's kernel
-        measurement (None: nothing measured yet). Attention makes a token at position p cost
+        this engine's own evaluations (its cold runs and primes), else the warm run's suffix,
+        else the engine's kernel measurement (None: nothing measured yet). Attention makes a token at position p cost
         more than one at 0: the measured time is scaled by ``work_units``, the attention's
         share taken from the model's shape (its FLOPs per position against the weights')."""
         k = self._attention_share()
