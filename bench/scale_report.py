@@ -116,8 +116,8 @@ def format_scale(sc: dict) -> str:
              "", f"{'run':<24} {'prefix':>6} {'n_ctx':>6} {'cold ms':>9} {'resident':>9} "
              f"{'RAM tier':>9} {'file tier':>9} {'.kvstate':>9} {'limit':>8} {'state MB':>8} "
              f"{'/raw KV':>7} {'RSS MB':>7} {'plain':>6} {'exact':>6}"]
-    if _apart(sc):
-        lines.insert(2, _apart(sc))
+    if apart := _apart(sc):
+        lines.insert(2, apart)
     rows = run_rows(sc)
     for x in rows:
         if "error" in x:
@@ -177,12 +177,12 @@ def format_scale(sc: dict) -> str:
 
 def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     """BENCHMARKS.md's scale section, every figure as results.json stores it."""
-    m = sc["machine"]
+    m, apart = sc["machine"], _apart(sc)
     out = ["## Real sizes (`scale`; `bench/scale.py`)", "",
            f"Models: {'; '.join(f'`{k}`: {v}' for k, v in sc['settings']['models'].items())}. "
            f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}, {_load(m)}."
            + (f" Not run: {sc['not_run']}." if sc.get("not_run") else "")
-           + (f" {_apart(sc)}" if _apart(sc) else ""),
+           + (f" {apart}" if apart else ""),
            "", f"![time to first token against prefix length]({chart})", "",
            "| run | prefix | n_ctx | cold ms | warm resident | RAM tier | file tier | .kvstate "
            "| limit | state / raw KV | peak RSS MB (plain) | bit-identical |",
@@ -208,8 +208,9 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
         if "error" not in x:
             out.append(f"| {x['run']} | {x['ram_gbs']} ({x['memcpy_gbs']}) | {x['file_gbs']} "
                        f"({x['read_cold_gbs']} / {x['read_cached_gbs']}) | {x['floor']} | "
-                       f"{_r(x['cached_vs_limit'], 2)} | {_ms(x['llamacpp_ram'])} | {_ms(x['llamacpp_disk'])} | "
-                       f"{_ms(x['server_cache_ram'])} | {_ms(x['server_slot'])} |")
+                       f"{_r(x['cached_vs_limit'], 2)} | {_ms(x['llamacpp_ram'])} | "
+                       f"{_ms(x['llamacpp_disk'])} | {_ms(x['server_cache_ram'])} | "
+                       f"{_ms(x['server_slot'])} |")
     measured = [x for x in rows if "error" not in x]
     unpaired = [x["run"] for x in measured if not x["floor_paired"]]
     out += ["", ".kvstate / floor: the warm run from a `.kvstate` against the limit plus a "
@@ -231,16 +232,15 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
 APART_KEYS = ("nproc", "cpu_model", "date_utc", "loadavg_start", "loadavg_end", "cpu_share")
 
 
-def add_runs(sc: dict, other: dict, source: str) -> list[str]:
+def add_runs(sc: dict, other: dict, source: str) -> None:
     """The runs of ``other`` (a scale section stored by another run) into ``sc``, each in place
     of a run of the same model and size, carrying where and under what load it was measured
     (``measured_apart``: the report says so beside the tables). Its failed runs are not taken.
-    The caller rescores ``sc``. Returns the runs added, by name."""
+    The caller rescores ``sc``."""
     import copy
 
     from .scale import MODEL_1B, MODEL_32K, ScaleConfig, plan
 
-    added = []
     for run in other["runs"]:
         if "error" in run:
             continue
@@ -251,14 +251,12 @@ def add_runs(sc: dict, other: dict, source: str) -> list[str]:
                                  "peers": bool(run.get("llamacpp") or run.get("llama_server"))}
         same = (run["model"], run["target"])
         sc["runs"] = [r for r in sc["runs"] if (r["model"], r["target"]) != same] + [run]
-        added.append(f"{run['model']} {run['label']}")
     st = sc["settings"]
     st["sizes"] = sorted({r["target"] for r in sc["runs"] if r["model"] == MODEL_32K})
     st["sizes_1b"] = sorted({r["target"] for r in sc["runs"] if r["model"] == MODEL_1B})
     order = {key: i for i, key in enumerate(plan(ScaleConfig(sizes=tuple(st["sizes"]),
                                                              sizes_1b=tuple(st["sizes_1b"]))))}
     sc["runs"].sort(key=lambda r: order.get((r["model"], r["target"]), len(order)))
-    return added
 
 
 def _apart(sc: dict) -> str:

@@ -228,9 +228,10 @@ class ColdReference:
                  warm: PathResult | None = None) -> ColdEstimate | None:
         """How long evaluating ``n_tokens`` from scratch will take, from the nearest in size of
         this engine's own evaluations (its cold runs and primes), else the warm run's suffix,
-        else the engine's kernel measurement (None: nothing measured yet). Attention makes a token at position p cost
-        more than one at 0: the measured time is scaled by ``work_units``, the attention's
-        share taken from the model's shape (its FLOPs per position against the weights')."""
+        else the engine's kernel measurement (None: nothing measured yet). Attention makes a
+        token at position p cost more than one at 0: the measured time is scaled by
+        ``work_units``, the attention's share taken from the model's shape (its FLOPs per
+        position against the weights')."""
         k = self._attention_share()
         gen_ms = warm.gen_ms if warm is not None else 0.0
         if self._samples:
