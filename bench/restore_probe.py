@@ -5,7 +5,9 @@ array (what the copy would cost the engine). Figures to explain the warm path, n
 ``paired_file_load`` (`python -m bench.restore_probe STATE.kvstate`) times the file's read into
 plain new memory against memory advised to huge pages, interleaved in one process;
 ``paired_overlap_load`` (``--overlap``) the checksum after each read against the read in a
-thread of its own; ``file_path_breakdown`` each step of `run --state` inside the real path."""
+thread of its own; ``paired_placed_load`` (``--placed MODEL``) a cached file placed straight
+into the work context against read then restored; ``file_path_breakdown`` each step of
+`run --state` inside the real path."""
 from __future__ import annotations
 
 import ctypes
@@ -126,8 +128,10 @@ def paired_overlap_load(path: Path, n: int = 8) -> dict:
     return out
 
 
-# the steps of `run --state` timed by file_path_breakdown: (label, owner, attribute)
-_STEPS = (("read + checksum", "app.engine.states.prefix_state:PrefixState", "_read"),
+# the steps of `run --state` timed by file_path_breakdown: (label, owner, attribute); an owner
+# "module:" is the module itself
+_STEPS = (("placed from the page cache (mapped)", "app.engine.state_flows:", "placed_state"),
+          ("read + checksum", "app.engine.states.prefix_state:PrefixState", "_read"),
           ("load_state (read, check, V layout)", "app.engine.kv_engine:Engine", "load_state"),
           ("adopt into the cache", "app.engine.kv_engine:Engine", "adopt"),
           ("restore into the work context", "app.engine.slot.work_context:WorkContext", "restore"),
@@ -141,7 +145,8 @@ def _timed_steps(got: dict[str, list[float]]):
     undo = []
     for label, where, attr in _STEPS:
         mod, cls = where.split(":")
-        owner = getattr(importlib.import_module(mod), cls)
+        owner = importlib.import_module(mod)
+        owner = getattr(owner, cls) if cls else owner
         raw = owner.__dict__[attr]
         fn = raw.__func__ if isinstance(raw, classmethod) else raw
 
@@ -210,8 +215,45 @@ def file_path_breakdown(engine: Engine, template, values: dict, path: Path, n: i
                    for k, v in got.items()}}
 
 
+def paired_placed_load(engine: Engine, path: Path, n: int = 9) -> dict:
+    """A .kvstate in the page cache brought into the work context ``n`` times each way,
+    interleaved (who goes first alternating): placed (``state_flows.load_state`` mapping the
+    file, its cells copied by llama.cpp from the cached pages while a thread copies the bytes
+    the state keeps: states/mapped_state.py) against the read path (the file read into new
+    memory, then the cells restored from it, as when it cannot be mapped). Medians (ms), the
+    paired ratios' median (placed / read) and whether every placed load was placed."""
+    from app.engine import state_flows
+
+    real = state_flows.placed_state
+    got: dict[str, list[float]] = {"placed": [], "read": []}
+    placed_every_time = True
+    try:
+        for i in range(n):
+            for way in (("placed", "read") if i % 2 == 0 else ("read", "placed")):
+                state_flows.placed_state = real if way == "placed" else (lambda e, p: None)
+                engine.clear_cache()
+                engine.work.reset()
+                path.read_bytes()  # in the page cache, as a just written or read file is
+                t0 = time.perf_counter()
+                state = state_flows.load_state(engine, path)
+                # (placed: in place already, nothing copied)
+                copied = engine.work_slot.restore(state.data, list(state.tokens), state.n_tokens)
+                got[way].append((time.perf_counter() - t0) * 1000)
+                if way == "placed" and copied:
+                    placed_every_time = False
+    finally:
+        state_flows.placed_state = real
+    return {"bytes": path.stat().st_size, "repeats": n,
+            "placed_ms": statistics.median(got["placed"]), "read_ms": statistics.median(got["read"]),
+            "placed_vs_read": statistics.median(a / b for a, b in zip(got["placed"], got["read"])),
+            "range": [min(a / b for a, b in zip(got["placed"], got["read"])),
+                      max(a / b for a, b in zip(got["placed"], got["read"]))],
+            "placed_every_time": placed_every_time}
+
+
 def main(argv=None) -> int:
-    """`python -m bench.restore_probe STATE.kvstate [-n 8]`: paired_file_load's figures."""
+    """`python -m bench.restore_probe STATE.kvstate [-n 8]`: paired_file_load's figures;
+    ``--overlap`` paired_overlap_load's; ``--placed MODEL --n-ctx N`` paired_placed_load's."""
     import argparse
     import json
     import os
@@ -221,9 +263,20 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=8)
     ap.add_argument("--overlap", action="store_true",
                     help="instead: the checksum after each read against the reader thread")
+    ap.add_argument("--placed", metavar="MODEL", type=Path,
+                    help="instead: the state placed from the page cache against read, then "
+                         "restored, on MODEL (the one it was primed with)")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="with --placed: the context size")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
-    out = (paired_overlap_load if args.overlap else paired_file_load)(args.state, args.n)
+    if args.placed:
+        from app.engine import EngineConfig
+
+        with Engine(EngineConfig(model_path=str(args.placed), n_ctx=args.n_ctx),
+                    measure_kernels_later=True) as engine:
+            out = paired_placed_load(engine, args.state, args.n)
+    else:
+        out = (paired_overlap_load if args.overlap else paired_file_load)(args.state, args.n)
     out.update(loadavg_before=load0, loadavg=os.getloadavg(), nproc=os.cpu_count(),
                date_utc=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     print(json.dumps(out, indent=1))

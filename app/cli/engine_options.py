@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from ..engine import (CacheLimits, Engine, EngineConfig, KvPrimerError, TaskState, Template,
                       read_rows)
+from ..engine.byte_sizes import size_text
 from ..engine.llama.ggml_types import KV_TYPES
 from ..engine.llama.model_files import default_model_path
 from ..engine.prompts.chat_messages import ChatTemplate, is_chat_file
@@ -163,9 +165,14 @@ def load_state_file(eng: Engine, path: str | None, tpl: Template):
     how little a llama.cpp file could be checked."""
     if not path:
         return None
+    t0 = time.perf_counter()
     state = state_flows.load_state(eng, path, tpl)
+    ms = (time.perf_counter() - t0) * 1000
     if state.warning:
         print(f"kvprimer: note: {state.warning}", file=sys.stderr)
+    # outside the warm run's time to first token, so said here: at 32k it is seconds
+    print(f"kvprimer: loaded {Path(path).name}: {state.n_tokens:,} tokens, "
+          f"{size_text(state.nbytes)} in {ms:,.0f} ms", file=sys.stderr)
     return state
 
 

@@ -357,7 +357,8 @@ class Engine:
             tokens=tuple(tokens), data=data,
             model_sha256=self.info.sha256, model_name=self.info.name or Path(self.info.path).name,
             type_k=self.info.type_k, type_v=self.info.type_v, seq_state_version=SEQ_STATE_VERSION,
-            template_sha256=template.sha256 if template else "", text=text)
+            template_sha256=template.sha256 if template else "", text=text,
+            prime_timing=self.cold.prime_timing(len(tokens)))
 
     def check_state(self, state: PrefixState) -> None:
         """Raise StateFileError unless ``state`` fits this model and context. A state is
@@ -408,7 +409,11 @@ class Engine:
         """Read and validate a state file against this model and context (does not restore).
         A state primed with the other attention kernel comes back with V rewritten for this
         one (exact: the same values, moved), and ``state.note`` says so."""
-        state = read_any_state(path)  # ours or llama.cpp's sequence-state file
+        return self.checked_state(read_any_state(path))  # ours or llama.cpp's file
+
+    def checked_state(self, state: PrefixState) -> PrefixState:
+        """``state`` checked against this model and context, as ``load_state`` checks a file's
+        (V rewritten for this context's kernel when it was primed with the other)."""
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         if self.family != "recurrent":

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 
-from .errors import StateFileError
+from .errors import KvPrimerError, StateFileError
 from .states.llama_state_file import load_any_state
+from .states.mapped_state import mapped_state_file
 from .states.prefix_state import PrefixState
+from .states.seq_payload import in_position_order
 from .states.v_layout import for_flash_attn, resolve_for_fa
 from .llama.native import SEQ_STATE_VERSION
 from .prompts.template import Template
@@ -28,10 +30,40 @@ from .prompts.template import Template
 
 def load_state(engine, path: str | os.PathLike, template: Template | None = None) -> PrefixState:
     """Read, check and adopt a state file (engine thread); ``state.warning`` says how little a
-    llama.cpp file could be checked."""
-    state = load_any_state(engine, path, template)
+    llama.cpp file could be checked. A .kvstate in the page cache goes straight into the work
+    context's cells on the way (``placed_state``), so the run that follows copies nothing; its
+    prime's timing, taken on this machine, is the next cold run's estimate."""
+    state = placed_state(engine, path) or load_any_state(engine, path, template)
     engine.adopt(state)
+    engine.cold.take_timing(state.prime_timing)  # the next cold run's estimate, if it applies
     return state
+
+
+def placed_state(engine, path: str | os.PathLike) -> PrefixState | None:
+    """A .kvstate wholly in the page cache, checked as ``Engine.load_state`` checks it, its
+    cells copied by llama.cpp from the cached pages straight into the work context while the
+    file is copied into the state's own bytes and checksummed (states/mapped_state.py). None
+    where that does not apply: the file is then read as usual. It applies to models with
+    attention layers only that run in the work context, and to a state whose cells are in
+    position order and whose V layout is this context's (else the bytes change on the way)."""
+    if engine.family != "attention" or not engine.runs_in_work_context:
+        return None
+    with mapped_state_file(path) as mapped:
+        if mapped is None:
+            return None
+        view = engine.checked_state(mapped.view_state())  # what a load would refuse, it does
+        data = view.data
+        if data is not mapped.body or in_position_order(data) is not data:
+            return None
+        slot = engine.work_slot
+
+        def place() -> bool:
+            try:
+                slot.restore(data, list(view.tokens), view.n_tokens)
+            except KvPrimerError:  # llama.cpp would not take the cells: read as before
+                return False
+            return True
+        return mapped.copy_checked(view, place, slot.reset)
 
 
 def for_llama_file(engine, state: PrefixState, for_fa: str = "auto") -> tuple[PrefixState, bool]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -48,7 +49,10 @@ def test_default_format_has_no_note(setup, capfd):
     assert out.read_bytes()[:8] == b"KVPSTATE"
     capfd.readouterr()
     assert main(["run", str(d / "t.tmpl"), *m, "--set", "c=x", "--set", "q=y", "--state", str(out)]) == 0
-    assert "note" not in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "note" not in err
+    # the load is outside the warm run's time: said on its own line
+    assert re.search(r"^kvprimer: loaded p\.kvstate: \d+ tokens, [\d.]+ [kM]B in \d+ ms$", err, re.M)
 
 
 def _fails_one_line(argv, capfd) -> str:

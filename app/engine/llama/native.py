@@ -52,9 +52,12 @@ def new_bytes(n: int) -> tuple[bytes, memoryview]:
     return data, memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
 
 
-def _bytes_ptr(data: bytes):
-    """A uint8 pointer to a bytes object's own buffer (no copy); ``data`` must outlive the call."""
-    return ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+def _bytes_ptr(data):
+    """A uint8 pointer to ``data``'s own buffer, no copy: a bytes object, or any contiguous
+    buffer (a state file's read-only mapping: mapped_state.py); ``data`` must outlive the call."""
+    if isinstance(data, bytes):
+        return ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+    return ctypes.cast(np.frombuffer(data, np.uint8).ctypes.data, ctypes.POINTER(ctypes.c_uint8))
 
 
 SEQ_STATE_VERSION = int(L.LLAMA_STATE_SEQ_VERSION)

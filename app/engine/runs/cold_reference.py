@@ -30,6 +30,7 @@ they show more) a ``ColdEstimate`` goes out as a partial result.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -40,10 +41,12 @@ from ..progress_plan import work_units
 from ..task_state import TaskState, duration_text
 from ..llama.batch_feed import feed_batches, feed_token
 from ..llama.batch_policy import shared_history
+from ..llama.cpu_kernels import cpu_facts
 from .generation import GenerationConfig, generate
 from .warm_cost import measured_batch_cost
 from ..llama.native import ContextParams, NativeContext
 from ..slot.work_context import STAGING, WorkContext
+from ..states.prefix_state import PrimeTiming
 from ..llama.thread_count import llama_default_threads
 from ..llama.memory_budget import work_sequences
 from ..llama.thread_fit import shared_fit
@@ -174,7 +177,9 @@ class ColdReference:
         self._work = work
         self.kept = KeptColdRuns()
         self.evaluations = 0  # prompts evaluated here (kept runs served do not count)
-        self._samples: list[tuple[int, int, float]] = []  # (start, end, ms) of own evaluations
+        # (start, end, ms, basis) of evaluations from scratch: this engine's own, or a loaded
+        # state's prime on this machine
+        self._samples: list[tuple[int, int, float, str]] = []
 
     def close(self) -> None:
         self.kept.clear()
@@ -218,11 +223,36 @@ class ColdReference:
         return run, False
 
     # ---- how long an evaluation will take
-    def note_evaluation(self, start: int, end: int, ms: float) -> None:
+    def note_evaluation(self, start: int, end: int, ms: float,
+                        basis: str = "this engine's evaluations") -> None:
         """Positions start..end-1 evaluated from scratch in ``ms`` in this engine (a cold run
         here, or a prime): a sample for ``estimate``."""
         if end > start:
-            self._samples = (self._samples + [(start, end, ms)])[-_SAMPLES:]
+            self._samples = (self._samples + [(start, end, ms, basis)])[-_SAMPLES:]
+
+    def machine(self) -> str:
+        """What a timing depends on besides the tokens: the CPU, its cores, the batch threads
+        and size, the attention kernel (a saved state's ``PrimeTiming.machine``)."""
+        p = self._params()
+        fa = {True: "on", False: "off", None: "auto"}[p.flash_attn]
+        return (f"{cpu_facts().model}; {os.cpu_count()} cores; batch threads "
+                f"{p.n_threads or 'auto'}; n_batch {p.n_batch}; flash attention {fa}")
+
+    def prime_timing(self, n_tokens: int) -> PrimeTiming | None:
+        """The latest of this engine's own evaluations that ended at ``n_tokens`` (a prime of
+        that prefix), as a saved state keeps it."""
+        for start, end, ms, basis in reversed(self._samples):
+            if end == n_tokens and basis == "this engine's evaluations":
+                return PrimeTiming(start, end, ms, self.machine())
+        return None
+
+    def take_timing(self, timing: PrimeTiming | None) -> bool:
+        """A loaded state's prime as a sample, when it was timed on this machine as this
+        engine runs (another CPU, thread count or kernel: not a basis); True if taken."""
+        if timing is None or timing.machine != self.machine():
+            return False
+        self.note_evaluation(timing.start, timing.end, timing.ms, "the saved state's prime")
+        return True
 
     def estimate(self, n_tokens: int, mode: str = "cold",
                  warm: PathResult | None = None) -> ColdEstimate | None:
@@ -235,8 +265,8 @@ class ColdReference:
         k = self._attention_share()
         gen_ms = warm.gen_ms if warm is not None else 0.0
         if self._samples:
-            s, e, ms = min(self._samples, key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
-            basis = "this engine's evaluations"
+            s, e, ms, basis = min(self._samples,
+                                  key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
         elif warm is not None and warm.evaluated_tokens > 1 and warm.prompt_ms > 0:
             s, ms = warm.reused_tokens, warm.prompt_ms
             e = s + warm.evaluated_tokens
@@ -258,10 +288,10 @@ class ColdReference:
         layers = info.traits.attention_layers
         layers = info.n_layer if layers is None else layers
         k = 2 * layers * info.n_embd / max(info.n_params, 1)
-        n = np.array([e - s for s, e, _ms in self._samples if s == 0], dtype=np.float64)
+        n = np.array([e - s for s, e, _ms, _b in self._samples if s == 0], dtype=np.float64)
         if len(n) < 2 or n.max() < 2 * n.min():
             return k
-        per = np.array([ms for s, _e, ms in self._samples if s == 0]) / n
+        per = np.array([ms for s, _e, ms, _b in self._samples if s == 0]) / n
         b, a = np.polyfit(n, per, 1)
         return min(max(k, 2 * b / a), 20 * k) if a > 0 else k  # a noisy fit stays bounded
 

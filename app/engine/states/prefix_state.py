@@ -19,6 +19,10 @@ meta first (seq_state_layout.py reads one version: another is refused in one lin
 it is XXH3-128 (about 13 ms for a 40 MB state here, SHA-256 about 100 ms): it guards against
 truncation and corruption, not tampering. Version 1 files (SHA-256) are still read. Writes are atomic: a temp file in the
 same folder, fsync, then rename, so a crash leaves the old file or none, never half of one.
+
+A file wholly in the page cache is loaded through a mapping instead (mapped_state.py, from
+``state_flows.load_state``): its cells go from the cached pages into the work context while a
+thread copies and checksums them; ``read_head`` and ``from_file_parts`` are shared with it.
 """
 from __future__ import annotations
 
@@ -53,6 +57,31 @@ NO_IDENTITY_NOTE = ("llama.cpp state files carry no model identity: only token c
 
 
 @dataclass(frozen=True)
+class PrimeTiming:
+    """How long the prime that made a state took to evaluate positions ``start``..``end``-1
+    from scratch, and on what (``machine``: the CPU, threads, batch size and kernel). A later
+    engine on the same machine takes it as a sample for its cold-run estimate, so that a run
+    from a loaded state need not guess the cold run's length from its own few suffix tokens."""
+    start: int
+    end: int
+    ms: float
+    machine: str
+
+    def as_dict(self) -> dict:
+        return {"start": self.start, "end": self.end, "ms": self.ms, "machine": self.machine}
+
+    @classmethod
+    def from_meta(cls, raw) -> "PrimeTiming | None":
+        """The timing in a file's metadata; None when absent or not well-formed (older
+        files have none: nothing depends on it)."""
+        try:
+            t = cls(int(raw["start"]), int(raw["end"]), float(raw["ms"]), str(raw["machine"]))
+        except (TypeError, KeyError, ValueError):
+            return None
+        return t if 0 <= t.start < t.end and t.ms > 0 else None
+
+
+@dataclass(frozen=True)
 class PrefixState:
     tokens: tuple[int, ...]
     data: bytes = field(repr=False)
@@ -69,6 +98,7 @@ class PrefixState:
     origin: str = "kvprimer"
     # what was done to the state on loading ("rewritten for flash attention off"), or ''
     note: str = field(default="", compare=False)
+    prime_timing: PrimeTiming | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if not self.tokens:
@@ -100,6 +130,7 @@ class PrefixState:
             "n_tokens": len(self.tokens),
             "data_bytes": len(self.data),
             "text": self.text[:2000],
+            **({"prime_timing": self.prime_timing.as_dict()} if self.prime_timing else {}),
         }
 
     def check_compatible(self, model_sha256: str, type_k: str, type_v: str, seq_state_version: int,
@@ -178,51 +209,100 @@ class PrefixState:
 
     @classmethod
     def _read(cls, f, size: int, name: str) -> "PrefixState":
-        if size < _HEADER.size:
-            raise StateFileError(f"{name} is truncated or not a KV Primer state ({size} bytes)")
-        magic, version, meta_len, body_len, digest = _HEADER.unpack(f.read(_HEADER.size))
-        if magic != MAGIC:
-            raise StateFileError(f"{name} is neither a KV Primer state nor a llama.cpp sequence "
-                                 "state (wrong magic)")
-        if version not in _CHECKSUMS:
-            raise StateFileError(
-                f"{name} has state format version {version}; this KV Primer reads versions "
-                f"{min(_CHECKSUMS)} to {max(_CHECKSUMS)}; prime the prefix again"
-            )
-        if meta_len > MAX_META:
-            raise StateFileError(f"{name} is corrupt: its header declares {meta_len:,} bytes of metadata")
-        expected = _HEADER.size + meta_len + body_len
-        if expected != size:
-            what = "truncated" if expected > size else "longer than its header says"
-            raise StateFileError(f"{name} is {what} ({size:,} bytes, header declares {expected:,})")
-        meta_raw = f.read(meta_len)
-        meta = _parse_meta(meta_raw)
-        if meta is not None:  # llama.cpp's bytes of another version: refused before reading them
-            check_version(meta["seq_state_version"])
-        h = _CHECKSUMS[version](meta_raw)
-        sizes_ok = meta is not None and meta["n_tokens"] > 0 and \
-            meta["n_tokens"] * 4 + meta["data_bytes"] == body_len
-        if sizes_ok:
+        head = read_head(f, size, name)
+        h = head.hasher()
+        if head.sizes_ok:
             # Read tokens and KV data as two objects: slicing one body would copy 40 MB again.
-            tok_bytes = f.read(4 * meta["n_tokens"])
+            tok_bytes = f.read(head.token_bytes)
             h.update(tok_bytes)
-            data = _read_hashed(f, meta["data_bytes"], h)
+            data = _read_hashed(f, head.meta["data_bytes"], h)
         else:
-            h.update(f.read(body_len))
-        if h.digest().ljust(len(digest), b"\0") != digest:
-            raise StateFileError(f"{name} is corrupt: checksum mismatch")
-        if meta is None:
-            raise StateFileError(f"{name} is corrupt: unreadable metadata")
-        if not sizes_ok:
-            raise StateFileError(f"{name} is corrupt: its token count does not match its size")
+            h.update(f.read(head.body_len))
+            tok_bytes = data = b""  # check_digest refuses the file
+        head.check_digest(h)
+        return cls.from_file_parts(head, tok_bytes, data)
+
+    @classmethod
+    def from_file_parts(cls, head: "FileHead", tok_bytes: bytes, data) -> "PrefixState":
+        """The state a file's checked head, token bytes and KV data describe (their checksum
+        already matched)."""
         toks = array("i")
         toks.frombytes(tok_bytes)
         if sys.byteorder != "little":  # pragma: no cover
             toks.byteswap()
         if min(toks) < 0:
-            raise StateFileError(f"{name} is corrupt: it holds a negative token id")
+            raise StateFileError(f"{head.name} is corrupt: it holds a negative token id")
+        meta = head.meta
         return cls(tokens=tuple(toks), data=data, seq_state_version=meta["seq_state_version"],
-                   created=meta["created"], text=meta["text"], **meta["fields"])
+                   created=meta["created"], text=meta["text"],
+                   prime_timing=PrimeTiming.from_meta(meta["prime_timing"]), **meta["fields"])
+
+
+@dataclass(frozen=True)
+class FileHead:
+    """A .kvstate's header and metadata, checked against the file's size (``read_head``)."""
+    name: str
+    version: int
+    meta_raw: bytes
+    meta: dict | None  # None: unreadable (the checksum says first whether it is corrupt)
+    body_len: int
+    digest: bytes
+
+    @property
+    def sizes_ok(self) -> bool:
+        m = self.meta
+        return m is not None and m["n_tokens"] > 0 and \
+            m["n_tokens"] * 4 + m["data_bytes"] == self.body_len
+
+    @property
+    def token_bytes(self) -> int:
+        return 4 * self.meta["n_tokens"]
+
+    @property
+    def body_offset(self) -> int:
+        """Where the KV data starts in the file (after the header, metadata and tokens)."""
+        return _HEADER.size + len(self.meta_raw) + self.token_bytes
+
+    def hasher(self):
+        """The file's checksum, fed its metadata: the body comes next."""
+        return _CHECKSUMS[self.version](self.meta_raw)
+
+    def check_digest(self, h) -> None:
+        """Raise StateFileError unless ``h`` (fed the whole body) matches the header, the
+        metadata is readable and the sizes agree."""
+        if h.digest().ljust(len(self.digest), b"\0") != self.digest:
+            raise StateFileError(f"{self.name} is corrupt: checksum mismatch")
+        if self.meta is None:
+            raise StateFileError(f"{self.name} is corrupt: unreadable metadata")
+        if not self.sizes_ok:
+            raise StateFileError(f"{self.name} is corrupt: its token count does not match its size")
+
+
+def read_head(f, size: int, name: str) -> FileHead:
+    """The header and metadata of a .kvstate ``f`` of ``size`` bytes (read from its start),
+    refused in one line when the magic, version or sizes are wrong."""
+    if size < _HEADER.size:
+        raise StateFileError(f"{name} is truncated or not a KV Primer state ({size} bytes)")
+    magic, version, meta_len, body_len, digest = _HEADER.unpack(f.read(_HEADER.size))
+    if magic != MAGIC:
+        raise StateFileError(f"{name} is neither a KV Primer state nor a llama.cpp sequence "
+                             "state (wrong magic)")
+    if version not in _CHECKSUMS:
+        raise StateFileError(
+            f"{name} has state format version {version}; this KV Primer reads versions "
+            f"{min(_CHECKSUMS)} to {max(_CHECKSUMS)}; prime the prefix again"
+        )
+    if meta_len > MAX_META:
+        raise StateFileError(f"{name} is corrupt: its header declares {meta_len:,} bytes of metadata")
+    expected = _HEADER.size + meta_len + body_len
+    if expected != size:
+        what = "truncated" if expected > size else "longer than its header says"
+        raise StateFileError(f"{name} is {what} ({size:,} bytes, header declares {expected:,})")
+    meta_raw = f.read(meta_len)
+    meta = _parse_meta(meta_raw)
+    if meta is not None:  # llama.cpp's bytes of another version: refused before reading them
+        check_version(meta["seq_state_version"])
+    return FileHead(name, version, meta_raw, meta, body_len, digest)
 
 
 def _read_hashed(f, n: int, h) -> bytes:
@@ -257,7 +337,8 @@ def _parse_meta(raw: bytes) -> dict | None:
             return None
         return {"n_tokens": n_tokens, "data_bytes": data_bytes, "fields": fields,
                 "seq_state_version": int(meta["seq_state_version"]),
-                "created": float(meta["created"]), "text": str(meta.get("text", ""))}
+                "created": float(meta["created"]), "text": str(meta.get("text", "")),
+                "prime_timing": meta.get("prime_timing")}
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError, AttributeError,
             OverflowError):
         return None

@@ -172,7 +172,7 @@ def test_a_prime_in_this_engine_is_the_next_cold_runs_basis(engine):
     assert ref.estimate(1000) is None
     engine.prime(TPL)
     n = len(engine.tokenize(TPL.prefix_prompt()))
-    (start, end, ms), = ref._samples
+    (start, end, ms, _basis), = ref._samples
     assert (start, end) == (0, n) and ms > 0
     est = ref.estimate(n)
     assert est.basis == "this engine's evaluations"
@@ -202,7 +202,39 @@ def test_the_estimate_learns_the_attention_cost_from_its_own_runs(engine):
     info = engine.info
     assert 2 * info.n_layer * info.n_embd / info.n_params < 0.02  # the shape says less
     ref = engine.cold
-    ref._samples = [(0, n, n + 0.01 * n * n) for n in (500, 1000)]
+    ref._samples = [(0, n, n + 0.01 * n * n, "own") for n in (500, 1000)]
     assert ref.estimate(4000).seconds == pytest.approx((4000 + 0.01 * 4000 ** 2) / 1000)
     ref._samples = ref._samples[:1]  # one size: the model's shape alone scales it
     assert ref.estimate(4000).seconds < (4000 + 0.01 * 4000 ** 2) / 1000
+
+
+def test_a_loaded_states_prime_is_the_cold_runs_basis_on_the_same_machine(engine, tiny_model,
+                                                                         tmp_path):
+    """`run --state` alone: the state's file keeps how long its prime took, and an engine on
+    the same machine, CPU, threads and kernel estimates the cold run from it, not from the
+    warm run's few suffix tokens. Another machine's timing is no basis."""
+    from dataclasses import replace
+
+    from app.engine import Engine, EngineConfig, state_flows
+
+    state = engine.prime(TPL)
+    n = state.n_tokens
+    timing = state.prime_timing
+    assert (timing.start, timing.end) == (0, n) and timing.ms > 0
+    assert timing.machine == engine.cold.machine()
+    path = tmp_path / "p.kvstate"
+    state.save(path)
+    config = EngineConfig(model_path=str(tiny_model), n_ctx=engine.n_ctx, n_batch=32,
+                          n_threads=1)
+    with Engine(config) as fresh:
+        if fresh.cold.machine() != timing.machine:
+            pytest.skip("the fixture engine runs other settings than a fresh one")
+        loaded = state_flows.load_state(fresh, path, TPL)
+        assert loaded.prime_timing == timing  # kept by the file
+        est = fresh.cold.estimate(n)
+        assert est.basis == "the saved state's prime"
+        assert est.seconds == pytest.approx(timing.ms / 1000)
+    with Engine(config) as other:
+        assert not other.cold.take_timing(replace(timing, machine="another CPU; 64 cores"))
+        assert other.cold.estimate(n) is None or other.cold.estimate(n).basis != \
+            "the saved state's prime"

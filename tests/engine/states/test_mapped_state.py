@@ -1,0 +1,123 @@
+"""A .kvstate in the page cache goes straight from its pages into the work context's cells
+(app/engine/states/mapped_state.py, state_flows.placed_state); anything else is read as before."""
+import os
+import threading
+
+import pytest
+
+from app.engine import (Engine, EngineConfig, GenerationConfig, StateFileError, Template,
+                        kv_flows, run_prompt, state_flows)
+from app.engine.states.mapped_state import mapped_state_file
+from app.engine.states.prefix_state import PrefixState
+
+TPL = Template.parse("hello world of the answer and question. " * 8 + "<q>")
+VALUES = {"q": "why is the sky"}
+
+
+def _engine(model):
+    return Engine(EngineConfig(model_path=str(model), n_ctx=512, n_batch=32, n_threads=1))
+
+
+@pytest.fixture
+def saved(tiny_model, tmp_path):
+    with _engine(tiny_model) as eng:
+        state = eng.prime(TPL)
+    path = tmp_path / "p.kvstate"
+    state.save(path)
+    return state, path
+
+
+def _drop_from_page_cache(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_cached_state_goes_into_the_work_context_and_the_run_copies_nothing(
+        tiny_model, saved):
+    state, path = saved
+    path.read_bytes()  # in the page cache, as after `prime -o` or a recent load
+    with mapped_state_file(path) as mapped:
+        assert mapped is not None
+    with _engine(tiny_model) as eng:
+        got = state_flows.load_state(eng, path, TPL)
+        assert eng.work.tokens == list(state.tokens)  # placed on the way
+        assert type(got.data) is bytes and got.data == state.data  # its own copy, whole
+        assert got.tokens == state.tokens and got.model_sha256 == state.model_sha256
+        assert [n.label for n in kv_flows.cached_sequences(eng).values()] == ["saved state"]
+        rep = run_prompt(eng, TPL, VALUES, reuse="prefix", state=got,
+                         gen=GenerationConfig(max_tokens=4))
+        assert rep.reused_tokens == state.n_tokens and rep.copied_tokens == 0
+        assert rep.verdict.equivalence == "bit-identical"
+
+
+def test_a_corrupt_cached_state_is_refused_and_its_placed_cells_are_dropped(tiny_model, saved):
+    state, path = saved
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0x40  # a KV byte; the checksum is not made again
+    path.write_bytes(bytes(raw))
+    with mapped_state_file(path) as mapped:
+        assert mapped is not None  # the mapped path is the one that meets it
+    with _engine(tiny_model) as eng:
+        with pytest.raises(StateFileError, match="checksum mismatch"):
+            state_flows.load_state(eng, path, TPL)
+        assert eng.work.tokens == []
+        assert eng.work.ctx.pos_range(0)[1] < 0  # no cell left in the run's sequence
+        assert kv_flows.cached_sequences(eng) == {}
+
+
+def test_a_file_open_for_writing_elsewhere_is_read_not_mapped(tiny_model, saved):
+    state, path = saved
+    with open(path, "r+b"):  # someone writing it: no lease
+        with mapped_state_file(path) as mapped:
+            assert mapped is None
+        with _engine(tiny_model) as eng:
+            got = state_flows.load_state(eng, path, TPL)
+            assert got.data == state.data
+            assert eng.work.tokens == []  # read and adopted, not placed
+
+
+def test_a_writer_waits_until_the_mapping_is_given_back(saved):
+    state, path = saved
+    path.read_bytes()
+    opened = threading.Event()
+
+    def writer():
+        with open(path, "r+b") as f:  # blocks on the lease
+            opened.set()
+            f.truncate(0)
+
+    t = threading.Thread(target=writer, daemon=True)
+    with mapped_state_file(path) as mapped:
+        assert mapped is not None
+        t.start()
+        assert not opened.wait(0.5)  # still waiting while the pages are in use
+        assert bytes(mapped.body[-64:]) == state.data[-64:]
+    t.join(30)
+    assert opened.is_set() and path.stat().st_size == 0  # then it went ahead
+
+
+def test_a_state_not_in_the_page_cache_is_read_not_mapped(tiny_model, saved):
+    state, path = saved
+    _drop_from_page_cache(path)
+    with mapped_state_file(path) as mapped:
+        if mapped is not None:
+            pytest.skip("this file system keeps the file's pages (tmpfs): nothing to drop")
+    with _engine(tiny_model) as eng:
+        got = state_flows.load_state(eng, path, TPL)
+        assert got.data == state.data and eng.work.tokens == []
+
+
+def test_a_mapped_state_and_a_read_one_are_the_same_state(saved):
+    state, path = saved
+    path.read_bytes()
+    undone = []
+    with mapped_state_file(path) as mapped:
+        view = mapped.view_state()
+        kept = mapped.copy_checked(view, lambda: True, lambda: undone.append(1))
+        # llama.cpp would not take the cells: nothing kept, nothing to undo (the file is read)
+        assert mapped.copy_checked(view, lambda: False, lambda: undone.append(1)) is None
+    assert kept == PrefixState.load(path) and type(kept.data) is bytes and not undone
