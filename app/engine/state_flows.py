@@ -51,7 +51,12 @@ def placed_state(engine, path: str | os.PathLike) -> PrefixState | None:
     with mapped_state_file(path) as mapped:
         if mapped is None:
             return None
-        view = engine.checked_state(mapped.view_state())  # what a load would refuse, it does
+        try:
+            view = engine.checked_state(mapped.view_state())
+        except StateFileError:
+            # checked before its checksum: the read path checks the sum first, so a corrupt
+            # file is called corrupt, not "of another model", whether cached or not
+            return None
         data = view.data
         if data is not mapped.body or in_position_order(data) is not data:
             return None

@@ -52,7 +52,8 @@ def test_default_format_has_no_note(setup, capfd):
     err = capfd.readouterr().err
     assert "note" not in err
     # the load is outside the warm run's time: said on its own line
-    assert re.search(r"^kvprimer: loaded p\.kvstate: \d+ tokens, [\d.]+ [kM]B in \d+ ms$", err, re.M)
+    assert re.search(r"^kvprimer: loaded p\.kvstate: [\d,]+ tokens, [\d.]+ [kM]B in [\d,]+ ms$",
+                     err, re.M)
 
 
 def _fails_one_line(argv, capfd) -> str:

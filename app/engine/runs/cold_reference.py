@@ -54,6 +54,8 @@ from ..llama.thread_fit import shared_fit
 KEEP_BYTES = 64 * 2**20  # kept cold runs' logits and tokens, at most
 LONG_COLD_S = 15.0  # a cold evaluation expected to take this long is announced first
 _SAMPLES = 8  # own evaluations remembered for the estimate
+OWN = "this engine's evaluations"  # an estimate's basis, and its samples' kind
+FROM_STATE = "the saved state's prime"
 
 
 @dataclass
@@ -223,8 +225,7 @@ class ColdReference:
         return run, False
 
     # ---- how long an evaluation will take
-    def note_evaluation(self, start: int, end: int, ms: float,
-                        basis: str = "this engine's evaluations") -> None:
+    def note_evaluation(self, start: int, end: int, ms: float, basis: str = OWN) -> None:
         """Positions start..end-1 evaluated from scratch in ``ms`` in this engine (a cold run
         here, or a prime): a sample for ``estimate``."""
         if end > start:
@@ -242,7 +243,7 @@ class ColdReference:
         """The latest of this engine's own evaluations that ended at ``n_tokens`` (a prime of
         that prefix), as a saved state keeps it."""
         for start, end, ms, basis in reversed(self._samples):
-            if end == n_tokens and basis == "this engine's evaluations":
+            if end == n_tokens and basis == OWN:
                 return PrimeTiming(start, end, ms, self.machine())
         return None
 
@@ -251,7 +252,9 @@ class ColdReference:
         engine runs (another CPU, thread count or kernel: not a basis); True if taken."""
         if timing is None or timing.machine != self.machine():
             return False
-        self.note_evaluation(timing.start, timing.end, timing.ms, "the saved state's prime")
+        sample = (timing.start, timing.end, timing.ms, FROM_STATE)
+        if sample not in self._samples:  # the same file loaded again adds nothing
+            self.note_evaluation(*sample)
         return True
 
     def estimate(self, n_tokens: int, mode: str = "cold",

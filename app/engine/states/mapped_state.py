@@ -10,14 +10,15 @@ cache keeps) and checksums them. On a 2-core Xeon a 189 MB state took 100 ms tha
 Not the half one copy fewer suggests: the state's own copy still crosses memory (new pages
 zeroed, then written), and both ways are bound by memory traffic on such a machine.
 
-Only a file wholly in the page cache (``mincore``) is mapped, as after it was written or read
-recently: a page read from the disk through a mapping turns a disk error into SIGBUS, which no
-code can catch, where ``read`` returns an error. And only under a read lease (``F_SETLEASE``):
-a program that opens the file to write or truncate it waits until the lease is given back, so
-the pages cannot vanish under llama.cpp's copy (a truncated mapping is SIGBUS too). The lease
+A mapped page that cannot be read is SIGBUS, which no code can catch, where ``read`` returns
+an error; so the mapping is kept narrow. Only a file on a local file system (``fstatfs``),
+wholly in the page cache when it is opened (``mincore``: a page evicted during the copy is read
+again from a disk that just gave it), and held under a read lease (``F_SETLEASE``): a program
+that opens the file to write or truncate it waits until the lease is given back, the copy's
+fraction of a second (the kernel gives up waiting after ``lease-break-time``, 45 s). The lease
 break's signal is SIGURG, ignored by default (SIGIO, the default, would end the process).
-Anywhere this cannot be had (another OS, a file someone is writing, a file system without
-leases, a file not wholly cached) ``mapped_state_file`` gives None and the caller reads the
+Anywhere this cannot be had (another OS, a network or FUSE file system, a file someone is
+writing, a file not wholly cached) ``mapped_state_file`` gives None and the caller reads the
 file as usual; the result is the same state either way.
 """
 from __future__ import annotations
@@ -45,17 +46,22 @@ except ImportError:  # pragma: no cover - Windows: no leases, the file is read
     fcntl = None
 
 
-def _mincore():
+def _libc_fn(name: str, *argtypes):
     try:
-        fn = ctypes.CDLL(None, use_errno=True).mincore
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError, TypeError):  # pragma: no cover - not a Unix libc
         return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn
 
 
-_MINCORE = _mincore()
+_MINCORE = _libc_fn("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+_FSTATFS = _libc_fn("fstatfs", ctypes.c_int, ctypes.c_void_p)
+# file systems whose pages only this machine's kernel can take away (statfs f_type): ext2-4,
+# xfs, btrfs, tmpfs, f2fs, zfs, overlayfs. Not NFS, SMB or FUSE (virtiofs): a truncate on
+# another machine passes no local lease
+_LOCAL_FS = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010, 0x2FC12FC1, 0x794C7630}
 _LEASES = (fcntl is not None and hasattr(fcntl, "F_SETLEASE") and hasattr(fcntl, "F_SETSIG")
            and hasattr(signal, "SIGURG"))
 
@@ -82,9 +88,8 @@ class MappedStateFile:
         StateFileError; an error in ``place`` is raised after the thread ends."""
         h = self.head.hasher()
         h.update(self.tok_bytes)
-        copied: list = []
-        thread = threading.Thread(target=lambda: copied.append(_copy_hashed(self.body, h)),
-                                  name="state-body-copy", daemon=True)
+        copy = _Copy(self.body, h)
+        thread = threading.Thread(target=copy.run, name="state-body-copy", daemon=True)
         thread.start()
         try:
             placed = place()
@@ -92,35 +97,46 @@ class MappedStateFile:
             thread.join()
         if not placed:
             return None
-        if not copied:  # the copy failed (no memory): the read path says so in its words
-            undo()
-            raise StateFileError(f"{self.head.name} could not be copied into memory; "
-                                 "close other programs or use a smaller -c")
         try:
+            if copy.error is not None:  # MemoryError, as the read path would raise it
+                raise copy.error
             self.head.check_digest(h)
-        except StateFileError:
-            undo()
+        except BaseException:
+            undo()  # the cells placed are not a state this engine holds
             raise
-        return replace(view, data=copied[0])
+        return replace(view, data=copy.data)
 
     def close(self) -> None:
         try:
             self.body.release()
             self._mapping.close()
-        except BufferError:  # a view of it is still alive somewhere: it closes with that
+        except BufferError:
+            # a view of it is still alive (a traceback's frame): the mapping closes with that
+            # view; nothing reads through it after this, so the lease need not wait for it
             pass
 
 
-def _copy_hashed(src: memoryview, h) -> bytes:
-    """``src`` copied into new bytes (body_buffer.new_body) a chunk at a time, each chunk
-    hashed into ``h`` while it is still in the CPU's cache."""
-    data, view = new_body(len(src))
-    with view:
-        for at in range(0, len(src), CHUNK):
-            chunk = view[at:at + CHUNK]
-            chunk[:] = src[at:at + CHUNK]
-            h.update(chunk)
-    return data
+class _Copy:
+    """The copy thread's work: ``src`` copied into new bytes (body_buffer.new_body) a chunk at
+    a time, each chunk hashed into ``h`` while it is still in the CPU's cache; its error is
+    kept for the caller's thread to raise (not printed by the thread)."""
+
+    def __init__(self, src: memoryview, h):
+        self.src, self.h = src, h
+        self.data: bytes = b""
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            data, view = new_body(len(self.src))
+            with view:
+                for at in range(0, len(self.src), CHUNK):
+                    chunk = view[at:at + CHUNK]
+                    chunk[:] = self.src[at:at + CHUNK]
+                    self.h.update(chunk)
+            self.data = data
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            self.error = e
 
 
 @contextmanager
@@ -128,13 +144,13 @@ def mapped_state_file(path: str | os.PathLike) -> Iterator[MappedStateFile | Non
     """The .kvstate at ``path`` mapped under a read lease, or None where that cannot be had
     (module docstring) or the file is not one whose header and sizes are sound (the read path
     then says what is wrong). The lease is given back and the mapping closed on leaving."""
-    if not _LEASES or _MINCORE is None:
+    if not _LEASES or _MINCORE is None or _FSTATFS is None:
         yield None
         return
     path = Path(path)
     with open_user_file(path, StateFileError, "state file") as f:
         fd = f.fileno()
-        if not _take_lease(fd):
+        if not _local_fs(fd) or not _take_lease(fd):
             yield None
             return
         mapped = None
@@ -148,6 +164,13 @@ def mapped_state_file(path: str | os.PathLike) -> Iterator[MappedStateFile | Non
                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
             except OSError:  # broken already: closing the file gives it back anyway
                 pass
+
+
+def _local_fs(fd: int) -> bool:
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type first, 120 bytes on Linux
+    if _FSTATFS(fd, buf) != 0:
+        return False
+    return (ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF) in _LOCAL_FS
 
 
 def _take_lease(fd: int) -> bool:

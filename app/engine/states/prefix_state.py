@@ -71,14 +71,15 @@ class PrimeTiming:
         return {"start": self.start, "end": self.end, "ms": self.ms, "machine": self.machine}
 
     @classmethod
-    def from_meta(cls, raw) -> "PrimeTiming | None":
-        """The timing in a file's metadata; None when absent or not well-formed (older
-        files have none: nothing depends on it)."""
+    def from_meta(cls, raw, n_tokens: int) -> "PrimeTiming | None":
+        """The timing in the metadata of a file of ``n_tokens`` tokens; None when absent or
+        not well-formed (older files have none: nothing depends on it)."""
         try:
             t = cls(int(raw["start"]), int(raw["end"]), float(raw["ms"]), str(raw["machine"]))
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: Infinity
             return None
-        return t if 0 <= t.start < t.end and t.ms > 0 else None
+        ok = 0 <= t.start < t.end <= n_tokens and 0 < t.ms < 1e12  # under 30 years
+        return t if ok else None
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,8 @@ class PrefixState:
         meta = head.meta
         return cls(tokens=tuple(toks), data=data, seq_state_version=meta["seq_state_version"],
                    created=meta["created"], text=meta["text"],
-                   prime_timing=PrimeTiming.from_meta(meta["prime_timing"]), **meta["fields"])
+                   prime_timing=PrimeTiming.from_meta(meta["prime_timing"], len(toks)),
+                   **meta["fields"])
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ def saved(tiny_model, tmp_path):
         state = eng.prime(TPL)
     path = tmp_path / "p.kvstate"
     state.save(path)
+    path.read_bytes()
+    with mapped_state_file(path) as mapped:
+        if mapped is None:  # the fallback itself is what every other test runs here
+            pytest.skip("no read leases or no local file system for the tests' files here")
     return state, path
 
 
@@ -101,7 +105,7 @@ def test_a_writer_waits_until_the_mapping_is_given_back(saved):
 
 
 def test_a_state_not_in_the_page_cache_is_read_not_mapped(tiny_model, saved):
-    state, path = saved
+    state, path = saved  # mapped while cached (the fixture): dropping is the only change
     _drop_from_page_cache(path)
     with mapped_state_file(path) as mapped:
         if mapped is not None:
@@ -121,3 +125,38 @@ def test_a_mapped_state_and_a_read_one_are_the_same_state(saved):
         # llama.cpp would not take the cells: nothing kept, nothing to undo (the file is read)
         assert mapped.copy_checked(view, lambda: False, lambda: undone.append(1)) is None
     assert kept == PrefixState.load(path) and type(kept.data) is bytes and not undone
+
+
+def test_a_failed_copy_is_raised_in_the_callers_thread_and_undoes_the_placement(saved,
+                                                                              monkeypatch):
+    from app.engine.states import mapped_state
+
+    def no_memory(n):
+        raise MemoryError
+
+    monkeypatch.setattr(mapped_state, "new_body", no_memory)
+    undone = []
+    with mapped_state_file(saved[1]) as mapped:
+        with pytest.raises(MemoryError):
+            mapped.copy_checked(mapped.view_state(), lambda: True, lambda: undone.append(1))
+    assert undone == [1]
+
+
+def test_a_timing_in_the_metadata_that_is_not_sound_is_ignored(saved, tmp_path):
+    """Older files have none, and a file whose checksum was made again after an edit may hold
+    anything: neither may stop the load or the estimate."""
+    from dataclasses import replace
+
+    from app.engine.states.prefix_state import PrimeTiming
+
+    state, _path = saved
+    n = state.n_tokens
+    good = {"start": 0, "end": n, "ms": 120.5, "machine": "a CPU"}
+    assert PrimeTiming.from_meta(good, n) == PrimeTiming(0, n, 120.5, "a CPU")
+    for bad in (None, {}, {**good, "start": "x"}, {**good, "end": n + 1}, {**good, "ms": 0},
+                {**good, "ms": float("inf")}, {**good, "end": float("inf")},
+                {**good, "end": 10 ** 400}, {**good, "start": n}):
+        assert PrimeTiming.from_meta(bad, n) is None, bad
+    p = tmp_path / "t.kvstate"
+    replace(state, prime_timing=PrimeTiming(0, n, 99.0, "a CPU")).save(p)
+    assert PrefixState.load(p).prime_timing == PrimeTiming(0, n, 99.0, "a CPU")
