@@ -35,7 +35,7 @@ from .kv.kv_view import KvCacheView, RecurrentLayers, build_view
 from .states.llama_state_file import check_rows_fit, read_any_state
 from .llama.native import SEQ_STATE_VERSION, ContextParams, NativeModel
 from .states.prefix_state import PrefixState
-from .states.v_layout import for_context
+from .states.v_layout import for_context, needs_rewrite
 from .cache.engine_access import EngineAccess
 from .cache.radix_cache import RadixCache
 from .cache.radix_tree import RadixNode
@@ -411,12 +411,15 @@ class Engine:
         one (exact: the same values, moved), and ``state.note`` says so."""
         return self.checked_state(read_any_state(path))  # ours or llama.cpp's file
 
-    def checked_state(self, state: PrefixState) -> PrefixState:
+    def checked_state(self, state: PrefixState, rewrite: bool = True) -> PrefixState | None:
         """``state`` checked against this model and context, as ``load_state`` checks a file's
-        (V rewritten for this context's kernel when it was primed with the other)."""
+        (V rewritten for this context's kernel when it was primed with the other; None then
+        instead when not ``rewrite``)."""
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         if self.family != "recurrent":
+            if not rewrite and needs_rewrite(state, self._flash_attn):
+                return None
             state = for_context(state, self._flash_attn)
         self.check_state(state)
         return state

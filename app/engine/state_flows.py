@@ -51,15 +51,15 @@ def placed_state(engine, path: str | os.PathLike) -> PrefixState | None:
     with mapped_state_file(path) as mapped:
         if mapped is None:
             return None
-        try:
-            view = engine.checked_state(mapped.view_state())
+        try:  # V primed with the other kernel: rewritten by the read path, not twice
+            view = engine.checked_state(mapped.view_state(), rewrite=False)
         except StateFileError:
             # checked before its checksum: the read path checks the sum first, so a corrupt
             # file is called corrupt, not "of another model", whether cached or not
             return None
-        data = view.data
-        if data is not mapped.body or in_position_order(data) is not data:
+        if view is None or in_position_order(view.data) is not view.data:
             return None
+        data = view.data
         slot = engine.work_slot
 
         def place() -> bool:

@@ -76,6 +76,17 @@ def for_flash_attn(state: PrefixState, flash_attn: bool) -> PrefixState:
     return replace(state, data=with_v_layout(desc, want).to_bytes())
 
 
+def needs_rewrite(state: PrefixState, flash_attn: bool | None) -> bool:
+    """Would ``for_context`` rewrite ``state``'s V (primed with the other kernel)?"""
+    if flash_attn is None:
+        return False
+    try:
+        desc = parse(state.data, state.seq_state_version)
+    except LayoutError:
+        return False
+    return v_layout_of(desc) not in (None, not flash_attn)
+
+
 def for_context(state: PrefixState, flash_attn: bool | None) -> PrefixState:
     """``state`` as a context running ``flash_attn`` (None: not known yet) restores it: V
     rewritten when it was primed with the other kernel, and ``note`` saying so. A state whose

@@ -192,6 +192,8 @@ def test_a_state_primed_with_the_other_kernel_is_rewritten_as_it_loads(tiny_mode
         # the session's load (window and --state): adopted into the cache, and a run reuses it
         loaded = state_flows.load_state(eng, tmp_path / "s.kvstate", TPL)
         assert loaded.note == f"rewritten for flash attention {runs}"
+        # read and rewritten once, not placed from the page cache (that would need it as is)
+        assert eng.work.tokens == []
         report = run_prompt(eng, TPL, {"question": SUFFIX}, reuse="prefix", cold=False)
         assert report.reused_tokens == state.n_tokens
     with _engine(tiny_model, primed) as eng:  # its own kernel: nothing to rewrite or say
