@@ -76,15 +76,22 @@ def for_flash_attn(state: PrefixState, flash_attn: bool) -> PrefixState:
     return replace(state, data=with_v_layout(desc, want).to_bytes())
 
 
-def needs_rewrite(state: PrefixState, flash_attn: bool | None) -> bool:
-    """Would ``for_context`` rewrite ``state``'s V (primed with the other kernel)?"""
+def _to_rewrite(state: PrefixState, flash_attn: bool | None):
+    """The layout of ``state`` when its V must be rewritten for a context running
+    ``flash_attn`` (None: not known yet); None when it is already so, holds no V, or cannot be
+    read (the engine's checks refuse that)."""
     if flash_attn is None:
-        return False
+        return None
     try:
         desc = parse(state.data, state.seq_state_version)
     except LayoutError:
-        return False
-    return v_layout_of(desc) not in (None, not flash_attn)
+        return None
+    return None if v_layout_of(desc) in (None, not flash_attn) else desc
+
+
+def needs_rewrite(state: PrefixState, flash_attn: bool | None) -> bool:
+    """Would ``for_context`` rewrite ``state``'s V (primed with the other kernel)?"""
+    return _to_rewrite(state, flash_attn) is not None
 
 
 def for_context(state: PrefixState, flash_attn: bool | None) -> PrefixState:
@@ -92,16 +99,10 @@ def for_context(state: PrefixState, flash_attn: bool | None) -> PrefixState:
     rewritten when it was primed with the other kernel, and ``note`` saying so. A state whose
     layout cannot be read is left for the engine's checks to refuse; a quantized V that would
     need rewriting is refused (StateFileError, one line)."""
-    if flash_attn is None:
+    desc = _to_rewrite(state, flash_attn)
+    if desc is None:
         return state
-    try:
-        desc = parse(state.data, state.seq_state_version)
-    except LayoutError:
-        return state
-    want = not flash_attn
-    if v_layout_of(desc) in (None, want):
-        return state
-    return replace(state, data=with_v_layout(desc, want).to_bytes(),
+    return replace(state, data=with_v_layout(desc, not flash_attn).to_bytes(),
                    note=f"rewritten for flash attention {'on' if flash_attn else 'off'}")
 
 

@@ -1,6 +1,5 @@
 """A .kvstate in the page cache goes straight from its pages into the work context's cells
 (app/engine/states/mapped_state.py, state_flows.placed_state); anything else is read as before."""
-import os
 import threading
 
 import pytest
@@ -9,6 +8,7 @@ from app.engine import (Engine, EngineConfig, GenerationConfig, StateFileError, 
                         kv_flows, run_prompt, state_flows)
 from app.engine.states.mapped_state import mapped_state_file
 from app.engine.states.prefix_state import PrefixState
+from bench.scale_ours import drop_from_page_cache
 
 TPL = Template.parse("hello world of the answer and question. " * 8 + "<q>")
 VALUES = {"q": "why is the sky"}
@@ -29,15 +29,6 @@ def saved(tiny_model, tmp_path):
         if mapped is None:  # the fallback itself is what every other test runs here
             pytest.skip("no read leases or no local file system for the tests' files here")
     return state, path
-
-
-def _drop_from_page_cache(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def test_a_cached_state_goes_into_the_work_context_and_the_run_copies_nothing(
@@ -106,7 +97,7 @@ def test_a_writer_waits_until_the_mapping_is_given_back(saved):
 
 def test_a_state_not_in_the_page_cache_is_read_not_mapped(tiny_model, saved):
     state, path = saved  # mapped while cached (the fixture): dropping is the only change
-    _drop_from_page_cache(path)
+    drop_from_page_cache(path)
     with mapped_state_file(path) as mapped:
         if mapped is not None:
             pytest.skip("this file system keeps the file's pages (tmpfs): nothing to drop")
