@@ -6,7 +6,8 @@ array (what the copy would cost the engine). Figures to explain the warm path, n
 plain new memory against memory advised to huge pages, interleaved in one process;
 ``paired_overlap_load`` (``--overlap``) the checksum after each read against the read in a
 thread of its own; ``paired_placed_load`` (``--placed MODEL``) a cached file placed straight
-into the work context against read then restored; ``file_path_breakdown`` each step of
+into the work context against read then restored; ``chunked_memcpy`` (``--pieces``) a memcpy
+in one call against the pieces a restore copies; ``file_path_breakdown`` each step of
 `run --state` inside the real path."""
 from __future__ import annotations
 
@@ -253,9 +254,39 @@ def paired_placed_load(engine: Engine, path: Path, n: int = 9) -> dict:
             "placed_every_time": placed_every_time}
 
 
+def chunked_memcpy(nbytes: int, pieces=(0, 3 << 20, 256 << 10, 16 << 10), n: int = 7) -> dict:
+    """A memcpy of ``nbytes`` in one call against the same bytes copied in pieces of each size
+    (0: one call), interleaved ``n`` times: medians (ms) and GB/s. llama.cpp restores a state
+    a layer's K rows at a time (a few MB), and V the same, or one row of a dimension at a time
+    when it is stored transposed (flash attention off: 2 bytes a cell, 16 KB at 8k cells);
+    glibc's memcpy streams past the cache only for large calls, so the pieces' rate, not one
+    large copy's, bounds a restore."""
+    import numpy as np
+
+    src = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # first touch: not part of a copy
+
+    def copy(piece: int):
+        step = piece or nbytes
+        for a in range(0, nbytes, step):
+            np.copyto(dst[a:a + step], src[a:a + step])
+
+    got: dict[int, list[float]] = {p: [] for p in pieces}
+    for _ in range(n):
+        for p in pieces:
+            t0 = time.perf_counter()
+            copy(p)
+            got[p].append((time.perf_counter() - t0) * 1000)
+    return {"bytes": nbytes, "repeats": n,
+            "pieces": [{"piece_bytes": p or nbytes, "ms": statistics.median(v),
+                        "gb_s": nbytes / statistics.median(v) / 1e6} for p, v in got.items()]}
+
+
 def main(argv=None) -> int:
     """`python -m bench.restore_probe STATE.kvstate [-n 8]`: paired_file_load's figures;
-    ``--overlap`` paired_overlap_load's; ``--placed MODEL --n-ctx N`` paired_placed_load's."""
+    ``--overlap`` paired_overlap_load's; ``--placed MODEL --n-ctx N`` paired_placed_load's;
+    ``--pieces`` chunked_memcpy's for the state's size."""
     import argparse
     import json
     import os
@@ -269,9 +300,13 @@ def main(argv=None) -> int:
                     help="instead: the state placed from the page cache against read, then "
                          "restored, on MODEL (the one it was primed with)")
     ap.add_argument("--n-ctx", type=int, default=4096, help="with --placed: the context size")
+    ap.add_argument("--pieces", action="store_true",
+                    help="instead: a memcpy of the state's size in one call and in pieces")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
-    if args.placed:
+    if args.pieces:
+        out = chunked_memcpy(args.state.stat().st_size, n=args.n)
+    elif args.placed:
         from app.engine import EngineConfig
 
         with Engine(EngineConfig(model_path=str(args.placed), n_ctx=args.n_ctx),

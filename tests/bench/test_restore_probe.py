@@ -78,3 +78,11 @@ def test_paired_placed_load_times_both_ways_and_puts_the_real_path_back(engine, 
         assert out["placed_every_time"] is (mapped is not None)
     assert out["placed_ms"] > 0 and out["read_ms"] > 0
     assert engine.work.tokens == list(state.tokens)
+
+
+def test_chunked_memcpy_times_one_call_and_each_piece_size():
+    from bench.restore_probe import chunked_memcpy
+
+    out = chunked_memcpy(1 << 20, pieces=(0, 64 << 10, 4 << 10), n=2)
+    assert [p["piece_bytes"] for p in out["pieces"]] == [1 << 20, 64 << 10, 4 << 10]
+    assert all(p["ms"] > 0 and p["gb_s"] > 0 for p in out["pieces"])
