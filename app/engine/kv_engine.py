@@ -418,9 +418,10 @@ class Engine:
         state.check_compatible(self.info.sha256, self.info.type_k, self.info.type_v,
                                SEQ_STATE_VERSION, self.ctx.n_ctx)
         if self.family != "recurrent":
-            if not rewrite and needs_rewrite(state, self._flash_attn):
+            if rewrite:
+                state = for_context(state, self._flash_attn)
+            elif needs_rewrite(state, self._flash_attn):  # else for_context leaves it as it is
                 return None
-            state = for_context(state, self._flash_attn)
         self.check_state(state)
         return state
 

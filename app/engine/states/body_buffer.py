@@ -29,19 +29,20 @@ MIN_ADVISED = 2 * HUGE_PAGE
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
-def _madvise():
-    if _MADV_HUGEPAGE is None or not sys.platform.startswith("linux"):
-        return None
+def libc_fn(name: str, *argtypes):
+    """The C library's function ``name`` returning an int, with ``argtypes``; None where there
+    is no such function (not a Unix C library)."""
     try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
         return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn
 
 
-_MADVISE = _madvise()
+_MADVISE = (libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            if _MADV_HUGEPAGE is not None and sys.platform.startswith("linux") else None)
 
 
 def huge_page_span(addr: int, n: int) -> tuple[int, int]:

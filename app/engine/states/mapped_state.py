@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import StateFileError
 from ..user_files import open_user_file
-from .body_buffer import CHUNK, new_body
+from .body_buffer import CHUNK, libc_fn, new_body
 from .prefix_state import MAGIC, FileHead, PrefixState, read_head
 
 try:
@@ -46,18 +46,8 @@ except ImportError:  # pragma: no cover - Windows: no leases, the file is read
     fcntl = None
 
 
-def _libc_fn(name: str, *argtypes):
-    try:
-        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (OSError, AttributeError, TypeError):  # pragma: no cover - not a Unix libc
-        return None
-    fn.argtypes = list(argtypes)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MINCORE = _libc_fn("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-_FSTATFS = _libc_fn("fstatfs", ctypes.c_int, ctypes.c_void_p)
+_MINCORE = libc_fn("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+_FSTATFS = libc_fn("fstatfs", ctypes.c_int, ctypes.c_void_p)
 # file systems whose pages only this machine's kernel can take away (statfs f_type): ext2-4,
 # xfs, btrfs, tmpfs, f2fs, zfs, overlayfs. Not NFS, SMB or FUSE (virtiofs): a truncate on
 # another machine passes no local lease
