@@ -23,9 +23,9 @@ A cold run of an 8k-token prompt on a 1B model takes minutes, so what it gave is
 cap, least recently used first out) under a ``ColdKey`` holding everything that decides its
 bits, and every later run, repeat or mode whose reference has the same key takes it from there.
 Before an evaluation expected to take long (``estimate``: from this reference's own earlier
-evaluations, else the warm run's, else the kernel measurement, scaled by the attention's share
-of the work at that length: the model's shape says it, or its own runs of other sizes where
-they show more) a ``ColdEstimate`` goes out as a partial result.
+evaluations, else the kernel measurement's prefix, else the warm run's, scaled by the
+attention's share of the work at that length: the model's shape says it, or its own runs of
+other sizes where they show more) a ``ColdEstimate`` goes out as a partial result.
 """
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ from ..llama.batch_feed import feed_batches, feed_token
 from ..llama.batch_policy import shared_history
 from ..llama.cpu_kernels import cpu_facts
 from .generation import GenerationConfig, generate
-from .warm_cost import measured_batch_cost
 from ..llama.native import ContextParams, NativeContext
 from ..slot.work_context import STAGING, WorkContext
 from ..states.prefix_state import PrimeTiming
@@ -260,28 +259,40 @@ class ColdReference:
     def estimate(self, n_tokens: int, mode: str = "cold",
                  warm: PathResult | None = None) -> ColdEstimate | None:
         """How long evaluating ``n_tokens`` from scratch will take, from the nearest in size of
-        this engine's own evaluations (its cold runs and primes), else the warm run's suffix,
-        else the engine's kernel measurement (None: nothing measured yet). Attention makes a
-        token at position p cost more than one at 0: the measured time is scaled by
+        this engine's own evaluations (its cold runs and primes), else the kernel measurement's
+        prefix (full batches from 0), else the warm run's suffix (None: nothing measured yet).
+        Attention makes a token at position p cost more than one at 0: the measured time is scaled by
         ``work_units``, the attention's share taken from the model's shape (its FLOPs per
         position against the weights')."""
         k = self._attention_share()
         gen_ms = warm.gen_ms if warm is not None else 0.0
+        prefix = self._kernel_prefix()
         if self._samples:
             s, e, ms, basis = min(self._samples,
                                   key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
+        elif prefix is not None:
+            # full batches from position 0, as a cold run evaluates. After `run --state` alone
+            # (scale section's shapes, 2k-8k) this said 0.68-1.05x the cold run's time; the warm
+            # run's few suffix tokens, a small batch at the prefix's depth, said 1.25-2.8x
+            s, e, ms = 0, *prefix
+            basis = "the kernel measurement"
         elif warm is not None and warm.evaluated_tokens > 1 and warm.prompt_ms > 0:
             s, ms = warm.reused_tokens, warm.prompt_ms
             e = s + warm.evaluated_tokens
             basis = "the warm run"
         else:
-            cost = measured_batch_cost(self._engine.kernels)
-            if cost is None:
-                return None
-            s, e, ms = 0, cost.tokens, cost.one_batch_ms
-            basis = "the kernel measurement"
+            return None
         seconds = (ms * work_units(0, n_tokens, k) / work_units(s, e, k) + gen_ms) / 1000
         return ColdEstimate(mode, n_tokens, seconds, basis)
+
+    def _kernel_prefix(self) -> tuple[int, float] | None:
+        """(tokens, ms) of the kernel measurement's prefix for the kernel in use, or None."""
+        kernels = self._engine.kernels
+        for t in kernels.timings if kernels is not None else ():
+            if t.flash_attn == kernels.flash_attn and t.prefix_tokens > 0 \
+                    and t.prefix_ms_per_token > 0:
+                return t.prefix_tokens, t.prefix_ms_per_token * t.prefix_tokens
+        return None
 
     def _attention_share(self) -> float:
         """``work_units``' k: from the model's shape (attention FLOPs per position over the

@@ -14,6 +14,7 @@ from app.engine.benchmarks.bench_rows import bench_rows
 from app.engine.llama.thread_fit import shared_fit
 from app.engine.prompts.rows import Row
 from app.engine.runs import cold_reference
+from app.engine.progress_plan import work_units
 from app.engine.runs.cold_reference import ColdEstimate
 
 from tests.cold_runs import GEN, TPL, VALS, evaluations  # noqa: F401 (a fixture)
@@ -163,6 +164,34 @@ def test_the_estimate_scales_with_the_attention_and_falls_back_to_the_warm_run(e
     small, big = ref.estimate(1000), ref.estimate(8000)
     assert small.basis == "this engine's evaluations"
     assert big.seconds > 8 * small.seconds  # later tokens attend to more: more than linear
+
+
+def test_the_kernel_measurements_prefix_comes_before_the_warm_runs_suffix(engine, monkeypatch):
+    """`run --state` alone, nothing evaluated from scratch here: the kernel measurement's prefix
+    (full batches from position 0, as a cold run evaluates) is the basis, not the warm run's
+    few suffix tokens (a small batch, slower a token: the estimate came out 1.25-2.8x the cold
+    run's time on the scale section's shapes, against 0.68-1.05x from the prefix)."""
+    from app.engine.llama.kernel_choice import KernelChoice, KernelTiming
+
+    ref = engine.cold
+    warm = run_prompt(engine, TPL, VALS, reuse="prefix", gen=GEN, cold=False).warm
+    ref._samples.clear()
+    fa = engine.kernels.flash_attn
+    other = KernelTiming(not fa, 99.0, 1.0, 1.0, 16, prefix_tokens=256)
+    mine = KernelTiming(fa, 2.0, 1.0, 1.0, 16, prefix_tokens=128)
+    choice = KernelChoice(fa, "measured", "test", (other, mine))
+    monkeypatch.setattr(type(engine), "kernels", property(lambda self: choice))
+    est = ref.estimate(1000, warm=warm)
+    assert est.basis == "the kernel measurement"
+    k = ref._attention_share()
+    assert est.seconds == pytest.approx((2.0 * 128 * work_units(0, 1000, k) / work_units(0, 128, k)
+                                         + warm.gen_ms) / 1000)
+    ref.note_evaluation(0, 500, 400.0)  # an evaluation of its own comes first
+    assert ref.estimate(1000, warm=warm).basis == "this engine's evaluations"
+    ref._samples.clear()
+    bare = KernelChoice(fa, "measured", "test", (other,))  # the kernel in use not measured
+    monkeypatch.setattr(type(engine), "kernels", property(lambda self: bare))
+    assert ref.estimate(1000, warm=warm).basis == "the warm run"
 
 
 def test_a_prime_in_this_engine_is_the_next_cold_runs_basis(engine):
