@@ -268,11 +268,15 @@ def file_floor(ours: dict) -> dict:
     s, lim = ours["samples"], ours["limits"]
     files, limits = s["state_file"], s["limit"]
     if not files or len(files) != len(limits):
-        return {"ratio": None, "min": None, "max": None, "read_ms": None, "paired_read": False}
+        return {"ratio": None, "min": None, "max": None, "read_ms": None, "paired_read": False,
+                "vs_limit": None}
     reads = [x.get("read_ms", lim["read_cold_ms"]) for x in files]
     ratios = [f["ttft_ms"] / (li["ttft_ms"] + r) for f, li, r in zip(files, limits, reads)]
+    # the floor itself against the limit: over a goal for the file path, no load meets it here
+    over = [(li["ttft_ms"] + r) / li["ttft_ms"] for li, r in zip(limits, reads) if li["ttft_ms"]]
     return {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "read_ms": statistics.median(reads), "paired_read": all("read_ms" in x for x in files)}
+            "read_ms": statistics.median(reads), "paired_read": all("read_ms" in x for x in files),
+            "vs_limit": statistics.median(over) if over else None}
 
 
 def run_ratios(run: dict) -> dict:
@@ -295,6 +299,7 @@ def run_ratios(run: dict) -> dict:
     floor = file_floor(o)
     r["warm_file_vs_floor"] = floor["ratio"]
     r["warm_file_vs_floor_min"], r["warm_file_vs_floor_max"] = floor["min"], floor["max"]
+    r["file_floor_vs_limit"] = floor["vs_limit"]
     restore_file = [x["load_ms"] + x["restore_ms"] for x in s["state_file"]]
     r["restore_ram_vs_memcpy"] = _div(_med(_ms(s["ram"], "restore_ms")), lim["memcpy_ms"])
     r["restore_file_tier_vs_read"] = _div(_med(_ms(s["file_tier"], "restore_ms")),
@@ -352,8 +357,10 @@ GOAL_ROWS = (
      "warm_ram_vs_cold", WARM_VS_COLD_32K_GOAL, "largest_32k"),
     ("warm from the RAM tier / the fastest limit, every size and model", "warm_ram_vs_limit",
      1.1, "all"),
-    ("warm from a .kvstate file / the fastest limit, every size and model",
+    ("warm from a .kvstate file / the fastest limit, every size and model (page cache dropped)",
      "warm_file_vs_limit", 1.2, "all"),
+    ("warm from a .kvstate file in the page cache (`run --state` again soon after) / the limit",
+     "warm_file_cached_vs_limit", 1.2, "all"),
     ("restore from the RAM tier / memcpy of the same bytes (time; <= 2: >= 0.5 of its speed)",
      "restore_ram_vs_memcpy", 2.0, "all"),
     ("load from a file / sequential read of the same size (time; <= 2: >= 0.5 of its speed)",
@@ -366,6 +373,8 @@ GOAL_ROWS = (
      "all"),
 )
 SUMMED = ("not_bit_identical", "failed_paths")  # counts: the goals table adds them up
+# goals whose run has a floor no code beats (the limit + the disk's read of the same bytes)
+FLOORED = {"warm_file_vs_limit": "file_floor_vs_limit"}
 
 
 def goal_rows(runs: list[dict]) -> list[dict]:
@@ -384,9 +393,13 @@ def goal_rows(runs: list[dict]) -> list[dict]:
             value, worst = max(vals, key=lambda x: x[0])
             where = f"{worst['model']} {worst['label']}"
         else:
-            value, where = None, "not measured"
-        out.append({"figure": figure, "ratio": name, "goal": f"<= {bound:.4g}", "value": value,
-                    "met": goal_met(value, bound), "worst": where})
+            value, worst, where = None, None, "not measured"
+        row = {"figure": figure, "ratio": name, "goal": f"<= {bound:.4g}", "value": value,
+               "met": goal_met(value, bound), "worst": where}
+        floor = worst and name in FLOORED and worst["ratios"].get(FLOORED[name])
+        if row["met"] is False and floor and floor > bound:
+            row["floor"] = floor  # the disk's read alone puts that run over the goal
+        out.append(row)
     return out
 
 

@@ -157,6 +157,8 @@ def format_scale(sc: dict) -> str:
     lines += ["", f"{'goal (real sizes)':<92} {'value':>8} {'goal':>9}  verdict (worst run)"]
     for g in sc.get("goal_rows", []):
         verdict = "-" if g["met"] is None else "met" if g["met"] else "MISSED"
+        if g.get("floor"):
+            verdict += f" (this disk's floor alone: {g['floor']:.2f})"
         lines.append(f"{g['figure']:<92} {_r(g['value'], 4):>8} {g['goal']:>9}  {verdict} "
                      f"({g['worst']})")
     est = sc.get("full_run_estimate")
@@ -224,6 +226,8 @@ def scale_markdown(sc: dict, chart: str = "bench/results-scale.png") -> str:
     out += ["", "| goal (real sizes) | value | goal | verdict | worst run |", "|---|---:|---|---|---|"]
     for g in sc.get("goal_rows", []):
         verdict = "-" if g["met"] is None else "met" if g["met"] else "**missed**"
+        if g.get("floor"):
+            verdict += f" (this disk's floor alone: {g['floor']:.2f})"
         out.append(f"| {g['figure']} | {_r(g['value'], 4)} | {g['goal'].replace('<=', '≤')} | "
                    f"{verdict} | {g['worst']} |")
     return "\n".join(out) + "\n"

@@ -255,7 +255,8 @@ def test_the_file_path_is_scored_against_its_floor_repeat_by_repeat():
                                                        {"ttft_ms": 140.0}]},
             "limits": {"read_cold_ms": 80.0}}
     f = file_floor(ours)
-    assert f == {"ratio": 1.3, "min": 1.2, "max": 1.5, "read_ms": 60.0, "paired_read": True}
+    assert f == {"ratio": 1.3, "min": 1.2, "max": 1.5, "read_ms": 60.0, "paired_read": True,
+                 "vs_limit": 200.0 / 140.0}  # the limit + the read, over the limit: 2, 1.33, 1.43
     for x in files:
         del x["read_ms"]
     f = file_floor(ours)
@@ -282,3 +283,31 @@ def test_a_load_is_compared_with_the_read_of_its_own_repeat(section):
         del x["read_ms"]
     assert run_ratios(old)["restore_file_vs_read"] == statistics.median(
         x["load_ms"] + x["restore_ms"] for x in s) / run["ours"]["limits"]["read_cold_ms"]
+
+
+def test_a_file_goal_under_the_disks_own_floor_says_so(section):
+    """The goal for the file path is missed where the limit plus the disk's read of the same
+    bytes is already over it: the verdict names that floor, so a slow disk is not read as a
+    slow load. Met, or missed with a floor under the bound: no floor is named."""
+    import copy
+
+    from bench.scale import goal_rows
+
+    runs = copy.deepcopy([r for r in section["runs"] if "error" not in r])
+    worst = runs[0]
+    for r in runs:
+        r["ratios"]["warm_file_vs_limit"] = 1.0
+    worst["ratios"].update(warm_file_vs_limit=1.4, file_floor_vs_limit=1.3)
+    row = next(g for g in goal_rows(runs) if g["ratio"] == "warm_file_vs_limit")
+    assert row["met"] is False and row["floor"] == 1.3
+    assert row["worst"] == f"{worst['model']} {worst['label']}"
+    from bench import scale_report
+
+    back = copy.deepcopy(section)
+    back["runs"], back["goal_rows"] = runs, goal_rows(runs)
+    assert "(this disk's floor alone: 1.30)" in scale_report.scale_markdown(back)
+    worst["ratios"]["file_floor_vs_limit"] = 1.1  # the disk leaves room: the load missed
+    row = next(g for g in goal_rows(runs) if g["ratio"] == "warm_file_vs_limit")
+    assert row["met"] is False and "floor" not in row
+    worst["ratios"]["warm_file_vs_limit"] = 1.15
+    assert "floor" not in next(g for g in goal_rows(runs) if g["ratio"] == "warm_file_vs_limit")
