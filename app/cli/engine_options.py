@@ -119,6 +119,8 @@ def open_engine(args) -> Engine:
     the last choice or the safe default and says which in one stderr line. A command whose
     parser sets ``measure_kernels`` (`kvprimer info`) runs a wanted or asked-for measurement
     first, in the foreground (seconds: its passes are sized to the model, kernel_passes.py)."""
+    if getattr(args, "state", None):  # read from disk while the model loads, if need be
+        state_flows.prefetch_state(args.state)
     eng = Engine(engine_config(args), measure_kernels_later=True)
     try:
         k = eng.kernel_state

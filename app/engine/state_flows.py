@@ -20,12 +20,18 @@ import os
 
 from .errors import KvPrimerError, StateFileError
 from .states.llama_state_file import load_any_state
-from .states.mapped_state import mapped_state_file
+from .states.mapped_state import mapped_state_file, prefetch
 from .states.prefix_state import PrefixState
 from .states.seq_payload import in_position_order
 from .states.v_layout import for_flash_attn, resolve_for_fa
 from .llama.native import SEQ_STATE_VERSION
 from .prompts.template import Template
+
+
+def prefetch_state(path: str | os.PathLike) -> None:
+    """Start reading a state file into the page cache in the background, before the engine
+    that will load it is ready (mapped_state.prefetch)."""
+    prefetch(path)
 
 
 def load_state(engine, path: str | os.PathLike, template: Template | None = None) -> PrefixState:

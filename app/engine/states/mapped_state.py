@@ -52,6 +52,7 @@ _FSTATFS = libc_fn("fstatfs", ctypes.c_int, ctypes.c_void_p)
 # xfs, btrfs, tmpfs, f2fs, zfs, overlayfs. Not NFS, SMB or FUSE (virtiofs): a truncate on
 # another machine passes no local lease
 _LOCAL_FS = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010, 0x2FC12FC1, 0x794C7630}
+_PREFETCH_CHUNK = 1 << 20
 _LEASES = (fcntl is not None and hasattr(fcntl, "F_SETLEASE") and hasattr(fcntl, "F_SETSIG")
            and hasattr(signal, "SIGURG"))
 
@@ -154,6 +155,25 @@ def mapped_state_file(path: str | os.PathLike) -> Iterator[MappedStateFile | Non
                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
             except OSError:  # broken already: closing the file gives it back anyway
                 pass
+
+
+def prefetch(path: str | os.PathLike) -> None:
+    """Start reading the file at ``path`` into the page cache in a thread of its own and return
+    at once: `run --state` asks before it opens the model, so a state on disk arrives while the
+    engine starts, and is then placed from the cache (above). Read, not advised: Linux caps
+    ``POSIX_FADV_WILLNEED`` at the readahead window (8 MB of a 269 MB state, measured). A file
+    that cannot be read is left to the load, which says why."""
+
+    def read() -> None:
+        buf = bytearray(_PREFETCH_CHUNK)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+        except OSError:
+            pass
+
+    threading.Thread(target=read, name="kvstate-prefetch", daemon=True).start()
 
 
 def _local_fs(fd: int) -> bool:

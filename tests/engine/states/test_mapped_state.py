@@ -1,5 +1,6 @@
 """A .kvstate in the page cache goes straight from its pages into the work context's cells
 (app/engine/states/mapped_state.py, state_flows.placed_state); anything else is read as before."""
+import mmap
 import threading
 
 import pytest
@@ -151,3 +152,32 @@ def test_a_timing_in_the_metadata_that_is_not_sound_is_ignored(saved, tmp_path):
     p = tmp_path / "t.kvstate"
     replace(state, prime_timing=PrimeTiming(0, n, 99.0, "a CPU")).save(p)
     assert PrefixState.load(p).prime_timing == PrimeTiming(0, n, 99.0, "a CPU")
+
+
+def test_a_prefetched_state_is_in_the_page_cache_before_it_is_loaded(saved):
+    """`run --state` asks for the file before the model loads: the kernel reads it into the
+    page cache in the background, so the load finds it there and maps it."""
+    import time
+
+    from app.engine.states.mapped_state import _all_cached
+
+    def cached() -> bool:
+        with open(path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            try:
+                return _all_cached(m, len(m))
+            finally:
+                m.close()
+
+    _state, path = saved
+    drop_from_page_cache(path)
+    if cached():
+        pytest.skip("this file system keeps the file's pages (tmpfs): nothing to drop")
+    state_flows.prefetch_state(path)
+    deadline = time.monotonic() + 10
+    while not cached() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cached()
+    with mapped_state_file(path) as mapped:
+        assert mapped is not None
+    state_flows.prefetch_state(path.with_name("missing.kvstate"))  # the load will say why
