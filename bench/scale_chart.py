@@ -36,10 +36,13 @@ def render_scale_chart(sc: dict, path: Path) -> Path:
     m = sc["machine"]
     title = (f"KV Primer scale section: time to first token against prefix length (log-log), "
              f"{m['nproc']} cores {m['cpu_model']}, {m['date_utc']}")
-    apart = [f"{r['model']} {r['label']} {r['measured_apart']['date_utc']}" for r in runs
-             if r.get("measured_apart")]  # runs added from another run of the section
-    if apart:
-        title += f" ({'; '.join(apart)})"
+    apart: dict[str, list[str]] = {}  # runs added from another run of the section, by model
+    for r in runs:
+        if r.get("measured_apart"):
+            apart.setdefault(r["model"], []).append(r["label"])
+    if apart:  # their dates are in the report: the line stays within the picture
+        each = "; ".join(f"{model} {', '.join(labels)}" for model, labels in apart.items())
+        title += f" ({each} apart)"
     with titled_picture(path, W, 60 + PANEL_H, title) as p:
         width = (W - 40) / max(len(models), 1)
         for i, model in enumerate(models):
