@@ -261,9 +261,9 @@ class ColdReference:
         """How long evaluating ``n_tokens`` from scratch will take, from the nearest in size of
         this engine's own evaluations (its cold runs and primes), else the kernel measurement's
         prefix (full batches from 0), else the warm run's suffix (None: nothing measured yet).
-        Attention makes a token at position p cost more than one at 0: the measured time is scaled by
-        ``work_units``, the attention's share taken from the model's shape (its FLOPs per
-        position against the weights')."""
+        Attention makes a token at position p cost more than one at 0: the measured time is
+        scaled by ``work_units``, the attention's share taken from the model's shape (its FLOPs
+        per position against the weights')."""
         k = self._attention_share()
         gen_ms = warm.gen_ms if warm is not None else 0.0
         prefix = self._kernel_prefix()

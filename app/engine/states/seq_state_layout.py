@@ -206,7 +206,7 @@ class SeqState:
 def _joined(pieces: list) -> bytes:
     """``b"".join(pieces)`` into memory advised to huge pages: most of joining a state of
     hundreds of MB is the new memory's page faults (a 269 MB state: 160 ms joined, 99 here)."""
-    from .body_buffer import new_body  # here: it loads llama.cpp, which reading a layout needs not
+    from .body_buffer import new_body  # not at the top: it loads llama.cpp, reading needs not
 
     views = [memoryview(x).cast("B") for x in pieces]
     data, view = new_body(sum(len(v) for v in views))
