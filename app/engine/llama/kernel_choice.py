@@ -75,6 +75,11 @@ class KernelChoice:
     tries: int = 0
 
     @property
+    def timing(self) -> KernelTiming | None:
+        """The measurement of the kernel in use (None: not measured, as a kernel set by hand)."""
+        return next((t for t in self.timings if t.flash_attn == self.flash_attn), None)
+
+    @property
     def grouping_exact(self) -> bool:
         """The kernel in use was measured to compute every cell alike however the tokens are
         grouped into batches (kernel_measure.py); False when not measured."""

@@ -22,8 +22,7 @@ SMALL_BATCH = 64  # flash attention's tiled path starts here (LLAMA_FACTS.md)
 
 class KernelWatch:
     def __init__(self, choice: KernelChoice):
-        self.timing: KernelTiming | None = next(
-            (t for t in choice.timings if t.flash_attn == choice.flash_attn), None)
+        self.timing: KernelTiming | None = choice.timing
         self.strikes = 0
         self.last_ratio: float | None = None
         self.fired = False

@@ -266,11 +266,10 @@ class ColdReference:
         per position against the weights')."""
         k = self._attention_share()
         gen_ms = warm.gen_ms if warm is not None else 0.0
-        prefix = self._kernel_prefix()
         if self._samples:
             s, e, ms, basis = min(self._samples,
                                   key=lambda x: abs(np.log(x[1] / max(n_tokens, 1))))
-        elif prefix is not None:
+        elif (prefix := self._kernel_prefix()) is not None:
             # full batches from position 0, as a cold run evaluates. After `run --state` alone
             # (scale section's shapes, 2k-8k) this said 0.68-1.05x the cold run's time; the warm
             # run's few suffix tokens, a small batch at the prefix's depth, said 1.25-2.8x
@@ -288,11 +287,10 @@ class ColdReference:
     def _kernel_prefix(self) -> tuple[int, float] | None:
         """(tokens, ms) of the kernel measurement's prefix for the kernel in use, or None."""
         kernels = self._engine.kernels
-        for t in kernels.timings if kernels is not None else ():
-            if t.flash_attn == kernels.flash_attn and t.prefix_tokens > 0 \
-                    and t.prefix_ms_per_token > 0:
-                return t.prefix_tokens, t.prefix_ms_per_token * t.prefix_tokens
-        return None
+        t = kernels.timing if kernels is not None else None
+        if t is None or t.prefix_tokens <= 0 or t.prefix_ms_per_token <= 0:
+            return None
+        return t.prefix_tokens, t.prefix_ms_per_token * t.prefix_tokens
 
     def _attention_share(self) -> float:
         """``work_units``' k: from the model's shape (attention FLOPs per position over the

@@ -96,11 +96,10 @@ class BatchCost:
 def measured_batch_cost(kernels) -> BatchCost | None:
     """The engine's kernel measurement for the kernel in use (a KernelChoice), or None when
     nothing was measured (a kernel set by hand or required by the model)."""
-    for t in kernels.timings if kernels is not None else ():
-        if t.flash_attn == kernels.flash_attn and t.suffix_tokens > 0 and t.suffix_ms > 0 \
-                and t.split_suffix_ms > 0:
-            return BatchCost(t.suffix_tokens, t.suffix_ms, SPLIT, t.split_suffix_ms)
-    return None
+    t = kernels.timing if kernels is not None else None
+    if t is None or t.suffix_tokens <= 0 or t.suffix_ms <= 0 or t.split_suffix_ms <= 0:
+        return None
+    return BatchCost(t.suffix_tokens, t.suffix_ms, SPLIT, t.split_suffix_ms)
 
 
 def batching_note(batches: int, plain_batches: int, storable_tokens: int,

@@ -52,7 +52,6 @@ _FSTATFS = libc_fn("fstatfs", ctypes.c_int, ctypes.c_void_p)
 # xfs, btrfs, tmpfs, f2fs, zfs, overlayfs. Not NFS, SMB or FUSE (virtiofs): a truncate on
 # another machine passes no local lease
 _LOCAL_FS = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010, 0x2FC12FC1, 0x794C7630}
-_PREFETCH_CHUNK = 1 << 20
 _LEASES = (fcntl is not None and hasattr(fcntl, "F_SETLEASE") and hasattr(fcntl, "F_SETSIG")
            and hasattr(signal, "SIGURG"))
 
@@ -165,7 +164,7 @@ def prefetch(path: str | os.PathLike) -> None:
     that cannot be read is left to the load, which says why."""
 
     def read() -> None:
-        buf = bytearray(_PREFETCH_CHUNK)
+        buf = bytearray(CHUNK)
         try:
             with open(path, "rb", buffering=0) as f:
                 while f.readinto(buf):
